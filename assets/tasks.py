@@ -1,0 +1,91 @@
+"""Lineage stage 1: source tasks (one partition per source) → the balanced, split task pool."""
+
+import pandas as pd
+from dagster import (AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check)
+
+from assets.partitions import source_partitions
+from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
+from pipeline.publish import publish_dataset
+from pipeline.tasks import load_source
+from resources.profile import ProfileResource
+from resources.storage import StorageResource
+
+
+@asset(partitions_def=source_partitions, group_name="tasks", io_manager_key="io_manager",
+       description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md).")
+def source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
+    key = context.partition_key
+    overrides = profile.get().sources.get(key, {})
+    tasks = load_source(key, **{k: overrides[k] for k in ("path", "hub_id", "hub_config", "hub_split") if k in overrides})
+    return Output(tasks, metadata={
+        "rows": len(tasks),
+        "by_difficulty": MetadataValue.json(tasks["difficulty"].value_counts().to_dict()),
+        "grader": str(tasks["grader"].iloc[0]),
+        "preview": MetadataValue.md(tasks.head(5)[["task_id", "gold", "grader", "difficulty"]].to_markdown(index=False)),
+    })
+
+
+def pool_candidates(prof, storage: StorageResource) -> pd.DataFrame:
+    """The profile's source partitions, restricted to what its pool can answer (see `eligible_tasks`)."""
+    tasks = pd.concat([storage.read_asset("source_tasks", s) for s in prof.sources], ignore_index=True)
+    return eligible_tasks(tasks, prof)
+
+
+def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
+    return tasks
+
+
+@asset(deps=[source_tasks], group_name="tasks", io_manager_key="io_manager",
+       description="Balanced task pool with a seeded train/validation/test split; published as the tasks dataset.")
+def task_pool(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
+    prof = profile.get()
+    tasks = pool_candidates(prof, storage)
+    pool = build_task_pool(tasks, prof.task_pool)
+    out = publish_dataset(pool, storage.path("datasets") / "tasks", f"BenchGen Router Lite tasks ({prof.name})",
+                          prof.description)
+    counts = pool_counts(pool)
+    context.log.info(f"task pool: {len(pool)} tasks; {counts}")
+    return Output(pool, metadata={
+        "rows": len(pool), "profile": prof.name, "dataset_dir": str(out),
+        **{f"count_by_{k}": MetadataValue.json(v) for k, v in counts.items()},
+        "ood_tasks": int(pool["ood"].sum()),
+    })
+
+
+# --- asset checks: each guards the hand-off to collection ------------------------------------------------------
+
+@asset_check(asset=task_pool, description="No task_id appears twice.")
+def task_pool_unique_ids(task_pool: pd.DataFrame) -> AssetCheckResult:
+    dup = task_pool["task_id"][task_pool["task_id"].duplicated()]
+    return AssetCheckResult(passed=dup.empty, metadata={"duplicates": len(dup),
+                                                         "first": str(dup.iloc[0]) if len(dup) else ""})
+
+
+@asset_check(asset=task_pool, description="Every task has a gold answer and a known grader.")
+def task_pool_gold_and_grader(task_pool: pd.DataFrame) -> AssetCheckResult:
+    from pipeline.grading import GRADERS
+
+    bad = task_pool[task_pool["gold"].fillna("").astype(str).str.strip().eq("") | ~task_pool["grader"].isin(GRADERS)]
+    return AssetCheckResult(passed=bad.empty, metadata={"bad_rows": len(bad),
+                                                         "first": str(bad["task_id"].iloc[0]) if len(bad) else ""})
+
+
+@asset_check(asset=task_pool, description="Domain thirds (domain-balanced pools) and split fractions within ±2 points.")
+def task_pool_proportions(task_pool: pd.DataFrame, profile: ProfileResource) -> AssetCheckResult:
+    cfg = profile.get().task_pool
+    inside = task_pool[~task_pool["ood"]]
+    off = {f"split:{s}": abs((inside["split"] == s).mean() - cfg.split[s]) * 100 for s in SPLITS}
+    if cfg.balance == "domain_difficulty":
+        off.update({f"domain:{d}": abs(share - 1 / 3) * 100
+                    for d, share in task_pool["domain"].value_counts(normalize=True).items()})
+    worst = max(off, key=off.get)
+    return AssetCheckResult(passed=bool(off[worst] <= 2.0), metadata={"worst": worst, "points_off": float(round(off[worst], 2)),
+                                                                "all_points_off": {k: float(round(v, 2)) for k, v in off.items()}})
+
+
+@asset_check(asset=task_pool, description="Same seed and inputs → identical pool (rebuilt and compared).")
+def task_pool_deterministic(task_pool: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> AssetCheckResult:
+    prof = profile.get()
+    again = build_task_pool(pool_candidates(prof, storage), prof.task_pool)
+    same = again.reset_index(drop=True).equals(task_pool.reset_index(drop=True))
+    return AssetCheckResult(passed=bool(same), metadata={"rows": len(task_pool)})

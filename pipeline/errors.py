@@ -1,0 +1,2 @@
+class RouterLiteError(ValueError):
+    """An error the user can fix; the message names the bad input."""

@@ -1,0 +1,40 @@
+"""Atomic file writes: a crash leaves the old file or the new one, never half of either."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp_path)` on a temp file beside `path`, fsync it, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        write(tmp_path)
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+    return path
+
+
+def atomic_write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
+    return atomic_write(path, lambda p: df.to_parquet(p, index=False, compression="zstd"))
+
+
+def atomic_write_text(text: str, path: str | Path) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(obj: Any, path: str | Path) -> Path:
+    return atomic_write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", path)

@@ -1,0 +1,285 @@
+"""Task sources → normalised tasks (the task contract of docs/architecture.md).
+
+Each source has a loader that reads the bundled file in data/sources/ (or a user's local file, or a hub dataset
+through `datasets.load_dataset`) and a normaliser that maps its rows to tasks: a stable task_id, the exact prompt,
+gold answer, grader kind, domain and a difficulty from a documented per-source rule (docs/tasks.md).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import pandas as pd
+
+from pipeline.errors import RouterLiteError
+from pipeline.prompts import LETTERS, math_prompt, mcq_prompt
+
+TASK_COLUMNS = [
+    "task_id", "source", "prompt", "gold", "grader", "domain", "difficulty",
+    "source_split", "question_id", "category", "choices",
+]
+DOMAINS = ("math", "knowledge", "reasoning")
+DIFFICULTIES = ("easy", "medium", "hard")
+
+
+def data_dir() -> Path:
+    """Bundled data shipped with the repository (override with ROUTER_LITE_DATA)."""
+    return Path(os.environ.get("ROUTER_LITE_DATA", Path(__file__).resolve().parents[1] / "data"))
+
+
+# --- readers: every read error names the file (and row where there is one) --------------------------------------
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        raise RouterLiteError(f"source file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise RouterLiteError(f"{path}: line {i} is not valid JSON ({exc.msg})") from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise RouterLiteError(f"{path}: cannot be read ({exc})") from None
+    return rows
+
+
+def read_table(path: Path) -> list[dict]:
+    """Parquet, JSONL (optionally .gz) or CSV with a header."""
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        return read_jsonl(path)
+    if not path.exists():
+        raise RouterLiteError(f"source file not found: {path}")
+    try:
+        if name.endswith(".parquet"):
+            return pd.read_parquet(path).to_dict("records")
+        if name.endswith(".csv"):
+            return pd.read_csv(path).to_dict("records")
+    except Exception as exc:  # pyarrow/pandas raise many types for a corrupt file
+        raise RouterLiteError(f"{path}: cannot be read as {path.suffix} ({exc})") from None
+    raise RouterLiteError(f"{path}: unsupported file type (use .parquet, .jsonl, .jsonl.gz or .csv)")
+
+
+def load_hub(hub_id: str, config: str | None = None, split: str = "test") -> list[dict]:
+    """A hub dataset id (or a local dataset dir / data file, which `load_dataset` accepts alike)."""
+    import datasets  # imported here: it is slow to import and only this path needs it
+
+    try:
+        p = Path(hub_id)
+        if p.is_file():
+            fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(p.suffix, "json")
+            ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+        else:
+            ds = datasets.load_dataset(hub_id, config, split=split)
+    except Exception as exc:
+        raise RouterLiteError(f"hub dataset {hub_id!r} (config {config!r}, split {split!r}) cannot be loaded: {exc}") from None
+    return ds.to_pandas().to_dict("records")
+
+
+# --- row helpers ------------------------------------------------------------------------------------------------
+
+def _need(row: dict, key: str, where: str) -> str:
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and pd.isna(value)) or str(value).strip() == "":
+        raise RouterLiteError(f"{where}: no {key!r} (a task needs its gold answer and text)")
+    return str(value)
+
+
+def _task(source: str, split: str, index: int, prompt: str, gold: str, grader: str, domain: str,
+          difficulty: str, question_id, category: str = "", choices: int = 0) -> dict:
+    return {
+        "task_id": f"{source}/{split}/{index:06d}", "source": source, "prompt": prompt, "gold": gold,
+        "grader": grader, "domain": domain, "difficulty": difficulty, "source_split": split,
+        "question_id": str(question_id), "category": category, "choices": int(choices),
+    }
+
+
+def _letter(gold: str, n_options: int, where: str) -> str:
+    gold = gold.strip()
+    if gold.isdigit():  # some copies store the answer index
+        gold = LETTERS[int(gold)]
+    gold = gold.upper()
+    if len(gold) != 1 or gold not in LETTERS[:n_options]:
+        raise RouterLiteError(f"{where}: gold {gold!r} is not one of the {n_options} option letters")
+    return gold
+
+
+# --- per-source normalisers (difficulty rules are documented in docs/tasks.md) ----------------------------------
+
+def norm_math500(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        level = int(r.get("level") or 3)
+        difficulty = "easy" if level <= 2 else "medium" if level == 3 else "hard"
+        out.append(_task("math500", "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w),
+                         "math_expression", "math", difficulty, r.get("unique_id", i), str(r.get("subject", ""))))
+    return out
+
+
+def _gsm8k_gold(answer: str, where: str) -> tuple[str, int]:
+    if "####" not in answer:
+        raise RouterLiteError(f"{where}: answer has no '#### <number>' final line")
+    body, final = answer.rsplit("####", 1)
+    steps = len([ln for ln in body.strip().split("\n") if ln.strip()])
+    return final.strip().replace(",", ""), steps
+
+
+def norm_gsm8k(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        gold, steps = _gsm8k_gold(_need(r, "answer", w), w)
+        difficulty = "easy" if steps <= 2 else "medium" if steps <= 4 else "hard"
+        out.append(_task("gsm8k", "test", i, math_prompt(_need(r, "question", w)), gold, "integer", "math",
+                         difficulty, i))
+    return out
+
+
+def _aime(rows: list[dict], where: str, source: str, lo: int, hi: int) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows[lo:hi]):
+        w = f"{where}: row {lo + i}"
+        out.append(_task(source, "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w).strip(),
+                         "integer", "math", "hard", r.get("unique_id", lo + i)))
+    return out
+
+
+def norm_aime2025_i(rows, where):
+    return _aime(list(rows), where, "aime2025_i", 0, 15)
+
+
+def norm_aime2025_ii(rows, where):
+    return _aime(list(rows), where, "aime2025_ii", 15, 30)
+
+
+def _arc_options(r: dict) -> list[str]:
+    if "options" in r:  # bundled copy: [{label, text}]
+        return [o["text"] for o in r["options"]]
+    choices = r["choices"]  # hub allenai/ai2_arc: {text: [...], label: [...]}
+    return list(choices["text"])
+
+
+def norm_arc_challenge(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        options = _arc_options(r)
+        gold = r.get("answer", r.get("answerKey"))
+        if gold is not None and str(gold).isdigit():  # a few original labels are "1".."4"
+            gold = LETTERS[int(gold) - 1]
+        gold = _letter(_need({"answer": gold}, "answer", w), len(options), w)
+        question = _need(r, "question", w)
+        words = len(question.split()) + sum(len(str(o).split()) for o in options)
+        # ARC-Challenge has no per-question level: terciles of stem+options length (32 / 49 words) stand in for it
+        difficulty = "easy" if words < 32 else "medium" if words < 49 else "hard"
+        out.append(_task("arc_challenge", "test", i, mcq_prompt(question, options), gold, "mcq_letter",
+                         "reasoning", difficulty, r.get("id", i), choices=len(options)))
+    return out
+
+
+def _mmlu_difficulty(subject: str) -> str:
+    if subject.startswith(("elementary_", "high_school_")):
+        return "easy"
+    if subject.startswith(("college_", "professional_")) or subject in {"abstract_algebra", "formal_logic", "econometrics"}:
+        return "hard"
+    return "medium"
+
+
+def norm_mmlu(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        options = [r[k] for k in "ABCD"] if "A" in r else list(r["choices"])  # bundled CSV columns / hub cais/mmlu
+        gold = _letter(_need(r, "answer", w), len(options), w)
+        subject = str(r.get("subject", ""))
+        out.append(_task("mmlu", "test", i, mcq_prompt(_need(r, "question", w), [str(o) for o in options]), gold,
+                         "mcq_letter", "knowledge", _mmlu_difficulty(subject), r.get("row", i), subject,
+                         len(options)))
+    return out
+
+
+def norm_mmlu_pro(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        options = list(r["options"])
+        gold = _letter(_need(r, "answer", w), len(options), w)
+        # MMLU-Pro's added questions (STEM websites, TheoremQA, SciBench) are its hard part; ori_mmlu ones medium
+        difficulty = "medium" if str(r.get("src", "")).startswith("ori_mmlu") else "hard"
+        out.append(_task("mmlu_pro", "test", i, mcq_prompt(_need(r, "question", w), options), gold, "mcq_letter",
+                         "knowledge", difficulty, r["question_id"], str(r.get("category", "")), len(options)))
+    return out
+
+
+def norm_rlpr(rows: Iterable[dict], where: str) -> list[dict]:
+    """RLPR (openbmb/RLPR-*): free-form reasoning answers, graded as expressions."""
+    out = []
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        prompt = r.get("question") or r.get("problem") or r.get("prompt")
+        if isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):  # chat-format prompt: last user turn
+            turns = [t for t in list(prompt) if isinstance(t, dict) and t.get("role") == "user"]
+            prompt = turns[-1]["content"] if turns else None
+        gold = r.get("answer")
+        if gold is None and isinstance(r.get("reward_model"), dict):
+            gold = r["reward_model"].get("ground_truth")
+        prompt = _need({"prompt": prompt}, "prompt", w)
+        gold = _need({"answer": gold}, "answer", w)
+        out.append(_task("rlpr", "test", i, math_prompt(prompt), gold, "math_expression", "reasoning", "hard", i))
+    return out
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    key: str
+    domain: str
+    normalise: Callable[[Iterable[dict], str], list[dict]]
+    bundled: str | None  # path under data/sources, None when no public copy can be bundled
+    hub_id: str | None = None  # the public hub dataset, for users with network access
+
+
+SOURCES: dict[str, SourceSpec] = {s.key: s for s in [
+    SourceSpec("math500", "math", norm_math500, "math500/test.jsonl.gz", "HuggingFaceH4/MATH-500"),
+    SourceSpec("gsm8k", "math", norm_gsm8k, "gsm8k/test.jsonl.gz", "openai/gsm8k"),
+    SourceSpec("aime2025_i", "math", norm_aime2025_i, "aime2025/aime25.jsonl.gz"),
+    SourceSpec("aime2025_ii", "math", norm_aime2025_ii, "aime2025/aime25.jsonl.gz"),
+    SourceSpec("arc_challenge", "reasoning", norm_arc_challenge, "arc_challenge/test.jsonl.gz", "allenai/ai2_arc"),
+    SourceSpec("mmlu", "knowledge", norm_mmlu, "mmlu/test.parquet", "cais/mmlu"),
+    SourceSpec("mmlu_pro", "knowledge", norm_mmlu_pro, "mmlu_pro/test.parquet", "TIGER-Lab/MMLU-Pro"),
+    SourceSpec("rlpr", "reasoning", norm_rlpr, None, "openbmb/RLPR-Evaluation"),
+]}
+
+
+def load_source(key: str, path: str | None = None, hub_id: str | None = None, hub_config: str | None = None,
+                hub_split: str = "test") -> pd.DataFrame:
+    """Normalised tasks of one source, from (in order of precedence) a hub id, a local file, or the bundled copy."""
+    if key not in SOURCES:
+        raise RouterLiteError(f"unknown source {key!r}; known sources: {', '.join(SOURCES)}")
+    spec = SOURCES[key]
+    if hub_id:
+        rows, where = load_hub(hub_id, hub_config, hub_split), f"hub dataset {hub_id}"
+    elif path:
+        rows, where = read_table(Path(path)), str(path)
+    elif spec.bundled:
+        file = data_dir() / "sources" / spec.bundled
+        rows, where = read_table(file), str(file)
+    else:
+        raise RouterLiteError(
+            f"source {key!r} has no bundled copy (no public copy could be redistributed): set "
+            f"`sources.{key}.path` in your profile (config/profiles/*.yaml) to a local Parquet/JSONL file, "
+            f"or `sources.{key}.hub_id` (e.g. {spec.hub_id}) where the hub is reachable")
+    tasks = pd.DataFrame(spec.normalise(rows, where), columns=TASK_COLUMNS)
+    if tasks.empty:
+        raise RouterLiteError(f"source {key!r} ({where}) produced no tasks")
+    return tasks

@@ -1,0 +1,94 @@
+"""Storage layout under ROUTER_LITE_HOME, and the Parquet IO manager every asset writes through.
+
+This module is the only place that knows where things live on disk (docs/architecture.md lists the layout).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from dagster import ConfigurableIOManager, ConfigurableResource, InputContext, OutputContext
+
+from pipeline.errors import RouterLiteError
+from pipeline.io import atomic_write_json, atomic_write_parquet
+
+DEFAULT_HOME = ".router-lite"
+
+
+def default_home() -> str:
+    return os.environ.get("ROUTER_LITE_HOME", DEFAULT_HOME)
+
+
+def _partition_file(key: str) -> str:
+    # MultiPartitionKey renders as "mmlu_pro|0"; '|' is awkward in file names
+    return key.replace("|", "__").replace("/", "_")
+
+
+class StorageResource(ConfigurableResource):
+    """Paths of everything the pipeline writes: one root, `ROUTER_LITE_HOME` (default ./.router-lite)."""
+
+    home: str = DEFAULT_HOME
+
+    def root(self) -> Path:
+        return Path(self.home).resolve()
+
+    def path(self, *parts: str) -> Path:
+        p = self.root().joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def asset_file(self, asset: str, partition: str | None = None, suffix: str = ".parquet") -> Path:
+        return self.root() / "assets" / asset / f"{_partition_file(partition) if partition else '__all__'}{suffix}"
+
+    def read_asset(self, asset: str, partition: str | None = None) -> pd.DataFrame:
+        f = self.asset_file(asset, partition)
+        if not f.exists():
+            where = f" partition {partition!r}" if partition else ""
+            raise RouterLiteError(f"asset {asset!r}{where} has not been materialised yet ({f} missing): "
+                                  f"materialise it first (`router-lite run` or the Dagster UI)")
+        return pd.read_parquet(f)
+
+    def calls_dir(self, pool: str, source: str, repetition: int) -> Path:
+        return self.path("calls", pool, source, f"rep{repetition}")
+
+
+class ParquetIOManager(ConfigurableIOManager):
+    """DataFrames as zstd Parquet (atomic), dicts/lists as JSON; one file per asset partition."""
+
+    home: str = DEFAULT_HOME
+
+    def _file(self, asset_key: list[str], partition: str | None, suffix: str) -> Path:
+        name = "/".join(asset_key)
+        part = _partition_file(partition) if partition else "__all__"
+        return Path(self.home).resolve() / "assets" / name / f"{part}{suffix}"
+
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        if obj is None:
+            return
+        partition = context.asset_partition_key if context.has_asset_partitions else None
+        key = context.asset_key.path
+        if isinstance(obj, pd.DataFrame):
+            atomic_write_parquet(obj, self._file(key, partition, ".parquet"))
+        else:
+            atomic_write_json(obj, self._file(key, partition, ".json"))
+
+    def _read(self, asset_key: list[str], partition: str | None) -> Any:
+        pq, js = self._file(asset_key, partition, ".parquet"), self._file(asset_key, partition, ".json")
+        if pq.exists():
+            return pd.read_parquet(pq)
+        if js.exists():
+            return json.loads(js.read_text())
+        where = f" partition {partition!r}" if partition else ""
+        raise RouterLiteError(f"asset {'/'.join(asset_key)!r}{where} has not been materialised yet ({pq} missing)")
+
+    def load_input(self, context: InputContext) -> Any:
+        key = context.asset_key.path
+        if context.has_asset_partitions:
+            parts = [self._read(key, str(k)) for k in context.asset_partition_keys]
+            if all(isinstance(p, pd.DataFrame) for p in parts):
+                return pd.concat(parts, ignore_index=True)
+            return parts
+        return self._read(key, None)
