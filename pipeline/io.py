@@ -21,6 +21,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(tmp_path)
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; published files are meant to be readable
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -1,0 +1,38 @@
+# Every target creates .venv when missing (Python 3.11 + pip is all a fresh machine needs).
+VENV ?= .venv
+BIN := $(VENV)/bin
+export ROUTER_LITE_HOME ?= $(CURDIR)/.router-lite
+export DAGSTER_HOME ?= $(CURDIR)
+# models and datasets come from bundled files: never reach for a hub at run time
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install run test bench ui clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/router-lite run
+
+test: install
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/python bench/collect.py
+	$(BIN)/python bench/train.py
+	$(BIN)/python bench/embed.py
+	$(BIN)/python bench/serve.py
+
+ui: install
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf $(ROUTER_LITE_HOME)

@@ -1,0 +1,28 @@
+"""What `router-lite run` prints at the end: counts, tables, and where the reports are."""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def _table(counts: dict) -> str:
+    return "  ".join(f"{k}={v}" for k, v in counts.items())
+
+
+def print_summary(home: str, profile: str | None = None) -> None:
+    root = Path(home).resolve()
+    pool_file = root / "assets" / "task_pool" / "__all__.parquet"
+    if pool_file.exists():
+        from pipeline.task_pool import pool_counts
+
+        pool = pd.read_parquet(pool_file)
+        print(f"\nTask pool: {len(pool)} tasks ({int(pool['ood'].sum())} out-of-distribution)")
+        for col, counts in pool_counts(pool).items():
+            print(f"  by {col:<10} {_table(counts)}")
+        print(f"  tasks dataset: {root / 'datasets' / 'tasks'}")
+    for name in ("baselines.md", "benchmark_report.md", "routerbench_replication.md"):
+        f = root / "reports" / name
+        if f.exists():
+            print(f"\n{f.read_text()}")
+    if (root / "reports").exists():
+        print(f"\nReports: {root / 'reports'}")
