@@ -1,0 +1,66 @@
+"""The task stage through Dagster itself (in-process materialize on a temp ROUTER_LITE_HOME)."""
+import datasets
+import pandas as pd
+import pytest
+from dagster import materialize
+
+from assets import tasks
+from assets.definitions import build_resources
+
+TASK_ASSETS = [tasks.source_tasks, tasks.task_pool, tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader,
+               tasks.task_pool_proportions, tasks.task_pool_deterministic]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    res = build_resources(str(home), profile="pilot")  # the 8-source seed pool: no key needed for task assets
+    for key in ["math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro"]:
+        assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
+    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res)
+    assert result.success
+    return home, result
+
+
+def test_task_pool_materialises_with_passing_checks(home):
+    root, result = home
+    evals = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evals == {"task_pool_unique_ids": True, "task_pool_gold_and_grader": True,
+                     "task_pool_proportions": True, "task_pool_deterministic": True}
+    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
+    assert len(pool) == 1110
+    md = result.asset_materializations_for_node("task_pool")[0].metadata
+    assert md["count_by_domain"].data == {"knowledge": 370, "math": 370, "reasoning": 370}
+
+
+def test_tasks_dataset_loads_with_load_from_disk(home):
+    root, _ = home
+    dd = datasets.load_from_disk(str(root / "datasets" / "tasks" / "hf"))
+    assert set(dd) == {"train", "validation", "test"}
+    assert sum(len(s) for s in dd.values()) == 1110
+    card = (root / "datasets" / "tasks" / "README.md").read_text()
+    assert "CC-BY-SA-4.0" in card and "## Counts by domain and split" in card
+
+
+def test_planted_duplicate_fails_the_check(home):
+    root, _ = home
+    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
+    planted = pd.concat([pool, pool.iloc[[3]]], ignore_index=True)
+    assert tasks.task_pool_unique_ids(task_pool=planted).passed is False
+    assert tasks.task_pool_unique_ids(task_pool=pool).passed is True
+
+
+def test_missing_upstream_partition_is_a_clear_error(tmp_path):
+    res = build_resources(str(tmp_path), profile="demo")
+    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res, raise_on_error=False)
+    assert not result.success
+    err = str(result.all_events)
+    assert "source_tasks" in err and "mmlu_pro" in err and "has not been materialised yet" in err
+
+
+def test_rlpr_partition_fails_with_the_config_key(tmp_path):
+    res = build_resources(str(tmp_path), profile="pilot")
+    result = materialize([tasks.source_tasks], partition_key="rlpr", resources=res, raise_on_error=False)
+    assert not result.success
+    assert "sources.rlpr.path" in str(result.all_events)
+    assert not (tmp_path / "assets" / "source_tasks" / "rlpr.parquet").exists()
