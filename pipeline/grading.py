@@ -1,0 +1,434 @@
+"""Answer extraction and grading of model replies (pure functions, no I/O).
+
+Extraction looks for the answer in decreasing order of explicitness: a tagged answer, a boxed answer, a labelled
+answer ("the answer is ..."), then a last-resort fallback (last number; for multiple choice only a final line that
+is a bare letter). Each stage is scanned from the end of the reply, because models often revise themselves.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from decimal import Decimal, InvalidOperation
+
+import sympy
+
+from pipeline.errors import RouterLiteError
+
+GRADERS = ("mcq_letter", "integer", "math_expression")
+
+# Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
+_MAX_SYMPY_CHARS = 200
+_MAX_EXPONENT = 100
+_MAX_DIGITS = 30
+_REL_TOL = 1e-9
+
+_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.I | re.S)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+# "the answer is (X)", "Answer: X", "Final answer: X", "**Answer:** X", "**Answer**: X"
+_LABEL_RE = re.compile(r"\banswer(?:\s+(?:is|would\s+be|should\s+be)|\s*\**\s*:)[\s*]*:?[\s*]*", re.I)
+_LETTER_RE = re.compile(r"((?:option|choice)\s+)?([(\[])?([A-J])([)\]])?(?![\w'])", re.I)
+_BARE_LETTER_LINE_RE = re.compile(r"^(?:(?:option|choice|answer)\s*:?\s*)?[(\[]?([A-J])[)\]]?\.?$")
+_NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
+_PLAIN_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+_UNITS = (r"(?:square\s+|sq\s+|cubic\s+)?(?:cm|mm|km|meters?|metres?|centimeters?|inches|inch|feet|foot|ft|yards?|"
+          r"miles?|units?|degrees?|dollars?|cents?|hours?|minutes?|seconds?|days?|weeks?|months?|years?|mph|"
+          r"pounds?|lbs?|kg|grams?|liters?|people|students|ways)")
+_TEXT_UNIT_RE = re.compile(r"\\(?:text|mbox|mathrm)\{\s*(?:" + _UNITS + r"|m|g|in)\s*\}(?:\^\{?[23]\}?)?")
+_TRAILING_UNIT_RE = re.compile(r"(?<=[\d}\s])\s*" + _UNITS + r"(?:\^\{?[23]\}?)?\s*$", re.I)
+_TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}")
+_VAR_PREFIX_RE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?=\S)")
+# spacing macros; a LaTeX line break \\ is matched first so that "\\ 2" is not read as "\" + "\ "
+_SPACING_RE = re.compile(r"\\\\|\\[!,;: ]")
+_DROP_TOKENS = ("\\displaystyle", "\\left", "\\right", "\\bigl", "\\bigr", "\\Bigl", "\\Bigr", "\\$", "$", "\\%",
+                "%", "^{\\circ}", "^\\circ", "\\circ", "°")
+
+_FUNCS = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+          "exp": sympy.exp}
+_CONSTS = {"pi": sympy.pi, "oo": sympy.oo}
+_LATEX_WORDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "sin": "sin", "cos": "cos",
+                "tan": "tan", "ln": "log", "log": "log", "exp": "exp"}
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b}
+
+
+def is_empty(text) -> bool:
+    return text is None or not str(text).strip()
+
+
+def _check_grader(grader: str) -> None:
+    if grader not in GRADERS:
+        raise RouterLiteError(f"unknown grader {grader!r}; expected one of {', '.join(GRADERS)}")
+
+
+# ---------------------------------------------------------------------------------------------- candidates
+def _brace_group(s: str, i: int) -> tuple[str, int] | None:
+    """Content of the balanced {...} starting at s[i] and the index after it (None when unbalanced)."""
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {"{": 1, "}": -1}.get(s[j], 0)
+        if depth == 0:
+            return s[i + 1:j], j + 1
+    return None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...} in order; nested braces are matched, not regex-guessed."""
+    found = []
+    for m in _BOXED_RE.finditer(text):
+        i = m.end()
+        if text[i:i + 1] == "{":
+            group = _brace_group(text, i)
+            if group:
+                found.append(group[0])
+        elif i < len(text):  # "\boxed 5": the argument is the next token
+            found.append(re.match(r"\S+", text[i:]).group(0).rstrip("$."))
+    return found
+
+
+def _label_candidates(text: str) -> list[str]:
+    """Rest of the line after each answer label, in order."""
+    return [text[m.end():].split("\n", 1)[0][:200] for m in _LABEL_RE.finditer(text)]
+
+
+def _candidates(text: str) -> list[list[str]]:
+    """Stages in priority order; each lists its candidates last-first (the last occurrence wins)."""
+    tagged = [t.strip() for t in _TAG_RE.findall(text)]
+    tagged = [(_boxed_contents(t) or [t])[-1] for t in tagged]  # a boxed answer inside the tag is the answer
+    return [tagged[::-1], _boxed_contents(text)[::-1], _label_candidates(text)[::-1]]
+
+
+def _strip_markup(s: str) -> str:
+    s = _TEXT_WRAP_RE.sub(r"\1", s)
+    return s.replace("**", "").replace("$", "").replace("\\(", "").replace("\\)", "").strip()
+
+
+# ------------------------------------------------------------------------------------------ per-grader parsing
+def _letter(candidate: str) -> str | None:
+    c = _strip_markup(candidate).lstrip(":").strip()
+    m = _LETTER_RE.match(c)
+    if not m:
+        return None
+    prefix, opened, letter, closed = m.groups()
+    # a lowercase letter is usually the article "a" ("the answer is a function..."): only accept it marked up
+    if letter.islower() and not (prefix or (opened and closed) or m.end() == len(c.rstrip("."))):
+        return None
+    return letter.upper()
+
+
+def _bare_letter_line(text: str) -> str | None:
+    """The final line when it is nothing but a letter ("C", "(C)", "**C.**"): the only unlabelled letter we trust."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    m = _BARE_LETTER_LINE_RE.match(_strip_markup(lines[-1])) if lines else None
+    return m.group(1) if m else None
+
+
+def _canonical_number(s: str) -> str | None:
+    """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number."""
+    if not _PLAIN_NUMBER_RE.fullmatch(s):
+        return None
+    try:
+        d = Decimal(s)
+    except InvalidOperation:
+        return None
+    if d == d.to_integral_value():
+        return str(int(d))
+    return format(d.normalize(), "f")
+
+
+def _integer(candidate: str) -> str | None:
+    candidate = _math(candidate) or ""
+    norm = normalize_math(candidate)
+    number = _canonical_number(norm)
+    if number is not None:
+        return number
+    value = _sympy_value(norm)  # "\frac{36}{2}" -> 18
+    if value is not None and value.is_Integer:
+        return str(value)
+    m = _NUMBER_RE.search(_strip_markup(candidate).replace(",", ""))  # "18 apples (since ...)"
+    return _canonical_number(m.group(0)) if m else None
+
+
+def _math(candidate: str) -> str | None:
+    """A labelled math answer: the first $...$ / \\(...\\) span if it opens the line, else up to the sentence end."""
+    c = candidate.strip().strip("*").strip()
+    m = re.match(r"\$\$?(.+?)(?<!\\)\$|\\[(\[](.+?)\\[)\]]", c)  # "\$" inside is a dollar sign
+    if m:
+        c = m.group(1) or m.group(2)
+    else:
+        c = re.split(r"(?<!\d)\.(?:\s|$)|\.\s", c, maxsplit=1)[0]
+    c = c.strip().rstrip(".").strip()
+    if "\\" not in c and len(re.findall(r"[a-zA-Z]{2,}", c)) > 3:  # prose ("Answer: Let's think step by step")
+        return None
+    return c or None
+
+
+def _last_number(text: str) -> str | None:
+    clean = text.replace("**", "").replace("\\$", "").replace("$", "").replace("{,}", "")
+    clean = re.sub(r"(?<=\d),(?=\d{3}\b)", "", clean)  # thousands separators
+    numbers = _NUMBER_RE.findall(clean)
+    return _canonical_number(numbers[-1]) if numbers else None
+
+
+_PARSERS = {"mcq_letter": _letter, "integer": _integer, "math_expression": _math}
+
+
+def extract_answer(text: str, grader: str) -> str | None:
+    """The answer in `text` as the grader wants it (letter A-J, integer string, raw LaTeX), or None."""
+    _check_grader(grader)
+    if is_empty(text):
+        return None
+    parse = _PARSERS[grader]
+    for stage in _candidates(text):
+        for candidate in stage:
+            answer = parse(candidate)
+            if answer:
+                return answer
+    if grader == "mcq_letter":
+        return _bare_letter_line(text)  # never guess from a stray letter in the reasoning
+    return _last_number(text)
+
+
+# ------------------------------------------------------------------------------------------ normalisation
+def normalize_math(s: str) -> str:
+    """MATH-style canonical string: no spacing/sizing macros, units, degrees, %, \\text wrappers, 'x =' prefix."""
+    s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s.strip())
+    for token in _DROP_TOKENS:
+        s = s.replace(token, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _TEXT_UNIT_RE.sub("", s)
+    while (unwrapped := _TEXT_WRAP_RE.sub(r"\1", s)) != s:
+        s = unwrapped
+    s = _TRAILING_UNIT_RE.sub("", s.strip()).strip().rstrip(".").strip()
+    s = _VAR_PREFIX_RE.sub("", s)
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # \frac12
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)  # \sqrt2
+    s = s.replace("{,}", "")
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):  # 1,000 (not a list: groups of exactly 3)
+        s = s.replace(",", "")
+    s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)  # .5 -> 0.5
+    return re.sub(r"^(-?\d+)\.0+$", r"\1", s)  # 18.0 -> 18
+
+
+def _split_top(s: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside (), [], {}."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            parts.append(s[start:i])
+            start = i + len(sep)
+    return parts + [s[start:]]
+
+
+# ------------------------------------------------------------------------------------------ LaTeX -> sympy
+def _latex_group(s: str, i: int) -> tuple[str, int]:
+    """The argument of a macro at s[i]: a balanced {...}, a \\command or one character."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        raise ValueError("missing macro argument")
+    if s[i] == "{":
+        group = _brace_group(s, i)
+        if group is None:
+            raise ValueError("unbalanced braces")
+        return group
+    m = re.match(r"\\[a-zA-Z]+", s[i:])
+    return (m.group(0), i + m.end()) if m else (s[i], i + 1)
+
+
+def _latex_to_py(s: str) -> str:
+    """Small LaTeX -> Python-expression converter (fractions, roots, pi, powers, a few functions).
+
+    sympy's own parse_latex needs antlr4 4.11 exactly and the environment ships 4.13, so it cannot be used.
+    """
+    out, i = [], 0
+    while i < len(s):
+        if s[i] != "\\":
+            out.append({"{": "(", "}": ")", "^": "**"}.get(s[i], s[i]))
+            i += 1
+            continue
+        m = re.match(r"\\([a-zA-Z]+)", s[i:])
+        if not m:
+            raise ValueError(f"unsupported LaTeX near {s[i:i + 10]!r}")
+        name, i = m.group(1), i + m.end()
+        if name == "frac":
+            num, i = _latex_group(s, i)
+            den, i = _latex_group(s, i)
+            out.append(f"(({_latex_to_py(num)})/({_latex_to_py(den)}))")
+        elif name == "sqrt":
+            index = None
+            if s[i:i + 1] == "[":
+                j = s.index("]", i)
+                index, i = s[i + 1:j], j + 1
+            arg, i = _latex_group(s, i)
+            arg = _latex_to_py(arg)
+            out.append(f"(({arg})**(1/({_latex_to_py(index)})))" if index else f"sqrt({arg})")
+        elif name in _LATEX_WORDS:
+            out.append(f" {_LATEX_WORDS[name]} ")
+        else:
+            raise ValueError(f"unsupported LaTeX command \\{name}")
+    return "".join(out)
+
+
+_PY_TOKEN_RE = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|([a-zA-Z]+)|(\*\*|[-+*/()]))")
+
+
+def _py_tokens(py: str) -> list[tuple[str, str]]:
+    """(kind, text) tokens; multi-letter names that are not functions/constants become single-letter symbols."""
+    tokens, pos = [], 0
+    while pos < len(py.rstrip()):
+        m = _PY_TOKEN_RE.match(py, pos)
+        if not m:
+            raise ValueError(f"unsupported characters in {py!r}")
+        number, name, op = m.groups()
+        if number:
+            tokens.append(("num", number))
+        elif name in _FUNCS:
+            tokens.append(("func", name))
+        elif name:
+            tokens += [("name", name)] if name in _CONSTS else [("name", ch) for ch in name]
+        else:
+            tokens.append(("op", op))
+        pos = m.end()
+    return tokens
+
+
+def _explicit_products(py: str) -> str:
+    """Insert the '*' that maths leaves implicit ("2x", "3sqrt(2)", ")(", "xy")."""
+    out, prev = [], None
+    for kind, text in _py_tokens(py):
+        left = prev is not None and (prev[0] in ("num", "name") or prev[1] == ")")
+        if left and (kind in ("num", "name", "func") or text == "("):
+            out.append("*")
+        out.append(text)
+        prev = (kind, text)
+    return " ".join(out)
+
+
+def _has_pow(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node))
+
+
+def _build(node: ast.AST, pow_depth: int = 0):
+    """sympy expression from a whitelisted AST (no eval of model text).
+
+    Exact powers are what can blow up (10^{10^{10}}), so exponents hold no power and small constants only, and
+    powers nest at most two deep in a base: the largest value stays around 10^300000, computed in milliseconds.
+    """
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        if isinstance(node.op, ast.Pow):
+            if pow_depth >= 2 or _has_pow(node.right) or any(
+                    isinstance(n, ast.Constant) and abs(n.value) > _MAX_EXPONENT for n in ast.walk(node.right)):
+                raise ValueError("exponent too large to evaluate safely")
+            return _build(node.left, pow_depth + 1) ** _build(node.right, pow_depth + 1)
+        return _BINOPS[type(node.op)](_build(node.left, pow_depth), _build(node.right, pow_depth))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _build(node.operand, pow_depth)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        text = str(node.value)
+        if len(text) > _MAX_DIGITS:
+            raise ValueError("number too long")
+        return sympy.Rational(text)  # exact: 0.5 == 1/2
+    if isinstance(node, ast.Name):
+        return _CONSTS.get(node.id) or sympy.Symbol(node.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
+            and len(node.args) == 1 and not node.keywords:
+        return _FUNCS[node.func.id](_build(node.args[0], pow_depth))
+    raise ValueError(f"unsupported expression node {type(node).__name__}")
+
+
+def _to_sympy(latex: str):
+    if len(latex) > _MAX_SYMPY_CHARS:
+        raise ValueError("expression too long")
+    py = _explicit_products(_latex_to_py(latex))
+    return _build(ast.parse(py, mode="eval").body)
+
+
+def _sympy_value(latex: str):
+    try:
+        return _to_sympy(latex)
+    except Exception:  # sympy/ast raise many exception types on odd input; unparseable just means "no value"
+        return None
+
+
+def _numeric(expr, subs: dict) -> complex:
+    return complex(expr.evalf(30, subs=subs))
+
+
+def _sympy_equal(a: str, b: str) -> bool:
+    ea, eb = _sympy_value(a), _sympy_value(b)
+    if ea is None or eb is None:
+        return False
+    try:
+        if ea == eb:
+            return True
+        symbols = sorted((ea - eb).free_symbols, key=str)
+        # compare values, at a few arbitrary points for symbolic answers: bounded, unlike simplify()/expand()
+        points = [{s: 0.37 + 0.61 * k + 0.13 * j for j, s in enumerate(symbols)} for k in range(3 if symbols else 1)]
+        for subs in points:
+            va, vb = _numeric(ea, subs), _numeric(eb, subs)
+            if abs(va - vb) > _REL_TOL * max(1.0, abs(vb)):
+                return False
+        return True
+    except Exception:  # nan/zoo/overflow in evalf: treat as not provably equal
+        return False
+
+
+# ------------------------------------------------------------------------------------------ comparison
+def _bracketed(s: str) -> bool:
+    return len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and len(_split_top(s[1:-1])) > 1
+
+
+def math_equal(pred: str, gold: str) -> bool:
+    """Equivalence of two MATH-style LaTeX answers: canonical strings, then element-wise, then sympy."""
+    p, g = normalize_math(pred), normalize_math(gold)
+    if p == g:
+        return True
+    if len(p) > _MAX_SYMPY_CHARS or len(g) > _MAX_SYMPY_CHARS:
+        return False
+    p_union, g_union = _split_top(p, "\\cup"), _split_top(g, "\\cup")
+    if len(p_union) > 1 or len(g_union) > 1:
+        return len(p_union) == len(g_union) and all(map(math_equal, p_union, g_union))
+    if _bracketed(p) or _bracketed(g):  # tuples and intervals: same brackets, equal elements in order
+        if not (_bracketed(p) and _bracketed(g)) or (p[0], p[-1]) != (g[0], g[-1]):
+            return False
+        p_items, g_items = _split_top(p[1:-1]), _split_top(g[1:-1])
+        return len(p_items) == len(g_items) and all(map(math_equal, p_items, g_items))
+    p_items, g_items = _split_top(p), _split_top(g)
+    if len(p_items) > 1 or len(g_items) > 1:  # a bare list of solutions: order does not matter
+        return len(p_items) == len(g_items) and _match_unordered(p_items, g_items)
+    return _sympy_equal(p, g)
+
+
+def _match_unordered(pred_items: list[str], gold_items: list[str]) -> bool:
+    remaining = list(gold_items)
+    for item in pred_items:
+        hit = next((i for i, g in enumerate(remaining) if math_equal(item, g)), None)
+        if hit is None:
+            return False
+        remaining.pop(hit)
+    return True
+
+
+def _integer_equal(pred: str, gold: str) -> bool:
+    p, g = _canonical_number(normalize_math(pred)), _canonical_number(normalize_math(gold))
+    return p is not None and p == g
+
+
+def grade(text: str | None, gold: str, grader: str) -> tuple[str | None, bool]:
+    """(extracted answer, correct). An empty reply or one without an extractable answer is never correct."""
+    _check_grader(grader)
+    extracted = extract_answer(text, grader)
+    if extracted is None:
+        return None, False
+    if grader == "mcq_letter":
+        return extracted, extracted == (_letter(str(gold)) or str(gold).strip().upper())
+    if grader == "integer":
+        return extracted, _integer_equal(extracted, str(gold))
+    return extracted, math_equal(extracted, str(gold))
