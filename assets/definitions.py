@@ -4,18 +4,29 @@
 """
 from __future__ import annotations
 
-from dagster import Definitions, load_asset_checks_from_modules, load_assets_from_modules
+from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import tasks
+from assets import collection, tasks
+from pipeline.config import load_profile
+from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks]
+ASSET_MODULES = [tasks, collection]
+
+
+def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
+    """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one)."""
+    cfg = load_profile(profile or None).pool
+    kind = cfg.get("kind", "replay")
+    key = {"api_key": EnvVar(OPENROUTER_KEY_ENV)} if kind == "openrouter" else {}
+    return PoolResource(kind=kind, pool=pool or cfg.get("name", "demo"), base_url=cfg.get("base_url"), **key)
 
 
 def build_resources(home: str | None = None, profile: str = "") -> dict:
     home = home or default_home()
     return {
+        "pool": pool_resource(profile),
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=profile),

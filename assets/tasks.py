@@ -32,7 +32,19 @@ def pool_candidates(prof, storage: StorageResource) -> pd.DataFrame:
 
 
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
-    return tasks
+    """A replay pool answers only recorded prompts: keep tasks recorded for every agent of the profile's wider
+    pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
+    if prof.pool.get("kind", "replay") != "replay":
+        return tasks
+    from pipeline.pool import load_agents
+    from pipeline.prompts import prompt_hash
+    from pipeline.replay import ReplayStore
+    from resources.pool import default_agents_file
+
+    store = ReplayStore.load()
+    agents = load_agents(default_agents_file(), prof.pool.get("wide_name") or prof.pool.get("name", "demo"))
+    recorded = set.intersection(*(store.hashes(a.model) for a in agents))
+    return tasks[tasks["prompt"].map(prompt_hash).isin(recorded)]
 
 
 @asset(deps=[source_tasks], group_name="tasks", io_manager_key="io_manager",
