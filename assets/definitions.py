@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import collection, tasks
+from assets import collection, router, tasks
 from pipeline.config import load_profile
+from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks, collection]
+ASSET_MODULES = [tasks, collection, router]
 
 
 def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
@@ -25,8 +26,10 @@ def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
 
 def build_resources(home: str | None = None, profile: str = "") -> dict:
     home = home or default_home()
+    bb = load_profile(profile or None).backbone
     return {
         "pool": pool_resource(profile),
+        "backbone": BackboneResource(**{k: v for k, v in bb.items() if k in BackboneResource.model_fields}),
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=profile),

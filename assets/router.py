@@ -1,0 +1,135 @@
+"""Lineage stage 3: prompt embeddings (frozen backbone) → router head (sep-CMA-ES) → registered head."""
+import json
+from dataclasses import fields
+
+import numpy as np
+import pandas as pd
+from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
+
+from assets.collection import reward_matrix
+from assets.tasks import task_pool
+from pipeline import registry
+from pipeline.embed import EmbeddingCache
+from pipeline.errors import RouterLiteError
+from pipeline.head import Head
+from pipeline.io import atomic_write_json
+from pipeline.ood import OODGuard
+from pipeline.registry import content_hash
+from pipeline.router import fit_router
+from pipeline.train import TrainConfig
+from resources.backbone import BackboneResource
+from resources.pool import PoolResource
+from resources.profile import ProfileResource
+from resources.storage import StorageResource
+
+
+def embedding_matrix(df: pd.DataFrame) -> np.ndarray:
+    return np.stack(df["embedding"].to_numpy()).astype(np.float32)
+
+
+@asset(deps=[task_pool], group_name="router", io_manager_key="io_manager",
+       description="Embeddings of every pool task's prompt by the frozen backbone, cached by (backbone, prompt hash).")
+def prompt_embeddings(context: AssetExecutionContext, backbone: BackboneResource,
+                      storage: StorageResource) -> Output[pd.DataFrame]:
+    tasks = storage.read_asset("task_pool")
+    bb = backbone.get_backbone()
+    cache = EmbeddingCache(storage.path("embeddings"))
+    before = len(cache.load(bb))
+
+    def progress(done: int, total: int) -> None:
+        context.log.info(f"embedded {done}/{total} new prompts")
+
+    X = cache.get_or_compute(tasks["prompt"].tolist(), bb, progress=progress)
+    new = len(cache.load(bb)) - before
+    df = pd.DataFrame({"task_id": tasks["task_id"], "embedding": list(X)})
+    return Output(df, metadata={"rows": len(df), "dim": int(X.shape[1]), "newly_embedded": new,
+                                "backbone": bb.key, "device": str(bb.device)})
+
+
+def _train_config(prof) -> TrainConfig:
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(prof.train) - known)
+    if unknown:
+        raise RouterLiteError(f"{prof.path}: unknown train setting(s) {unknown}; known: {sorted(known)}")
+    cfg = dict(prof.train)
+    if "ridge_alphas" in cfg:
+        cfg["ridge_alphas"] = tuple(float(a) for a in cfg["ridge_alphas"])
+    return TrainConfig(**cfg)
+
+
+def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
+    """Split per reward row; out-of-distribution tasks become `ood`: never trained on, reported apart."""
+    t = rewards[["task_id"]].merge(tasks[["task_id", "split", "ood"]], on="task_id", how="left")
+    return t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
+
+
+@asset(ins={}, deps=[reward_matrix, prompt_embeddings], group_name="router", io_manager_key="io_manager",
+       description="Router head trained with separable CMA-ES on the static reward matrix (zero API calls); "
+                   "held-out metrics against best single, kNN, random and the oracle.")
+def router_head(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[dict]:
+    prof = profile.get()
+    rewards = storage.read_asset("reward_matrix")
+    emb = storage.read_asset("prompt_embeddings").set_index("task_id")
+    X = embedding_matrix(emb.loc[rewards["task_id"]].reset_index())
+    split = training_split(rewards, storage.read_asset("task_pool"))
+    fit = fit_router(X, rewards, split, _train_config(prof))
+    out = storage.path("router_head")
+    fit.head.save(out / registry.WEIGHTS)
+    with open(out / registry.GUARD, "wb") as fh:
+        np.savez(fh, X=fit.guard.X, threshold=fit.guard.threshold, k=fit.guard.k, quantile=fit.guard.quantile)
+    curve = pd.DataFrame(fit.curve)
+    summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
+               "extra": fit.extra, "train_config": _train_config(prof).to_dict(),
+               "n_params": fit.head.n_params, "curve": fit.curve}
+    m = fit.metrics
+    context.log.info(f"held-out: head {m['head']:.4f} | best single {m['best_single']:.4f} | kNN {m['knn']:.4f} | "
+                     f"oracle {m['oracle']:.4f} | random {m['random']:.4f} | OOD guard fired on "
+                     f"{fit.extra['ood_fire_rate']:.1%}")
+    table = pd.DataFrame([{"policy": k, "held_out_reward": m[k]} for k in ("head", "best_single", "knn", "random", "oracle")])
+    return Output(summary, metadata={
+        "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
+        "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
+        "n_test": m["n_test"], "n_params": fit.head.n_params, "ood_fire_rate_test": fit.extra["ood_fire_rate"],
+        "train_fit": fit.extra["train_fit"],
+        "distribution": MetadataValue.json(m["distribution"]),
+        "held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".4f")),
+        "routing": MetadataValue.md(pd.DataFrame(fit.extra["routing"]).to_markdown(index=False, floatfmt=".3f")),
+        "training_curve": MetadataValue.md(curve[[c for c in ("generation", "best_reward_so_far", "mean_train_reward",
+                                                              "val_reward") if c in curve]].iloc[::5].to_markdown(index=False, floatfmt=".4f")),
+    })
+
+
+@asset_check(asset=router_head, description="The head beats uniform random on held-out tasks.")
+def head_beats_random(router_head: dict) -> AssetCheckResult:
+    m = router_head["metrics"]
+    return AssetCheckResult(passed=bool(m["head"] > m["random"]),
+                            metadata={"head": m["head"], "random": m["random"], "best_single": m["best_single"]})
+
+
+@asset(group_name="router", io_manager_key="io_manager",
+       description="The head in the registry: stable name head-<backbone>-<hash>, manifest, weights, reference code.")
+def registered_head(context: AssetExecutionContext, router_head: dict, backbone: BackboneResource,
+                    pool: PoolResource, storage: StorageResource) -> Output[dict]:
+    src = storage.path("router_head")
+    head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
+    with np.load(src / registry.GUARD, allow_pickle=False) as z:
+        guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
+        guard.X, guard.threshold = np.asarray(z["X"], np.float32), float(z["threshold"])
+    bb = backbone.get_backbone()
+    models = {a.name: a.model for a in pool.agents()}
+    agents = [{"name": a, "model": models.get(a, a)} for a in router_head["agents"]]
+    data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]
+                   for name in ("task_pool", "reward_matrix", "prompt_embeddings")}
+    path = registry.register(
+        storage.path("registry"), head, guard, router_head["best_single"],
+        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
+                  "max_seq_length": backbone.max_seq_length, "dim": head.d},
+        agents=agents, training={**router_head["train_config"], "activation": head.activation,
+                                 "pool": pool.pool, "pool_kind": pool.kind},
+        data_hashes=data_hashes, metrics=router_head["metrics"])
+    entry = json.loads((path / registry.MANIFEST).read_text())
+    atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
+    context.log.info(f"registered {entry['name']} at {path}")
+    return Output({"name": entry["name"], "path": str(path)},
+                  metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
+                            "manifest": MetadataValue.json(entry)})

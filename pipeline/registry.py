@@ -1,0 +1,133 @@
+"""Registered heads: `registry/<name>/` with a stable name, manifest, weights and reference code.
+
+name = `head-<backbone slug>-<10 hex>` where the hex is a content hash of (weights, agents, backbone key, training
+config, data hashes): the same inputs register under the same name; anything else gets a new one.
+Files: `head.safetensors` (the head), `guard.npz` (OOD guard: training embeddings in float16 + threshold),
+`manifest.json`, `reference.py` (standalone embed-and-pick with numpy + sentence-transformers). Never pickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import RouterLiteError
+from pipeline.head import Head
+from pipeline.ood import OODGuard
+
+MANIFEST = "manifest.json"
+WEIGHTS = "head.safetensors"
+GUARD = "guard.npz"
+REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
+
+
+def _slug(backbone_id: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", backbone_id.split("/")[-1].lower()).strip("-")[:40]
+
+
+def content_hash(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass
+class RegisteredHead:
+    path: Path
+    manifest: dict
+    head: Head
+    guard: OODGuard
+    best_single: int
+
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def agents(self) -> list[dict]:
+        return self.manifest["agents"]
+
+    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(picked agent index per row after the OOD guard, mask where the guard fired)."""
+        fired = self.guard.fires(X)
+        picks = self.head.pick(X)
+        picks[fired] = self.best_single
+        return picks, fired
+
+
+def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
+             training: dict, data_hashes: dict, metrics: dict) -> Path:
+    """Write the head under `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
+    if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
+        raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".register.", dir=root))
+    try:
+        head.save(tmp / WEIGHTS)
+        with open(tmp / GUARD, "wb") as fh:
+            np.savez(fh, X=guard.X.astype(np.float16), threshold=np.float64(guard.threshold), k=np.int64(guard.k),
+                     quantile=np.float64(guard.quantile))
+        digest = content_hash((tmp / WEIGHTS).read_bytes(), (tmp / GUARD).read_bytes(),
+                              json.dumps([agents, backbone, training, data_hashes], sort_keys=True, default=str))
+        name = f"head-{_slug(backbone['id'])}-{digest[:10]}"
+        manifest = {
+            "name": name, "format_version": 1, "backbone": backbone, "dim": head.d, "hidden_dim": head.hidden_dim,
+            "n_params": head.n_params, "agents": agents, "best_single": agents[best_single]["name"],
+            "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
+                          "n_reference": int(len(guard.X))},
+            "training": training, "data_hashes": data_hashes, "metrics": metrics,
+            "files": {"weights": WEIGHTS, "guard": GUARD, "reference": "reference.py"},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)
+        final = root / name
+        if final.exists():  # same content hash → same head: keep the existing entry
+            shutil.rmtree(tmp)
+            return final
+        tmp.rename(final)
+        return final
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(path: str | Path) -> RegisteredHead:
+    """Load a registered head; any missing, corrupt or mismatched file → one error naming it."""
+    path = Path(path)
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise RouterLiteError(f"{path} is not a registered head: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(mf.read_text())
+        names = [a["name"] for a in manifest["agents"]]
+        dim = int(manifest["dim"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RouterLiteError(f"{mf} is corrupt: {exc}") from None
+    head = Head.load(path / manifest.get("files", {}).get("weights", WEIGHTS), d=dim, K=len(names), agents=names)
+    gf = path / GUARD
+    try:
+        with np.load(gf, allow_pickle=False) as z:
+            guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
+            guard.X = np.asarray(z["X"], dtype=np.float32)
+            guard.threshold = float(z["threshold"])
+    except FileNotFoundError:
+        raise RouterLiteError(f"{gf} is missing") from None
+    except Exception as exc:
+        raise RouterLiteError(f"{gf} is corrupt: {type(exc).__name__}: {exc}") from None
+    if guard.X.ndim != 2 or guard.X.shape[1] != dim:
+        raise RouterLiteError(f"{gf}: reference embeddings of shape {guard.X.shape} do not match dim {dim}")
+    if manifest.get("best_single") not in names:
+        raise RouterLiteError(f"{mf}: best_single {manifest.get('best_single')!r} is not one of the agents {names}")
+    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]))

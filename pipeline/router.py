@@ -1,0 +1,74 @@
+"""Fit a router on (embeddings, reward rows, split) and measure it on held-out rows.
+
+One function serves the `router_head` asset and `router-lite train`: sep-CMA-ES head, kNN baseline, OOD guard,
+held-out metrics, routing report. Pure: same inputs and config → same head and numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pipeline.errors import RouterLiteError
+from pipeline.evaluate import held_out_metrics, routing_report
+from pipeline.head import Head
+from pipeline.knn import KnnRouter
+from pipeline.ood import OODGuard
+from pipeline.rewards import to_arrays
+from pipeline.train import TrainConfig, best_single_agent, train_head
+
+
+@dataclass
+class RouterFit:
+    agents: list[str]
+    head: Head
+    guard: OODGuard
+    best_single: int
+    knn_k: int
+    curve: list[dict]
+    metrics: dict  # held-out metrics (METRIC_KEYS) of the head with its OOD guard
+    extra: dict = field(default_factory=dict)  # train fit, unguarded head, guard fire rate, routing report, ...
+
+
+def split_masks(split: pd.Series, held_out: str = "test") -> dict[str, np.ndarray]:
+    s = split.fillna("").astype(str).to_numpy()
+    masks = {"train": s == "train", "validation": s == "validation", "held_out": s == held_out}
+    if not masks["train"].any():
+        raise RouterLiteError("no training rows: the tasks need a `split` column with 'train' rows")
+    if not masks["held_out"].any():
+        raise RouterLiteError(f"no held-out rows: no task has split {held_out!r}")
+    return masks
+
+
+def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
+               held_out: str = "test", cost_lambda: float = 0.0) -> RouterFit:
+    """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...)."""
+    agents, R, B, C = to_arrays(rewards)
+    if len(X) != len(R):
+        raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
+    m = split_masks(split.reset_index(drop=True), held_out)
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    has_val = bool(va.any())
+    cfg = cfg or TrainConfig()
+    if cost_lambda:
+        cfg.cost_lambda = cost_lambda
+    head, curve = train_head(X[tr], R[tr], B[tr], X[va] if has_val else None, R[va] if has_val else None,
+                             B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
+                             agents=agents)
+    best = best_single_agent(R[tr], B[tr])
+    knn = KnnRouter().fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
+    # the guard's threshold comes from in-distribution rows that were not trained on
+    guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
+    raw_picks = head.pick(X[te])
+    picks = guard.route(raw_picks, X[te], best)
+    metrics = held_out_metrics(picks, R[te], B[te], knn_picks=knn.pick(X[te]), best_single=best, agents=agents,
+                               n_train=int(tr.sum()))
+    unguarded = held_out_metrics(raw_picks, R[te], B[te], best_single=best, agents=agents)["head"]
+    extra = {
+        "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
+        "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
+        "n_validation": int(va.sum()), "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
+    }
+    return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra)
+
