@@ -127,12 +127,10 @@ def baselines(rewards: pd.DataFrame, split: pd.Series | None = None) -> pd.DataF
 
 def collection_totals(calls: pd.DataFrame) -> pd.DataFrame:
     """Calls, cost, errors, empties per agent — what a collection run spent and how it went."""
-    g = calls.groupby("agent", sort=True)
-    return pd.DataFrame({
-        "calls": g.size(), "ok": g["status"].apply(lambda s: int((s == "ok").sum())),
-        "empty": g["status"].apply(lambda s: int((s == "empty").sum())),
-        "error": g["status"].apply(lambda s: int((s == "error").sum())),
-        "accuracy": g.apply(lambda d: d.loc[d["status"] != "error", "correct"].fillna(False).astype(float).mean(),
-                            include_groups=False),
-        "cost_usd": g["cost_usd"].sum(),
-    }).reset_index()
+    answered = calls["status"] != "error"
+    df = calls.assign(ok=calls["status"].eq("ok"), empty=calls["status"].eq("empty"), error=~answered,
+                      right=np.where(answered, calls["correct"].fillna(False).astype(float), np.nan),
+                      cost=calls["cost_usd"].fillna(0.0))
+    g = df.groupby("agent", sort=True)
+    return pd.DataFrame({"calls": g.size(), "ok": g["ok"].sum(), "empty": g["empty"].sum(), "error": g["error"].sum(),
+                         "accuracy": g["right"].mean(), "cost_usd": g["cost"].sum()}).reset_index()

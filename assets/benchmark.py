@@ -1,0 +1,150 @@
+"""Lineage stage 4: the benchmark report (routed benchmark with real replies + cost–quality frontier) and the
+RouterBench-style replication per suite."""
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
+
+from assets.collection import _settings, passed_agents, reward_matrix
+from assets.router import _train_config, embedding_matrix, prompt_embeddings, registered_head, training_split
+from assets.tasks import task_pool
+from pipeline import registry
+from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
+from pipeline.calls import CallLog
+from pipeline.embed import EmbeddingCache
+from pipeline.frontier import baseline_policies, frontier_points, plot_frontier, policy_table
+from pipeline.io import atomic_write_json, atomic_write_text
+from pipeline.knn import KnnRouter
+from pipeline.pool import run_collect
+from pipeline.replication import replicate, table_markdown
+from pipeline.rewards import to_arrays
+from pipeline.suites import build_suite
+from resources.backbone import BackboneResource
+from resources.pool import PoolResource
+from resources.profile import ProfileResource
+from resources.storage import StorageResource
+
+SUITES = ["routerbench", "mmlu-pro-outputs"]
+suite_partitions = StaticPartitionsDefinition(SUITES)
+
+
+def _png_markdown(path: Path) -> MetadataValue:
+    """A PNG inlined in Markdown metadata, so the Dagster UI shows the plot."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return MetadataValue.md(f"![{path.name}](data:image/png;base64,{data})")
+
+
+def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    test = tasks[tasks["split"] == "test"]
+    out = {"test": benchmark_from_tasks(test[~test["ood"]])}
+    if test["ood"].any():
+        out["ood"] = benchmark_from_tasks(test[test["ood"]])
+    if prof.benchmark.get("file"):
+        out["file"] = load_benchmark(prof.benchmark["file"])
+    return out
+
+
+def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path):
+    agents, R, _, C = to_arrays(rewards)
+    tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
+    policies = baseline_policies(R[te], C[te], R[tr], agents)
+    policies["kNN router"] = KnnRouter(k=knn_k).fit(X[tr], R[tr]).scores(X[te])
+    policies["trained head"] = reg.head.scores(X[te])
+    table = policy_table(policies, R[te], C[te])
+    table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
+    png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)")
+    return table, png
+
+
+@asset(deps=[registered_head, reward_matrix, prompt_embeddings, task_pool], group_name="report",
+       io_manager_key="io_manager",
+       description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
+                   "pool → letter extracted and scored) on the held-out test split and an out-of-distribution "
+                   "variant, plus the RouterBench cost–quality frontier with AIQ against every baseline.")
+def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, pool: PoolResource,
+                     backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
+    prof = profile.get()
+    reg = registry.load(json.loads((storage.path("registry") / "latest.json").read_text())["path"])
+    agents = [a["name"] for a in reg.agents]
+    specs = {a.name: a for a in passed_agents(pool, storage)}
+    missing = [a for a in agents if a not in specs]
+    if missing:
+        from pipeline.errors import RouterLiteError
+        raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
+    bb = backbone.get_backbone()
+    cache = EmbeddingCache(storage.path("embeddings"))
+    reports = storage.path("reports")
+    md = [f"## Routed benchmark ({prof.name}, head {reg.name})", ""]
+    per_question, meta = [], {}
+    for variant, bench in _variants(prof, storage.read_asset("task_pool")).items():
+        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
+        picks, fired = reg.route(X)
+        tasks = bench.rename(columns={"id": "task_id"}).assign(grader="mcq_letter")
+        log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
+        calls = run_collect(tasks, [specs[a] for a in agents], 0, log, pool.client_for, _settings(prof))
+        res = score(bench, picks, fired, calls, agents)
+        res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
+        s = res["summary"]
+        md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
+               f"{s['ood_guard_fired']:.1%}, empty {s['empty_responses']}, errors {s['errors']}", "",
+               res["comparison"].to_markdown(index=False, floatfmt=".4f"), "",
+               f"Routing distribution: {s['distribution']}", "",
+               "<details><summary>by group</summary>", "",
+               res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
+        meta[variant] = s
+        per_question.append(res["per_question"].assign(variant=variant))
+    rewards = storage.read_asset("reward_matrix")
+    split = training_split(rewards, storage.read_asset("task_pool"))
+    emb = storage.read_asset("prompt_embeddings").set_index("task_id")
+    X = embedding_matrix(emb.loc[rewards["task_id"]].reset_index())
+    knn_k = json.loads(storage.asset_file("router_head", suffix=".json").read_text())["knn_k"]
+    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png")
+    md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology)", "",
+           table_markdown(prof.name, table), f"![frontier]({png.name})", ""]
+    text = "\n".join(md)
+    atomic_write_text(text, reports / "benchmark_report.md")
+    atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
+    context.log.info("\n" + text)
+    aiq = dict(zip(table["policy"], table["aiq"]))
+    return Output(pd.concat(per_question, ignore_index=True), metadata={
+        "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),
+        **{f"{v}_accuracy": s["accuracy"] for v, s in meta.items()},
+        "aiq_trained_head": aiq.get("trained head"), "aiq_prior": aiq.get("prior"),
+        "aiq_individual_hull": aiq.get("individual hull"), "report_dir": str(reports),
+    })
+
+
+@asset(partitions_def=suite_partitions, deps=[reward_matrix, task_pool], group_name="report",
+       io_manager_key="io_manager",
+       description="Seed-002 replication per suite: a head trained on the suite's train split; policy, quality, "
+                   "cost per example and AIQ on its test split, with a frontier plot.")
+def routerbench_replication(context: AssetExecutionContext, profile: ProfileResource, backbone: BackboneResource,
+                            storage: StorageResource) -> Output[pd.DataFrame]:
+    suite = context.partition_key
+    if suite == "routerbench":
+        prof_suite = build_suite("routerbench")
+    else:
+        rewards, tasks = storage.read_asset("reward_matrix"), storage.read_asset("task_pool")
+        agents, _, _, C = to_arrays(rewards)
+        prices = dict(zip(agents, C.mean(axis=0)))  # list price per question (config/prices.yaml × tokens)
+        prof_suite = build_suite(suite, rewards=rewards, tasks=tasks, prices=prices)
+    X = EmbeddingCache(storage.path("embeddings")).get_or_compute(prof_suite.query_text, backbone.get_backbone())
+    table, points = replicate(prof_suite, X, _train_config(profile.get()))
+    reports = storage.path("reports")
+    png = plot_frontier(points, reports / f"replication_{suite}.png", title=f"{suite}: cost–quality frontier")
+    md = table_markdown(suite, table)
+    atomic_write_text(md, reports / f"replication_{suite}.md")
+    table.to_csv(reports / f"replication_{suite}.csv", index=False)
+    atomic_write_json({"suite": suite, "table": table.to_dict("records"), **table.attrs},
+                      reports / f"replication_{suite}.json")
+    combined = sorted(reports.glob("replication_*.md"))
+    atomic_write_text("## RouterBench-style replication\n\n" + "\n".join(f.read_text() for f in combined),
+                      reports / "routerbench_replication.md")
+    context.log.info("\n" + md)
+    aiq = dict(zip(table["policy"], table["aiq"]))
+    return Output(table, metadata={"table": MetadataValue.md(md), "frontier_plot": _png_markdown(png),
+                                   "aiq_trained_head": aiq["trained head"], "aiq_prior": aiq["prior"],
+                                   "aiq_individual_hull": aiq["individual hull"], "aiq_oracle": aiq["oracle"]})

@@ -1,0 +1,46 @@
+"""RouterBench-style replication on a suite profile: train a head on its train split, report the seed-002 table
+(policy, quality, cost per example, AIQ) on its test split against every baseline."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+from pipeline.frontier import baseline_policies, frontier_points, policy_table
+from pipeline.knn import KnnRouter
+from pipeline.suites import Profile
+from pipeline.train import TrainConfig, train_head
+
+
+def _validation_mask(query_ids: list[str], fraction: float = 0.2) -> np.ndarray:
+    """A stable slice of the training queries (hash of the id) for early stopping and kNN's k."""
+    return np.array([int(hashlib.sha256(q.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction for q in query_ids])
+
+
+def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -> tuple[pd.DataFrame, dict]:
+    """(table, frontier points) on the test split. X[i] embeds profile.query_text[i]."""
+    train, test = profile.split == "train", profile.split == "test"
+    if "validation" in set(profile.split):
+        val = profile.split == "validation"
+    else:
+        val = train & _validation_mask(profile.query_ids)
+        train = train & ~val
+    Q, C = profile.quality, profile.cost
+    best = Q >= Q.max(axis=1, keepdims=True) - 1e-12
+    head, _ = train_head(X[train], Q[train], best[train], X[val], Q[val], best[val], cfg or TrainConfig(),
+                         agents=profile.models)
+    knn = KnnRouter().fit(X[train], Q[train], X[val], Q[val])
+    policies = baseline_policies(Q[test], C[test], Q[train | val], profile.models)
+    policies["kNN router"] = knn.scores(X[test])
+    policies["trained head"] = head.scores(X[test])
+    table = policy_table(policies, Q[test], C[test])
+    table.attrs["n_train"], table.attrs["n_test"] = int(train.sum()), int(test.sum())
+    return table, frontier_points(policies, Q[test], C[test])
+
+
+def table_markdown(name: str, table: pd.DataFrame) -> str:
+    cmin, cmax = table.attrs.get("cost_span", [float("nan")] * 2)
+    return (f"### {name} (test n={table.attrs.get('n_test')}, train n={table.attrs.get('n_train')}, "
+            f"cost span ${cmin:.3g}–${cmax:.3g} per example)\n\n"
+            + table.to_markdown(index=False, floatfmt=".4f") + "\n")
