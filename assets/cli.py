@@ -25,6 +25,120 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _read_frame(path: str):
+    import pandas as pd
+
+    from pipeline.tasks import read_table
+
+    return pd.DataFrame(read_table(__import__("pathlib").Path(path)))
+
+
+def cmd_train(args) -> int:
+    """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from pipeline import registry
+    from pipeline.embed import Backbone, EmbeddingCache
+    from pipeline.router import fit_router
+    from pipeline.train import TrainConfig
+    from resources.backbone import resolve_device
+    from resources.storage import default_home
+
+    rewards, tasks = _read_frame(args.rewards), _read_frame(args.tasks)
+    for col in ("task_id", "prompt", "split"):
+        if col not in tasks:
+            raise RouterLiteError(f"{args.tasks}: tasks file lacks column {col!r} (needs task_id, prompt, split)")
+    joined = rewards.merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
+    if joined["prompt"].isna().any():
+        missing = joined.loc[joined["prompt"].isna(), "task_id"].iloc[0]
+        raise RouterLiteError(f"{args.rewards}: task {missing!r} has no row in {args.tasks}")
+    out = Path(args.out or Path(default_home()) / "registry")
+    bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
+                  max_seq_length=args.max_seq_length)
+    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
+    cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
+                      popsize=args.popsize, seed=args.seed)
+    fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split)
+    path = registry.register(
+        out, fit.head, fit.guard, fit.best_single,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
+                  "dim": int(X.shape[1])},
+        agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
+        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
+                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
+        metrics=fit.metrics)
+    print(f"registered {path.name} at {path}", file=sys.stderr)
+    print(json.dumps({**fit.metrics, "registered": str(path)}, default=float))
+    return 0
+
+
+def cmd_route(args) -> int:
+    from pipeline import registry
+    from pipeline.embed import Backbone
+    from resources.backbone import resolve_device
+
+    reg = registry.load(args.head)
+    bb_cfg = reg.manifest["backbone"]
+    bb = Backbone(bb_cfg["id"], pooling=bb_cfg.get("pooling", "mean"), device=resolve_device(args.device),
+                  max_seq_length=int(bb_cfg.get("max_seq_length", 256)))
+    picks, fired = reg.route(bb.encode(args.prompt))
+    for p, f in zip(picks, fired):
+        agent = reg.agents[int(p)]
+        print(f"{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
+    return 0
+
+
+def cmd_regrade(args) -> int:
+    """Recompute extraction and correctness of every stored call from its stored completion: zero API calls."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from pipeline.grading import grade
+    from pipeline.io import atomic_write_parquet
+    from resources.storage import default_home
+
+    root = Path(default_home()).resolve()
+    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet").set_index("task_id")
+    changed = total = 0
+    for f in sorted((root / "assets" / "graded_calls").glob("*.parquet")):
+        calls = pd.read_parquet(f)
+        for i, c in calls.iterrows():
+            if c["status"] == "error" or c["task_id"] not in pool.index:
+                continue
+            t = pool.loc[c["task_id"]]
+            extracted, correct = grade(c["response_text"], str(t["gold"]), t["grader"])
+            correct = bool(correct) if c["status"] == "ok" else False
+            changed += int(extracted != c["extracted"] or correct != c["correct"])
+            calls.at[i, "extracted"], calls.at[i, "correct"] = extracted, correct
+            total += 1
+        atomic_write_parquet(calls, f)
+    print(json.dumps({"regraded": total, "changed": changed}))
+    print("re-materialise reward_matrix and downstream assets to use the new grades", file=sys.stderr)
+    return 0
+
+
+def cmd_replicate(args) -> int:
+    from pipeline.embed import Backbone, EmbeddingCache
+    from pipeline.replication import replicate, table_markdown
+    from pipeline.suites import build_suite
+    from resources.backbone import resolve_device
+    from resources.storage import default_home
+    from pathlib import Path
+
+    if args.suite != "routerbench":
+        raise RouterLiteError(f"`router-lite replicate` builds the bundled suite 'routerbench'; suite {args.suite!r} "
+                              "needs the pipeline's reward matrix: materialise routerbench_replication in Dagster")
+    suite = build_suite(args.suite)
+    bb = Backbone(args.backbone, device=resolve_device(args.device), max_seq_length=args.max_seq_length)
+    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(suite.query_text, bb)
+    table, _ = replicate(suite, X)
+    print(table_markdown(args.suite, table))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="router-lite", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -33,6 +147,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
+    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL): task_id, agent_order, mean_reward, ...")
+    p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL): task_id, prompt, split")
+    p.add_argument("--held-out-split", default="test")
+    p.add_argument("--hidden-dim", type=int, default=0)
+    p.add_argument("--sigma0", type=float, default=0.5)
+    p.add_argument("--generations", type=int, default=60)
+    p.add_argument("--popsize", type=int, default=None)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
+    p.add_argument("--max-seq-length", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("route", help="print the agent a registered head picks for each prompt")
+    p.add_argument("--head", required=True, help="registry/<name> directory")
+    p.add_argument("--device", default="auto")
+    p.add_argument("prompt", nargs="+")
+    p.set_defaults(fn=cmd_route)
+
+    p = sub.add_parser("regrade", help="recompute grades of stored calls from their completions (zero calls)")
+    p.set_defaults(fn=cmd_regrade)
+
+    p = sub.add_parser("replicate", help="RouterBench-style replication table on a bundled suite")
+    p.add_argument("--suite", default="routerbench")
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(fn=cmd_replicate)
     return ap
 
 

@@ -39,7 +39,9 @@ def _partition_keys(kind, profile, assets_def):
     if kind == "source_x_repetition":
         return [MultiPartitionKey({"source": s, "repetition": str(r)})
                 for s in profile.sources for r in range(profile.repetitions)]
-    return assets_def.partitions_def.get_partition_keys()
+    keys = assets_def.partitions_def.get_partition_keys()
+    wanted = profile.benchmark.get("suites")
+    return [k for k in keys if k in wanted] if wanted else keys
 
 
 def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, log=print) -> None:

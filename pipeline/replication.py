@@ -2,20 +2,14 @@
 (policy, quality, cost per example, AIQ) on its test split against every baseline."""
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pandas as pd
 
 from pipeline.frontier import baseline_policies, frontier_points, policy_table
 from pipeline.knn import KnnRouter
+from pipeline.router import validation_slice
 from pipeline.suites import Profile
 from pipeline.train import TrainConfig, train_head
-
-
-def _validation_mask(query_ids: list[str], fraction: float = 0.2) -> np.ndarray:
-    """A stable slice of the training queries (hash of the id) for early stopping and kNN's k."""
-    return np.array([int(hashlib.sha256(q.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction for q in query_ids])
 
 
 def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -> tuple[pd.DataFrame, dict]:
@@ -24,7 +18,7 @@ def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -
     if "validation" in set(profile.split):
         val = profile.split == "validation"
     else:
-        val = train & _validation_mask(profile.query_ids)
+        val = train & validation_slice(profile.query_ids)
         train = train & ~val
     Q, C = profile.quality, profile.cost
     best = Q >= Q.max(axis=1, keepdims=True) - 1e-12

@@ -5,6 +5,7 @@ held-out metrics, routing report. Pure: same inputs and config → same head and
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,9 +32,17 @@ class RouterFit:
     extra: dict = field(default_factory=dict)  # train fit, unguarded head, guard fire rate, routing report, ...
 
 
-def split_masks(split: pd.Series, held_out: str = "test") -> dict[str, np.ndarray]:
+def validation_slice(ids: list[str], fraction: float = 0.2) -> np.ndarray:
+    """A stable slice of training rows (hash of the id), for when the data has no validation split."""
+    return np.array([int(hashlib.sha256(str(q).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction for q in ids])
+
+
+def split_masks(split: pd.Series, held_out: str = "test", ids: list[str] | None = None) -> dict[str, np.ndarray]:
     s = split.fillna("").astype(str).to_numpy()
     masks = {"train": s == "train", "validation": s == "validation", "held_out": s == held_out}
+    if not masks["validation"].any() and ids is not None:  # early stopping, kNN's k and the guard need one
+        carve = masks["train"] & validation_slice(ids)
+        masks["train"], masks["validation"] = masks["train"] & ~carve, carve
     if not masks["train"].any():
         raise RouterLiteError("no training rows: the tasks need a `split` column with 'train' rows")
     if not masks["held_out"].any():
@@ -47,7 +56,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     agents, R, B, C = to_arrays(rewards)
     if len(X) != len(R):
         raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
-    m = split_masks(split.reset_index(drop=True), held_out)
+    m = split_masks(split.reset_index(drop=True), held_out, rewards["task_id"].astype(str).tolist())
     tr, va, te = m["train"], m["validation"], m["held_out"]
     has_val = bool(va.any())
     cfg = cfg or TrainConfig()
