@@ -60,7 +60,7 @@ def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.D
                      "cost_usd": float(c["cost_usd"] or 0.0), "latency_ms": float(c["latency_ms"] or 0.0)})
     per_q = pd.DataFrame(rows)
     ok = calls[calls["status"] != "error"]
-    single = ok.assign(correct=ok["correct"].fillna(False).astype(float)).pivot_table(
+    single = ok.assign(correct=ok["correct"].eq(True).astype(float)).pivot_table(
         index="task_id", columns="agent", values="correct").reindex(columns=agents)
     comparison = pd.DataFrame(
         [{"policy": "router", "accuracy": per_q["correct"].mean(), "cost_usd": per_q["cost_usd"].sum()}]

@@ -76,8 +76,12 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
         with open(tmp / GUARD, "wb") as fh:
             np.savez(fh, X=guard.X.astype(np.float16), threshold=np.float64(guard.threshold), k=np.int64(guard.k),
                      quantile=np.float64(guard.quantile))
-        digest = content_hash((tmp / WEIGHTS).read_bytes(), (tmp / GUARD).read_bytes(),
-                              json.dumps([agents, backbone, training, data_hashes], sort_keys=True, default=str))
+        # hash array contents, not file bytes: zip (npz) entries carry write times
+        digest = content_hash(np.ascontiguousarray(head.to_vector(), np.float32).tobytes(),
+                              b"" if head.mean is None else head.mean.tobytes() + head.std.tobytes(),
+                              guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
+                              json.dumps([head.activation, head.hidden_dim, agents, backbone, training, data_hashes],
+                                         sort_keys=True, default=str))
         name = f"head-{_slug(backbone['id'])}-{digest[:10]}"
         manifest = {
             "name": name, "format_version": 1, "backbone": backbone, "dim": head.d, "hidden_dim": head.hidden_dim,

@@ -33,7 +33,7 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
         calls = calls[calls["agent"].isin(agents)]  # e.g. agents that failed pre-flight
     calls = calls.assign(
         usable=calls["status"].isin(["ok", "empty"]),
-        reward=np.where(calls["status"].eq("ok"), calls["correct"].fillna(False).astype(float), 0.0),
+        reward=np.where(calls["status"].eq("ok"), calls["correct"].eq(True).astype(float), 0.0),
     )
     g = calls.groupby(["task_id", "agent"], sort=True)
     per = pd.DataFrame({
@@ -129,7 +129,7 @@ def collection_totals(calls: pd.DataFrame) -> pd.DataFrame:
     """Calls, cost, errors, empties per agent — what a collection run spent and how it went."""
     answered = calls["status"] != "error"
     df = calls.assign(ok=calls["status"].eq("ok"), empty=calls["status"].eq("empty"), error=~answered,
-                      right=np.where(answered, calls["correct"].fillna(False).astype(float), np.nan),
+                      right=np.where(answered, calls["correct"].eq(True).astype(float), np.nan),
                       cost=calls["cost_usd"].fillna(0.0))
     g = df.groupby("agent", sort=True)
     return pd.DataFrame({"calls": g.size(), "ok": g["ok"].sum(), "empty": g["empty"].sum(), "error": g["error"].sum(),

@@ -1,0 +1,54 @@
+"""`router-lite train` on a reward matrix the project did not produce: the RouterBench subset (11 models), written
+as plain reward rows + tasks files — then `route` and the registry's standalone reference code agree."""
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from assets.cli import main
+from pipeline.suites import build_suite
+
+KEYS = {"head", "best_single", "oracle", "random", "knn", "headroom_captured", "distribution", "n_train", "n_test"}
+
+
+@pytest.fixture(scope="module")
+def own_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("own")
+    s = build_suite("routerbench")
+    ev = s.meta["per_query"]["eval_name"]
+    keep = [i for i in range(s.n) if ev[i] == "mbpp"]
+    rows = [{"task_id": s.query_ids[i], "agent_order": s.models, "mean_reward": s.quality[i].tolist(),
+             "mean_cost": s.cost[i].tolist()} for i in keep]
+    tasks = [{"task_id": s.query_ids[i], "prompt": s.query_text[i], "split": s.split[i]} for i in keep]
+    pd.DataFrame(rows).to_json(d / "rewards.jsonl", orient="records", lines=True)
+    pd.DataFrame(tasks).to_parquet(d / "tasks.parquet")
+    return d
+
+
+def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path))
+    rc = main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),
+               "--generations", "5", "--out", str(tmp_path / "reg")])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert KEYS <= set(out)
+    assert out["n_test"] == 128 and len(out["distribution"]) == 11
+    head_dir = out["registered"]
+    assert main(["route", "--head", head_dir, "Write a python function to reverse a list."]) == 0
+    picked = capsys.readouterr().out.split("\t")[0]
+    ref = subprocess.run([sys.executable, "reference.py", "Write a python function to reverse a list."],
+                         cwd=head_dir, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    assert ref.stdout.split("\t")[0] == picked
+
+
+def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path))
+    tasks = pd.read_parquet(own_files / "tasks.parquet").drop(columns=["split"])
+    tasks.to_parquet(tmp_path / "nosplit.parquet")
+    assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(tmp_path / "nosplit.parquet")]) == 2
+    assert "lacks column 'split'" in capsys.readouterr().err
+    assert main(["route", "--head", str(tmp_path / "missing"), "hi"]) == 2
+    assert "not a registered head" in capsys.readouterr().err
