@@ -1,0 +1,258 @@
+"""Router overhead of `router-lite serve`: embed + pick per request, the agent's own latency excluded.
+
+Starts `router-lite serve` in a subprocess on a free loopback port (replay pool of the profile, so the agents
+answer at once), sends real MMLU-Pro prompts that the replay recorded, and reads the server's
+`X-Router-Overhead-Ms` header (request body parsed -> agent picked: validation, waiting for the embedder, embedding,
+head + OOD guard). Per level of concurrent clients it runs
+
+- cold: N prompts the server has not seen (each is embedded),
+- warm: the same N prompts again (the LRU of routing decisions answers; no embedding),
+
+and prints p50 / p99 of the overhead and of the client's end-to-end latency (loopback HTTP + replay + JSON),
+throughput, and the server process's CPU time per request (user + system, all its threads: less sensitive than
+wall-clock latency to other jobs sharing the CPU). Bounded: N requests per phase and `--max-seconds` per phase,
+whichever ends first.
+
+    .venv/bin/python bench/serve.py                       # a head trained here on real rewards of 300 prompts
+    .venv/bin/python bench/serve.py --head DIR --dtype auto bfloat16 --concurrency 1 16 --requests 200
+
+Without `--head`, a head is trained and registered in a temp dir, or in `--save-head DIR` (MiniLM, max_seq_length
+128, rewards = whether each demo agent's recorded reply is correct): serving cost does not depend on how good the
+head is.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+GOAL_P50_MS = 20.0
+
+
+def recorded_prompts(n: int, skip: int = 0) -> list[str]:
+    """MMLU-Pro prompts (bundled source) recorded for every agent of the demo pool, in source order."""
+    from pipeline.tasks import load_source
+    from resources.pool import PoolResource
+
+    pool = PoolResource(kind="replay", pool="demo")
+    store, agents = pool.store(), pool.agents()
+    out = []
+    for p in load_source("mmlu_pro")["prompt"]:
+        if all(store.text_for(a.model, p) is not None for a in agents):
+            out.append(p)
+            if len(out) == skip + n:
+                break
+    return out[skip:]
+
+
+def build_head(out: Path, n: int = 300, max_seq_length: int = 128) -> Path:
+    """Register a MiniLM head trained on real rewards (recorded reply correct?) of `n` prompts; returns its dir."""
+    import pandas as pd
+
+    from pipeline import registry
+    from pipeline.embed import Backbone
+    from pipeline.grading import grade
+    from pipeline.router import fit_router
+    from pipeline.tasks import load_source
+    from pipeline.train import TrainConfig
+    from resources.pool import PoolResource
+
+    pool = PoolResource(kind="replay", pool="demo")
+    store, agents = pool.store(), pool.agents()
+    names = [a.name for a in agents]
+    tasks = load_source("mmlu_pro")
+    tasks = tasks[tasks["prompt"].isin(set(recorded_prompts(n)))].reset_index(drop=True)
+    R = np.array([[float(grade(store.text_for(a.model, t.prompt), t.gold, t.grader)[1]) for a in agents]
+                  for t in tasks.itertuples()])
+    rewards = pd.DataFrame({"task_id": tasks["task_id"], "agent_order": [names] * len(tasks),
+                            "mean_reward": list(R)})
+    split = pd.Series(np.where(np.arange(len(tasks)) % 5 < 3, "train",
+                               np.where(np.arange(len(tasks)) % 5 == 3, "validation", "test")))
+    bb = Backbone(None, max_seq_length=max_seq_length)
+    X = bb.encode(tasks["prompt"].tolist())
+    fit = fit_router(X, rewards, split, TrainConfig(generations=10, log_every=0))
+    return registry.register(
+        out, fit.head, fit.guard, fit.best_single,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
+                  "dim": int(X.shape[1])},
+        agents=[{"name": a.name, "model": a.model} for a in agents], training={"generations": 10, "bench": True},
+        data_hashes={"bench": f"mmlu_pro first {n} recorded"}, metrics=fit.metrics)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(head: Path, profile: str, dtype: str, device: str, threads: int = 0, timeout_s: float = 180.0):
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head), "--profile", profile,
+                             "--port", str(port), "--dtype", dtype, "--device", device,
+                             "--threads", str(threads)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{log.read().decode()[-3000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url, log
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"router-lite serve did not answer /healthz within {timeout_s:.0f}s")
+
+
+def stop_server(proc) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, max_seconds: float) -> dict:
+    """Send each prompt once from `concurrency` concurrent clients; (overheads, latencies, errors, seconds)."""
+    import httpx
+
+    todo = iter(prompts)
+    over, lat, errors = [], [], 0
+    deadline = time.monotonic() + max_seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+        async def worker():
+            nonlocal errors
+            for p in todo:
+                if time.monotonic() > deadline:
+                    return
+                t = time.perf_counter()
+                try:
+                    r = await client.post("/v1/chat/completions",
+                                          json={"model": head_name, "messages": [{"role": "user", "content": p}]})
+                except httpx.HTTPError:
+                    errors += 1
+                    continue
+                lat.append((time.perf_counter() - t) * 1000)
+                if r.status_code != 200:
+                    errors += 1
+                    continue
+                over.append(float(r.headers["x-router-overhead-ms"]))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        seconds = time.perf_counter() - t0
+    return {"overhead_ms": over, "latency_ms": lat, "errors": errors, "seconds": seconds}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; nan elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head", default=None, help="registered head dir (default: train one in a temp dir)")
+    ap.add_argument("--save-head", default=None, help="register the trained head here (reuse it with --head)")
+    ap.add_argument("--profile", default="demo", help="profile whose pool the server calls (a replay pool)")
+    ap.add_argument("--requests", type=int, default=200, help="requests per phase")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--dtype", nargs="+", default=["auto"], help="backbone dtype(s) to compare (auto = float32 on "
+                                                                "CPU; bfloat16 uses AMX/AVX512-BF16 when present)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[0], help="torch threads of the server (0: default)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-seconds", type=float, default=180.0, help="time limit per phase")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+    from pipeline import registry
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-serve-")
+    if args.head:
+        head = Path(args.head)
+    else:
+        t = time.perf_counter()
+        head = build_head(Path(args.save_head or tmp.name))
+        print(f"trained a bench head in {time.perf_counter() - t:.0f}s: {head}", file=sys.stderr)
+    reg = registry.load(head)
+    # distinct prompts per concurrency level (a fresh server per dtype) so cold phases never hit the cache; the
+    # first 400 recorded prompts are skipped: the bench head trains on the first 300
+    n_levels = len(args.concurrency)
+    pool = recorded_prompts(args.requests * n_levels + 8, skip=400)
+    rows = []
+    load_before = os.getloadavg()[0]
+    for dtype, threads in [(d, t) for d in args.dtype for t in args.threads]:
+        proc, url, log = start_server(head, args.profile, dtype, args.device, threads)
+        try:
+            asyncio.run(phase(url, reg.name, pool[-8:], 1, 60))  # warm-up: first-call costs (allocations, JIT)
+            for li, conc in enumerate(args.concurrency):
+                prompts = pool[li * args.requests:(li + 1) * args.requests]
+                for cache in ("cold", "warm"):
+                    cpu0 = cpu_seconds(proc.pid)
+                    r = asyncio.run(phase(url, reg.name, prompts, conc, args.max_seconds))
+                    cpu = cpu_seconds(proc.pid) - cpu0
+                    rows.append({
+                        "dtype": dtype, "threads": threads, "clients": conc, "cache": cache,
+                        "requests": len(r["latency_ms"]), "errors": r["errors"],
+                        "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
+                        "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
+                        "req_per_s": len(r["latency_ms"]) / r["seconds"] if r["seconds"] else float("nan"),
+                        "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"])),
+                    })
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        finally:
+            stop_server(proc)
+            log.close()
+
+    print(f"\nrouter overhead (embed + pick, server-side X-Router-Overhead-Ms) | head {reg.name} | backbone "
+          f"{reg.manifest['backbone']['id']} L{reg.manifest['backbone'].get('max_seq_length')} | {os.cpu_count()} "
+          f"CPUs (load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after) | goal p50 <= "
+          f"{GOAL_P50_MS:.0f} ms\n")
+    hdr = ["dtype", "threads", "clients", "cache", "requests", "errors", "overhead p50", "overhead p99", "e2e p50",
+           "e2e p99", "req/s", "server CPU/req"]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for r in rows:
+        print(f"| {r['dtype']} | {r['threads'] or 'default'} | {r['clients']} | {r['cache']} | {r['requests']} | "
+              f"{r['errors']} | "
+              f"{r['overhead_p50_ms']:.1f} ms | {r['overhead_p99_ms']:.1f} ms | {r['e2e_p50_ms']:.1f} ms | "
+              f"{r['e2e_p99_ms']:.1f} ms | {r['req_per_s']:.0f} | {r['server_cpu_ms_per_req']:.1f} ms |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,541 @@
+"""The router as an OpenAI-compatible HTTP endpoint (starlette; no Dagster).
+
+`build_app(registered, backbone, agents, client_for, settings)` returns an ASGI app:
+
+- `POST /v1/chat/completions`: validate the request, embed the text of the **last user message** with the frozen
+  backbone, let the registered head pick one agent (the OOD guard sends far-away queries to the best single agent),
+  forward the request's messages and sampling parameters to that agent's model through its `openai.AsyncOpenAI`
+  client, and return the agent's **real reply body** with one key added, `"router": {"head", "agent", "model",
+  "ood_guard"}`. `model` in the body stays the agent's model (the one that wrote the reply); the head's name is in
+  `router.head`. Response headers: `X-Router-Head`, `X-Router-Agent`, `X-Router-Model`, `X-Router-OOD`
+  (`true`/`false`), `X-Router-Overhead-Ms` (request parsed -> agent picked: validation + embedding, queueing for
+  the embedder included, + pick; the agent's own latency excluded).
+  `stream=true` passes the agent's SSE stream through byte for byte, except that the first JSON chunk gets the
+  same `"router"` key; the headers carry the pick too.
+- `GET /v1/models` (and `/v1/models/{id}`): one model, the registered head's name.
+- `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}`.
+
+Errors are OpenAI-style `{"error": {"message", "type", "param", "code"}}`:
+400 malformed JSON / not an object / missing or empty `messages` / a malformed message / more than
+`max_messages` messages / no user message with text / body over `max_body_bytes` / a bad sampling parameter;
+404 a `model` other than the head's name (absent is fine) or an unknown path; 405 a wrong method;
+502 the picked agent failed (HTTP error, timeout, connection, unusable body; message scrubbed of the client's key,
+the router headers still name the agent); 500 an unexpected router failure.
+
+Forwarded to the agent: `messages` as given, and of the request's parameters only `max_tokens`,
+`max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `stream`, `stream_options`; `settings.defaults`
+fills those the request leaves out (the CLI uses the profile's collection settings, so agents answer as they did
+when their rewards were measured). Any other request field is ignored. No retries: the client decides.
+
+Embedding runs in one worker thread, never on the event loop. Requests that arrive while it is busy are embedded
+together in the next batch (no added wait: under load batches form by themselves). An LRU of recent prompts
+(`embed_cache_size`, keyed by a SHA-256 of the text) keeps their routing decision: a repeated prompt is not
+re-embedded (the head and guard are fixed, so the decision is what its embedding would give).
+
+`serve_in_thread(app)` runs the app under uvicorn on a loopback port in a daemon thread (tests, benchmarks);
+`router-lite serve` (assets/cli.py) runs it in the foreground. There is no authentication: bind to loopback or
+put a proxy in front.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pipeline.errors import RouterLiteError
+from pipeline.pool import AgentSpec, scrub
+
+log = logging.getLogger(__name__)
+
+FORWARDED_PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
+                    "stream_options")
+MODEL_OWNER = "router-lite"
+
+
+# ------------------------------------------------------------------------------------------------------ settings
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    max_body_bytes: int = 1 << 20  # 1 MiB
+    max_messages: int = 64
+    embed_cache_size: int = 1024  # prompts whose routing decision is kept (0 = no cache)
+    max_batch: int = 32  # prompts per embedding batch
+    upstream_timeout_s: float = 180.0
+    defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_messages", "max_batch"):
+            if int(getattr(self, name)) < 1:
+                raise RouterLiteError(f"serve setting {name}={getattr(self, name)!r} must be >= 1")
+        if int(self.embed_cache_size) < 0:
+            raise RouterLiteError(f"serve setting embed_cache_size={self.embed_cache_size!r} must be >= 0")
+        if float(self.upstream_timeout_s) <= 0:
+            raise RouterLiteError(f"serve setting upstream_timeout_s={self.upstream_timeout_s!r} must be > 0")
+        unknown = sorted(set(self.defaults) - set(FORWARDED_PARAMS) - {"reasoning"})
+        if unknown:
+            raise RouterLiteError(f"serve defaults {unknown} are not forwarded parameters; known: "
+                                  f"{', '.join(FORWARDED_PARAMS + ('reasoning',))}")
+
+    @classmethod
+    def from_collection(cls, collection, **kw) -> "ServeSettings":
+        """Defaults from a `pipeline.pool.CollectionSettings` (max_tokens, temperature, top_p, reasoning effort,
+        timeout): agents answer under the settings their rewards were measured with."""
+        defaults = {"max_tokens": int(collection.max_tokens), "temperature": collection.temperature,
+                    "top_p": collection.top_p}
+        if collection.reasoning_effort:
+            defaults["reasoning"] = {"effort": collection.reasoning_effort}
+        kw.setdefault("upstream_timeout_s", float(collection.timeout_s))
+        return cls(defaults=defaults, **kw)
+
+
+# ------------------------------------------------------------------------------------------------------- errors
+class RequestError(Exception):
+    """An error answered to the client as OpenAI-style JSON."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    text: str  # what is embedded: the text of the last user message
+    upstream: dict  # what is forwarded, less `model`
+    stream: bool
+
+
+def _content_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        parts = [p for p in parts if isinstance(p, str)]
+        return "".join(parts) if parts else None
+    return None
+
+
+def _number(req: dict, name: str, lo: float, hi: float) -> None:
+    v = req.get(name)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise RequestError(400, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}", "invalid_value", name)
+
+
+def parse_chat_request(body: bytes, head_name: str, settings: ServeSettings) -> ChatRequest:
+    """Validate a chat-completions body (a pure function: the whole 400/404 contract lives here)."""
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(400, "request body is not valid JSON", "invalid_json") from None
+    if not isinstance(req, dict):
+        raise RequestError(400, "request body must be a JSON object", "invalid_json")
+    model = req.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(400, f"'model' must be a string, got {type(model).__name__}", "invalid_value", "model")
+    if model not in (None, "", head_name):
+        raise RequestError(404, f"The model `{model}` does not exist: this router serves `{head_name}` "
+                                "(or leave `model` out)", "model_not_found", "model")
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "missing required parameter: 'messages' (a non-empty list)", "missing_messages",
+                           "messages")
+    if len(messages) > settings.max_messages:
+        raise RequestError(400, f"too many messages: {len(messages)} > {settings.max_messages}", "too_many_messages",
+                           "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(400, f"messages[{i}] must be an object with a string 'role'", "invalid_message",
+                               f"messages[{i}]")
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    if last_user is None:
+        raise RequestError(400, "no user message: the router embeds the last message with role 'user'",
+                           "missing_user_message", "messages")
+    text = _content_text(last_user.get("content"))
+    if not text or not text.strip():
+        raise RequestError(400, "the last user message has no text content", "missing_user_message", "messages")
+    for name in ("max_tokens", "max_completion_tokens", "seed"):
+        v = req.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or (name != "seed" and v < 1)):
+            raise RequestError(400, f"'{name}' must be a {'positive ' if name != 'seed' else ''}integer, got {v!r}",
+                               "invalid_value", name)
+    _number(req, "temperature", 0.0, 2.0)
+    _number(req, "top_p", 0.0, 1.0)
+    stream = req.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(400, f"'stream' must be a boolean, got {stream!r}", "invalid_value", "stream")
+    so = req.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise RequestError(400, "'stream_options' must be an object", "invalid_value", "stream_options")
+    stop = req.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and len(stop) <= 4
+                                                           and all(isinstance(s, str) for s in stop))):
+        raise RequestError(400, "'stop' must be a string or a list of up to 4 strings", "invalid_value", "stop")
+    n = req.get("n")
+    if n not in (None, 1):
+        raise RequestError(400, "'n' must be 1: the router returns one agent's reply", "invalid_value", "n")
+    own_limit = req.get("max_tokens") is not None or req.get("max_completion_tokens") is not None
+    upstream = {k: v for k, v in settings.defaults.items()
+                if not (own_limit and k in ("max_tokens", "max_completion_tokens"))}
+    upstream.update({k: req[k] for k in FORWARDED_PARAMS if req.get(k) is not None})
+    if not stream:
+        upstream.pop("stream_options", None)
+        upstream.pop("stream", None)
+    upstream["messages"] = messages
+    return ChatRequest(text=text, upstream=upstream, stream=bool(stream))
+
+
+# ------------------------------------------------------------------------------------------------------- router
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    index: int  # into the head's agent order
+    ood: bool
+    cached: bool
+
+
+class Router:
+    """Embed-and-pick with a worker thread, natural batching and an LRU of decisions (one per app)."""
+
+    def __init__(self, registered, backbone, settings: ServeSettings):
+        self.registered, self.backbone, self.settings = registered, backbone, settings
+        self._cache: collections.OrderedDict[bytes, tuple[int, bool]] = collections.OrderedDict()
+        self._pending: list[tuple[bytes, str, asyncio.Future]] = []
+        self._worker: asyncio.Task | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-embed")
+
+    def route_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Blocking: embed `texts` and pick (after the OOD guard); (agent indices, guard fired)."""
+        X = self.backbone.encode(list(texts))
+        return self.registered.route(X)
+
+    async def decide(self, text: str) -> Decision:
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return Decision(hit[0], hit[1], True)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((key, text, fut))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        idx, ood = await fut
+        return Decision(idx, ood, False)
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            batch = self._pending[: self.settings.max_batch]
+            del self._pending[: len(batch)]
+            texts = list(dict.fromkeys(t for _, t, _ in batch))  # one row per distinct text
+            try:
+                picks, fired = await loop.run_in_executor(self._executor, self.route_texts, texts)
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the failure
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            row = {t: (int(p), bool(f)) for t, p, f in zip(texts, picks, fired)}
+            for key, text, fut in batch:
+                self._remember(key, row[text])
+                if not fut.done():
+                    fut.set_result(row[text])
+
+    def _remember(self, key: bytes, value: tuple[int, bool]) -> None:
+        size = self.settings.embed_cache_size
+        if size <= 0:
+            return
+        self._cache[key] = value
+        self._cache.move_to_end(key)
+        while len(self._cache) > size:
+            self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------------------------------------------- app
+def resolve_agents(registered, agents: Sequence[AgentSpec]) -> list[AgentSpec]:
+    """The pool's AgentSpec for each of the head's agents, in the head's order (the pool says which model to
+    call); an agent of the head missing from the pool -> RouterLiteError naming it."""
+    by_name = {a.name: a for a in agents}
+    missing = [a["name"] for a in registered.agents if a["name"] not in by_name]
+    if missing:
+        raise RouterLiteError(f"head {registered.name} routes to agent(s) {missing} that the pool lacks; pool "
+                              f"agents: {', '.join(sorted(by_name)) or '(none)'}")
+    out = []
+    for a in registered.agents:
+        spec = by_name[a["name"]]
+        if a.get("model") not in (None, a["name"], spec.model):
+            log.warning("head %s: agent %s was trained on model %s but the pool calls %s", registered.name,
+                        a["name"], a.get("model"), spec.model)
+        out.append(spec)
+    return out
+
+
+def _error_response(err: RequestError, headers: dict | None = None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _read_body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise RequestError(400, f"request body of {int(declared)} bytes is over the limit of {limit} bytes",
+                                   "body_too_large")
+        except ValueError:
+            raise RequestError(400, "invalid Content-Length header", "invalid_request") from None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise RequestError(400, f"request body is over the limit of {limit} bytes", "body_too_large")
+    return bytes(buf)
+
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+def _inject_router(event: bytes, router: dict) -> bytes | None:
+    """The SSE event with `router` added to its JSON data, or None when it is not a `data: {...}` event."""
+    lines = event.split(b"\n")
+    for i, line in enumerate(lines):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if not payload.startswith(b"{"):
+                return None
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                return None
+            if not isinstance(obj, dict):
+                return None
+            obj["router"] = router
+            lines[i] = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+            return b"\n".join(lines)
+    return None
+
+
+def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
+              settings: ServeSettings | None = None):
+    """A starlette app serving `registered` (a `pipeline.registry.RegisteredHead`) with `backbone` (a
+    `pipeline.embed.Backbone` of the head's model, pooling and max_seq_length), calling the pool `agents` through
+    `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before serving;
+    the clients are closed when the app shuts down)."""
+    import httpx
+    import openai
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    settings = settings or ServeSettings()
+    dim = int(registered.manifest.get("dim", registered.head.d))
+    if int(getattr(backbone, "dim", dim)) != dim:
+        raise RouterLiteError(f"backbone {getattr(backbone, 'model_id', backbone)!r} embeds {backbone.dim} dims but "
+                              f"head {registered.name} takes {dim}")
+    want_key = (registered.manifest.get("backbone") or {}).get("key")
+    if want_key and getattr(backbone, "key", want_key) != want_key:
+        log.warning("head %s was trained on backbone %s; serving with %s", registered.name, want_key, backbone.key)
+    specs = resolve_agents(registered, agents)
+    clients = [client_for(a) for a in specs]
+    router = Router(registered, backbone, settings)
+    head_name = registered.name
+    model_obj = {"id": head_name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
+    upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
+
+    async def healthz(request):
+        return JSONResponse({"status": "ok", "head": head_name, "agents": [a.name for a in specs],
+                             "backbone": getattr(backbone, "model_id", str(backbone)),
+                             "device": getattr(backbone, "device", "")})
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [model_obj]})
+
+    async def model_one(request):
+        if request.path_params["model"] != head_name:
+            return _error_response(RequestError(404, f"The model `{request.path_params['model']}` does not exist",
+                                                "model_not_found", "model"))
+        return JSONResponse(model_obj)
+
+    def upstream_error(spec: AgentSpec, client: Any, exc: BaseException) -> RequestError:
+        if isinstance(exc, openai.APIStatusError):
+            body = exc.body if isinstance(exc.body, dict) else {}
+            up_code = body.get("code") or body.get("type")
+            up_msg = body.get("message") if isinstance(body.get("message"), str) else exc.message
+            detail = f"HTTP {exc.status_code}" + (f" {up_code}" if isinstance(up_code, str) else "") + f": {up_msg}"
+            code = "upstream_error"
+        elif isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException, asyncio.TimeoutError)):
+            detail, code = "timed out", "upstream_timeout"
+        elif isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+            detail, code = f"connection failed ({type(exc).__name__})", "upstream_connection"
+        else:
+            detail, code = f"{type(exc).__name__}: {exc}", "upstream_error"
+        msg = scrub(f"agent {spec.name} (model {spec.model}) failed: {detail}", [getattr(client, "api_key", None)])
+        return RequestError(502, msg[:1000], code, type_="upstream_error")
+
+    async def chat(request):
+        t0 = time.perf_counter()
+        try:
+            body = await _read_body(request, settings.max_body_bytes)
+            t0 = time.perf_counter()
+            req = parse_chat_request(body, head_name, settings)
+            decision = await router.decide(req.text)
+        except RequestError as err:
+            return _error_response(err)
+        except Exception as exc:  # noqa: BLE001 - the embedder failed: a router error, not the client's
+            log.exception("routing failed")
+            return _error_response(RequestError(500, f"routing failed: {type(exc).__name__}", "router_error",
+                                                type_="server_error"))
+        spec, client = specs[decision.index], clients[decision.index]
+        overhead_ms = (time.perf_counter() - t0) * 1000.0
+        info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood}
+        headers = {"X-Router-Head": head_name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
+                   "X-Router-OOD": "true" if decision.ood else "false",
+                   "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
+        payload = {"model": spec.model, **req.upstream}
+        try:
+            resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
+                                     options=upstream_opts, stream=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
+            return _error_response(upstream_error(spec, client, exc), headers)
+        ctype = resp.headers.get("content-type", "")
+        if req.stream and ctype.startswith("text/event-stream"):
+            async def relay():
+                buf, injected = b"", False
+                try:
+                    async for chunk in resp.aiter_bytes():
+                        if injected:
+                            yield chunk
+                            continue
+                        buf += chunk
+                        while not injected:
+                            m = _EVENT_END.search(buf)
+                            if m is None:
+                                break
+                            event, sep, buf = buf[:m.start()], buf[m.start():m.end()], buf[m.end():]
+                            new = _inject_router(event, info)
+                            injected = new is not None
+                            yield (new if injected else event) + sep
+                        if injected and buf:
+                            yield buf
+                            buf = b""
+                    if buf:
+                        yield buf
+                except Exception as exc:  # noqa: BLE001 - the stream broke after the headers went out
+                    err = upstream_error(spec, client, exc)
+                    yield b"data: " + json.dumps({**err.body(), "router": info}).encode() + b"\n\n"
+                finally:
+                    await resp.aclose()
+
+            return StreamingResponse(relay(), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
+                                     media_type="text/event-stream")
+        try:
+            raw = await resp.aread()
+        except Exception as exc:  # noqa: BLE001
+            return _error_response(upstream_error(spec, client, exc), headers)
+        finally:
+            await resp.aclose()
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+                raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
+                                                  and data.get("error") else ""))
+        except ValueError as exc:
+            return _error_response(upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
+        data["router"] = info
+        return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
+                        media_type="application/json")
+
+    async def not_found(request, exc: HTTPException):
+        code = "method_not_allowed" if exc.status_code == 405 else "unknown_url"
+        return _error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                            code))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        try:
+            yield
+        finally:
+            for c in clients:
+                try:
+                    await c.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+            router.close()
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model_one, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
+    app.state.router = router
+    app.state.head_name = head_name
+    return app
+
+
+# ------------------------------------------------------------------------------------------------------- server
+class RouterServer:
+    """uvicorn serving `app` in a daemon thread (lifespan on: clients closed at stop); `.base_url` ends in /v1."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
+        import uvicorn
+
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"router-server-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"router server on {self.host}:{self.port} did not start")
+            time.sleep(0.01)
+        self.url = f"http://{self.host}:{self.port}"
+        self.base_url = self.url + "/v1"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "RouterServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RouterServer:
+    """Run `app` on (host, port) in a background thread; port 0 picks a free one."""
+    return RouterServer(app, host, port)
