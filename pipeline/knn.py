@@ -1,0 +1,81 @@
+"""k-nearest-neighbour router: the non-parametric baseline a trained head has to beat.
+
+Cosine similarity on the embeddings; the score of agent j for a query is the mean (tie-aware) reward of agent j on
+the query's k most similar training rows; the pick is the argmax (ties -> lowest agent index).  `fit` chooses k from
+a grid on validation rows (the k whose picks earn the most there; the larger k on ties) when k is not given;
+without validation rows k = DEFAULT_K (100).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import RouterLiteError
+
+K_GRID = (5, 10, 20, 50, 100, 200, 400)
+DEFAULT_K = 100      # used when neither k nor validation rows are given
+
+
+def _normalise(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float32)
+    n = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.maximum(n, 1e-12)
+
+
+def top_k_neighbours(Q: np.ndarray, X: np.ndarray, k: int, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """(indices (nq, k), cosine similarities (nq, k)) of the k most similar rows of X, most similar first."""
+    Qn, Xn = _normalise(Q), _normalise(X)
+    k = min(k, Xn.shape[0])
+    idx = np.empty((Qn.shape[0], k), dtype=np.int64)
+    sim = np.empty((Qn.shape[0], k), dtype=np.float32)
+    for s in range(0, Qn.shape[0], chunk):
+        S = Qn[s:s + chunk] @ Xn.T
+        part = np.argpartition(-S, k - 1, axis=1)[:, :k] if k < S.shape[1] else np.tile(np.arange(S.shape[1]),
+                                                                                        (S.shape[0], 1))
+        ps = np.take_along_axis(S, part, axis=1)
+        order = np.argsort(-ps, axis=1, kind="stable")
+        idx[s:s + chunk] = np.take_along_axis(part, order, axis=1)
+        sim[s:s + chunk] = np.take_along_axis(ps, order, axis=1)
+    return idx, sim
+
+
+class KnnRouter:
+    """Cosine kNN router. ``KnnRouter(k=None).fit(X_train, R_train, X_val, R_val)`` picks k on validation."""
+
+    def __init__(self, k: int | None = None, k_grid: tuple[int, ...] = K_GRID):
+        if k is not None and k < 1:
+            raise RouterLiteError(f"kNN k must be >= 1, got {k}")
+        self.k = k
+        self.k_grid = tuple(int(x) for x in k_grid)
+        self.val_rewards: dict[int, float] = {}
+
+    def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
+            R_val: np.ndarray | None = None, best_train: np.ndarray | None = None,
+            best_val: np.ndarray | None = None) -> "KnnRouter":
+        from pipeline.train import effective_rewards
+
+        X_train = np.asarray(X_train, dtype=np.float32)
+        if X_train.ndim != 2 or len(X_train) != len(R_train) or len(X_train) == 0:
+            raise RouterLiteError(f"kNN: embeddings {X_train.shape} and rewards {np.shape(R_train)} do not match")
+        self.X = _normalise(X_train)
+        self.R = effective_rewards(R_train, best_train)
+        if self.k is None:
+            if X_val is None or R_val is None or len(X_val) == 0:
+                self.k = min(DEFAULT_K, len(self.X))
+                return self
+            Rv = effective_rewards(R_val, best_val)
+            grid = sorted({min(k, len(self.X)) for k in self.k_grid})
+            idx, _ = top_k_neighbours(X_val, self.X, grid[-1])
+            csum = np.cumsum(self.R[idx], axis=1)                 # (nv, kmax, K)
+            for k in grid:
+                pick = csum[:, k - 1, :].argmax(axis=1)
+                self.val_rewards[k] = float(Rv[np.arange(len(pick)), pick].mean())
+            self.k = max(grid, key=lambda k: (self.val_rewards[k], k))
+        return self
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        """(n, K) mean reward of each agent on the k nearest training rows."""
+        idx, _ = top_k_neighbours(X, self.X, self.k)
+        return self.R[idx].mean(axis=1)
+
+    def pick(self, X: np.ndarray) -> np.ndarray:
+        return self.scores(X).argmax(axis=1)
