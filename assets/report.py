@@ -22,9 +22,11 @@ def print_summary(home: str, profile: str | None = None) -> None:
         print(f"  tasks dataset: {root / 'datasets' / 'tasks'}")
     head = root / "assets" / "router_head" / "__all__.json"
     if head.exists():
-        m = json.loads(head.read_text())["metrics"]
+        summary = json.loads(head.read_text())
+        m, gate = summary["metrics"], summary["extra"].get("gate", {})
         print(f"\nRouter head (held-out test n={m['n_test']}): head {m['head']:.4f} | best single "
-              f"{m['best_single']:.4f} | kNN {m['knn']:.4f} | random {m['random']:.4f} | oracle {m['oracle']:.4f}")
+              f"{m['best_single']:.4f} | kNN {m['knn']:.4f} | random {m['random']:.4f} | oracle {m['oracle']:.4f}"
+              f" | shipped: {gate.get('shipped', 'head')}")
     for name in ("baselines.md", "benchmark_report.md", "routerbench_replication.md"):
         f = root / "reports" / name
         if f.exists():

@@ -50,6 +50,26 @@ def split_masks(split: pd.Series, held_out: str = "test", ids: list[str] | None 
     return masks
 
 
+def ship_gate(head: Head, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val: np.ndarray,
+              margin: float = 0.0) -> dict:
+    """Ship the trained head only if it beats the best single agent on validation by more than `margin`;
+    otherwise the router falls back to that agent (a router that cannot beat it should not pretend to)."""
+    from pipeline.train import effective_rewards
+
+    R_eff = effective_rewards(R_val, B_val)
+    head_val = float(R_eff[np.arange(len(R_eff)), head.pick(X_val)].mean())
+    best_val = float(R_eff[:, best].mean())
+    shipped = "head" if head_val > best_val + margin else "best_single"
+    return {"shipped": shipped, "head_validation": head_val, "best_single_validation": best_val, "margin": margin}
+
+
+def constant_head(like: Head, best: int) -> Head:
+    """A head that always picks agent `best` (same shape and agents as `like`, so the registry treats it alike)."""
+    b1 = np.zeros(like.K, np.float32)
+    b1[best] = 1.0
+    return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
+
+
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
                held_out: str = "test", cost_lambda: float = 0.0) -> RouterFit:
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...)."""
@@ -66,6 +86,9 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                              B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
                              agents=agents)
     best = best_single_agent(R[tr], B[tr])
+    gate = ship_gate(head, best, X[va], R[va], B[va]) if has_val else {"shipped": "head"}
+    if gate["shipped"] != "head":
+        head = constant_head(head, best)
     knn = KnnRouter().fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
     # the guard's threshold comes from in-distribution rows that were not trained on
     guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
@@ -77,7 +100,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     extra = {
         "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
         "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
-        "n_validation": int(va.sum()), "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
+        "n_validation": int(va.sum()), "gate": gate, "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
     }
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra)
 
