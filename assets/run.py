@@ -24,6 +24,10 @@ STAGES = [
 ]
 
 
+# the console shows our stage lines and warnings; every event is still in the instance (and the UI)
+QUIET = {"loggers": {"console": {"config": {"log_level": os.environ.get("ROUTER_LITE_LOG_LEVEL", "WARNING")}}}}
+
+
 def _instance() -> DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -59,7 +63,7 @@ def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, 
         for pk in _partition_keys(kind, profile, by_key[keys[0]]):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
                                  resources=resources, partition_key=str(pk) if pk is not None else None,
-                                 raise_on_error=True)
+                                 raise_on_error=True, run_config=QUIET)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
                 log(f"  check FAILED: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
