@@ -1,17 +1,18 @@
 """Lineage stage 2: agents → pre-flight → graded calls (source × repetition) → reward matrix → baselines."""
 import pandas as pd
-from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, MetadataValue, MultiPartitionsDefinition, Output,
-                     StaticPartitionsDefinition, asset, asset_check)
+from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetsDefinition, MetadataValue,
+                     MultiPartitionsDefinition, Output, StaticPartitionsDefinition, asset, asset_check)
 
 from assets.partitions import source_partitions
 from assets.tasks import task_pool
 from pipeline.calls import CallLog
+from pipeline.config import load_profile
 from pipeline.errors import RouterLiteError
 from pipeline.io import atomic_write_text
-from pipeline.pool import CollectionSettings, preflight as run_preflight, run_collect
+from pipeline.pool import CollectionSettings, load_agents, preflight as run_preflight, run_collect
 from pipeline.publish import publish_dataset
 from pipeline.rewards import baselines as compute_baselines, collection_totals, reward_matrix as build_matrix
-from resources.pool import PoolResource
+from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
@@ -19,6 +20,65 @@ MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 repetition_partitions = StaticPartitionsDefinition([str(r) for r in range(MAX_REPETITIONS)])
 collection_partitions = MultiPartitionsDefinition({"source": source_partitions, "repetition": repetition_partitions})
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
+
+
+# --- which pool a run uses, and its concurrency pool ---------------------------------------------------------------
+POOL_TAG = "router_lite/pool"  # run tag: collect with another pool of config/agents.yaml (same kind), e.g. demo_wide
+
+
+def provider_pool(profile_name: str | None = None) -> str:
+    """The Dagster concurrency pool of the profile's collection steps: `provider:<provider>` of its pool's agents
+    (`provider:replay` for demo/smoke, `provider:openrouter` for pilot; the pool kind when agents mix providers).
+    Limits per pool live in the instance (dagster.yaml `concurrency:`, or `dagster instance concurrency set`)."""
+    prof = load_profile(profile_name or None)
+    try:
+        providers = sorted({a.provider for a in load_agents(default_agents_file(), prof.pool.get("name", "demo"))})
+    except RouterLiteError:
+        providers = []
+    return "provider:" + (providers[0] if len(providers) == 1 else prof.pool.get("kind", "replay"))
+
+
+def pool_named(pool: PoolResource, name: str) -> PoolResource:
+    """A copy of `pool` (same kind, endpoint and key) for another pool of the agents file. Its providers must be
+    among `pool`'s: a replay pool cannot be swapped for an OpenRouter one by a tag."""
+    if name == pool.pool:
+        return pool
+    other = PoolResource(**{**{f: getattr(pool, f) for f in PoolResource.model_fields}, "pool": name})
+    other._store = pool._store  # share loaded replay recordings
+    mine = {a.provider for a in pool.agents()}
+    theirs = {a.provider for a in other.agents()}  # unknown pool -> RouterLiteError naming it
+    if not theirs <= mine:
+        raise RouterLiteError(f"pool {name!r} (provider {', '.join(sorted(theirs))}) is not of the same kind as the "
+                              f"configured pool {pool.pool!r} (provider {', '.join(sorted(mine))})")
+    return other
+
+
+def preflight_pool(storage: StorageResource) -> str | None:
+    """The pool the latest pre-flight ran on (None before one ran, or for an older pre-flight without it)."""
+    f = storage.asset_file("preflight")
+    if not f.exists():
+        return None
+    pf = pd.read_parquet(f, columns=None)
+    return str(pf["pool"].iloc[0]) if "pool" in pf.columns and len(pf) else None
+
+
+def active_pool(context, pool: PoolResource, storage: StorageResource | None = None) -> PoolResource:
+    """The pool this run works with: the one named by the run tag `router_lite/pool` (e.g. `demo_wide`), else
+    (stages after pre-flight, given `storage`) the pool the latest pre-flight ran on, else the configured one.
+    A tagged stage after pre-flight needs the pre-flight of that same pool: a re-collection starts with it."""
+    tags = context.run.tags if context is not None else {}
+    name = tags.get(POOL_TAG) or None
+    if storage is not None:
+        ran_on = preflight_pool(storage)
+        if name and ran_on is not None and ran_on != name:
+            raise RouterLiteError(f"run tag {POOL_TAG}={name} but the latest pre-flight ran on pool {ran_on!r}: "
+                                  f"materialise `preflight` with the same tag first")
+        name = name or ran_on
+    if not name or name == pool.pool:
+        return pool
+    other = pool_named(pool, name)
+    other.check(other.agents())
+    return other
 
 
 def _settings(profile) -> CollectionSettings:
@@ -29,7 +89,8 @@ def _settings(profile) -> CollectionSettings:
 
 @asset(group_name="collection", io_manager_key="io_manager",
        description="Agents of the active pool config: role, model, provider, list price.")
-def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
+def agent_pool(context: AssetExecutionContext, pool: PoolResource) -> Output[pd.DataFrame]:
+    pool = active_pool(context, pool)
     agents = pool.agents()
     pool.check(agents)
     df = pd.DataFrame([{"agent": a.name, "model": a.model, "provider": a.provider, "role": a.role,
@@ -43,13 +104,14 @@ def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
 def preflight(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
               storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
+    pool = active_pool(context, pool)
     agents = pool.agents()
     if pool.kind == "replay":  # recorded prompts only: the replay pool answers nothing else
         tasks = storage.read_asset("task_pool")
         prompts = tasks[tasks["split"] == "train"]["prompt"].head(20).tolist()
     else:
         prompts = [LIVE_PREFLIGHT_PROMPT]
-    result = run_preflight(pool.client_for, agents, prompts, _settings(prof))
+    result = run_preflight(pool.client_for, agents, prompts, _settings(prof)).assign(pool=pool.pool)
     failed = result[~result["passed"]]
     for _, r in failed.iterrows():
         context.log.warning(f"pre-flight failed for {r['agent']} ({r['model']}): {r['reason']}")
@@ -57,27 +119,26 @@ def preflight(context: AssetExecutionContext, pool: PoolResource, profile: Profi
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
     return Output(result, metadata={
-        "passed": int(result["passed"].sum()), "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
+        "pool": pool.pool, "passed": int(result["passed"].sum()), "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
         "table": MetadataValue.md(result.drop(columns=["reason"]).to_markdown(index=False)),
     })
 
 
 def passed_agents(pool: PoolResource, storage: StorageResource):
-    ok = set(storage.read_asset("preflight").query("passed")["agent"])
+    """Agents that passed the latest pre-flight, from the pool it ran on (after a re-collection on a wider pool,
+    every later stage routes over the wider pool's agents until pre-flight runs again on another)."""
+    pf = storage.read_asset("preflight")
+    ran_on = preflight_pool(storage)
+    if ran_on and ran_on != pool.pool:
+        pool = pool_named(pool, ran_on)
+    ok = set(pf.query("passed")["agent"])
     return [a for a in pool.agents() if a.name in ok]
 
 
-@asset(partitions_def=collection_partitions, deps=[task_pool, preflight], group_name="collection",
-       io_manager_key="io_manager", pool="llm_provider",
-       check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls",
-                                   description="No error is ever graded: error rows carry no correctness."),
-                    AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls",
-                                   description="Empty replies stay under 5 % per agent.")],
-       description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
-                   "re-materialising makes only the calls missing from the log.")
-def graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
-                 storage: StorageResource):
+def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
+                  storage: StorageResource):
     prof = profile.get()
+    pool = active_pool(context, pool, storage)
     keys = context.partition_key.keys_by_dimension
     source, rep = keys["source"], int(keys["repetition"])
     if source not in prof.sources:
@@ -104,8 +165,24 @@ def graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: Pr
         "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
         "totals": MetadataValue.md(totals.to_markdown(index=False, floatfmt=".4f")),
-        "call_log": str(log.directory),
+        "call_log": str(log.directory), "pool": pool.pool,
     })
+
+
+def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:
+    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`)."""
+    return asset(
+        name="graded_calls", partitions_def=collection_partitions, deps=[task_pool, preflight],
+        group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
+        check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls",
+                                    description="No error is ever graded: error rows carry no correctness."),
+                     AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls",
+                                    description="Empty replies stay under 5 % per agent.")],
+        description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
+                    "re-materialising makes only the calls missing from the log.")(_graded_calls)
+
+
+graded_calls = graded_calls_asset(provider_pool())
 
 
 def profile_calls(prof, pool: PoolResource, storage: StorageResource) -> pd.DataFrame:
@@ -119,6 +196,7 @@ def profile_calls(prof, pool: PoolResource, storage: StorageResource) -> pd.Data
 def reward_matrix(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
                   storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
+    pool = active_pool(context, pool, storage)
     calls = profile_calls(prof, pool, storage)
     agents = [a.name for a in passed_agents(pool, storage)]
     matrix = build_matrix(calls, agents)
@@ -148,6 +226,7 @@ def reward_join_complete(reward_matrix: pd.DataFrame, storage: StorageResource) 
 def baselines(context: AssetExecutionContext, reward_matrix: pd.DataFrame, profile: ProfileResource,
               pool: PoolResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
+    pool = active_pool(context, pool, storage)
     split = reward_matrix[["task_id"]].merge(storage.read_asset("task_pool")[["task_id", "split"]], how="left")["split"]
     table = compute_baselines(reward_matrix, split)
     totals = collection_totals(profile_calls(prof, pool, storage))

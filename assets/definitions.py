@@ -7,6 +7,7 @@ from __future__ import annotations
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
 from assets import benchmark, collection, router, tasks
+from assets.ops import build_ops
 from pipeline.config import load_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
@@ -36,11 +37,23 @@ def build_resources(home: str | None = None, profile: str = "") -> dict:
     }
 
 
+def build_assets(profile: str = "") -> list:
+    """Every asset; `graded_calls` in the concurrency pool of the profile's provider (`provider:replay`,
+    `provider:openrouter`, ...: limits in dagster.yaml / `dagster instance concurrency set`)."""
+    assets = load_assets_from_modules(ASSET_MODULES)
+    wanted = collection.provider_pool(profile)
+    if collection.graded_calls.op.pool != wanted:  # module built for another active profile
+        key = collection.graded_calls.key
+        assets = [collection.graded_calls_asset(wanted) if key in a.keys else a for a in assets]
+    return assets
+
+
 def build_definitions(home: str | None = None, profile: str = "") -> Definitions:
     return Definitions(
-        assets=load_assets_from_modules(ASSET_MODULES),
+        assets=build_assets(profile),
         asset_checks=load_asset_checks_from_modules(ASSET_MODULES),
         resources=build_resources(home, profile),
+        **build_ops(profile),
     )
 
 

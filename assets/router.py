@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
-from assets.collection import reward_matrix
+from assets.collection import active_pool, reward_matrix
 from assets.tasks import task_pool
 from pipeline import registry
 from pipeline.embed import EmbeddingCache
@@ -117,6 +117,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
         guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
         guard.X, guard.threshold = np.asarray(z["X"], np.float32), float(z["threshold"])
     bb = backbone.get_backbone()
+    pool = active_pool(context, pool, storage)  # the pool the head was trained on (a wider one after re-collection)
     models = {a.name: a.model for a in pool.agents()}
     agents = [{"name": a, "model": models.get(a, a)} for a in router_head["agents"]]
     data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]

@@ -30,3 +30,39 @@ def smoke_home(tmp_path_factory):
     run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
     mp.undo()
     return home, dagster_home
+
+
+# --- operations tests (tests/test_ops.py, test_dask.py, test_postgres.py, test_ui.py) -----------------------------
+
+@pytest.fixture
+def smoke_home_copy(smoke_home, tmp_path):
+    """A private copy of the materialised smoke ROUTER_LITE_HOME (assets, call log, caches) that a test may change;
+    `drop` names top-level folders (e.g. "calls") left out of the copy."""
+    import shutil
+
+    def make(name: str = "home", drop: tuple[str, ...] = ()):
+        dst = tmp_path / name
+        shutil.copytree(smoke_home[0], dst, ignore=lambda d, names: [n for n in names if d == str(smoke_home[0])
+                                                                        and n in drop])
+        return dst
+
+    return make
+
+
+@pytest.fixture
+def temp_instance_dir(tmp_path):
+    """A DAGSTER_HOME with the repo's dagster.yaml, its relative storage folders made absolute under tmp_path
+    (so the concurrency block is the repo's own)."""
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "dagster.yaml").read_text())
+    root = tmp_path / "dagster_home"
+    root.mkdir()
+    if "sqlite" in cfg.get("storage", {}):
+        cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
+    if "local_artifact_storage" in cfg:
+        cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
+    (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
+    return root

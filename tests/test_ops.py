@@ -1,0 +1,214 @@
+"""Operations: the wider-pool re-collection (schedule → sensors → runs), per-source backfills (Python API + CLI),
+concurrency pools per provider. Smoke profile throughout."""
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from dagster import (AssetKey, DagsterInstance, DefaultScheduleStatus, DefaultSensorStatus, SkipReason,
+                     build_run_status_sensor_context, build_schedule_context)
+
+from assets.collection import POOL_TAG
+from assets.definitions import build_definitions
+from assets.ops import (COLLECT_SENSOR, COLLECTION_JOB, PREFLIGHT_JOB, RECOLLECTION_TAG, REFRESH_JOB,
+                        REFRESH_SENSOR, SCHEDULE, SOURCE_TASKS_JOB)
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
+WIDE_AGENTS = ["wide_jamba", "wide_qwen", "wide_phi"]
+
+
+def call_log_rows(home: Path) -> dict:
+    """(source, repetition dir, agent) -> rows in the durable call log (complete lines only)."""
+    out = {}
+    for f in (home / "calls").glob("*/*/rep*/*.jsonl"):
+        with f.open() as fh:
+            out[(f.parent.parent.name, f.parent.name, f.stem)] = sum(1 for line in fh if line.endswith("\n"))
+    return out
+
+
+def materialized_partitions(instance, key: str) -> list:
+    records = instance.fetch_materializations(AssetKey(key), limit=1000).records
+    return sorted(r.asset_materialization.partition for r in records)
+
+
+# --- concurrency pools ------------------------------------------------------------------------------------------
+
+def test_collection_steps_run_in_their_providers_pool():
+    assert build_definitions(profile="smoke").resolve_assets_def("graded_calls").op.pool == "provider:replay"
+    assert build_definitions(profile="demo").resolve_assets_def("graded_calls").op.pool == "provider:replay"
+    assert build_definitions(profile="pilot").resolve_assets_def("graded_calls").op.pool == "provider:openrouter"
+
+
+def test_instance_reads_the_pool_limits_of_dagster_yaml(temp_instance_dir):
+    limit = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["pools"]["default_limit"]
+    inst = DagsterInstance.from_config(str(temp_instance_dir))
+    try:
+        assert inst.get_concurrency_config().pool_config.default_pool_limit == limit
+        assert inst.event_log_storage.supports_global_concurrency_limits
+    finally:
+        inst.dispose()
+
+
+@pytest.mark.slow
+def test_a_full_provider_pool_holds_the_collection_step(smoke_home_copy, temp_instance_dir):
+    """Pool `provider:replay` at 1 slot, held by another run: the collection step waits; freed, it runs."""
+    home = smoke_home_copy()
+    defs = build_definitions(home=str(home), profile="smoke")
+    pool = defs.resolve_assets_def("graded_calls").op.pool
+    inst = DagsterInstance.from_config(str(temp_instance_dir))
+    storage = inst.event_log_storage
+    try:
+        storage.set_concurrency_slots(pool, 1)
+        assert storage.claim_concurrency_slot(pool, "another-run", "graded_calls", 0).is_claimed
+        job, out = defs.resolve_job_def(COLLECTION_JOB), {}
+
+        def run():
+            out["result"] = job.execute_in_process(instance=inst, partition_key="0|mmlu_pro", raise_on_error=False)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(8)
+        assert t.is_alive(), "the step did not wait for the provider's pool slot"
+        assert storage.get_concurrency_info(pool).pending_step_count >= 1
+        storage.free_concurrency_slots_for_run("another-run")
+        t.join(120)
+        assert not t.is_alive() and out["result"].success
+        assert storage.get_concurrency_info(pool).slot_count == 1
+    finally:
+        inst.dispose()
+
+
+# --- the wider-pool re-collection -------------------------------------------------------------------------------
+
+def test_recollection_schedule_is_off_by_default_and_sensors_are_wired():
+    defs = build_definitions(profile="smoke")
+    sched = defs.resolve_schedule_def(SCHEDULE)
+    assert sched.default_status == DefaultScheduleStatus.STOPPED
+    assert sched.job_name == PREFLIGHT_JOB
+    for name in (COLLECT_SENSOR, REFRESH_SENSOR):
+        assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING
+
+
+def _status_context(name, result, inst):
+    return build_run_status_sensor_context(sensor_name=name, dagster_event=result.get_run_success_event(),
+                                           dagster_instance=inst, dagster_run=result.dagster_run)
+
+
+@pytest.mark.slow
+def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy, tmp_path, capsys):
+    home = smoke_home_copy()
+    defs = build_definitions(home=str(home), profile="smoke")
+    before = call_log_rows(home)
+    assert {a for (_, _, a) in before} == set(DEMO_AGENTS)
+    n_tasks = len(pd.read_parquet(home / "assets" / "task_pool" / "__all__.parquet"))
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
+        # the schedule's tick: a pre-flight run tagged with the profile's wider pool
+        with build_schedule_context(instance=inst) as ctx:
+            requests = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(ctx).run_requests
+        assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "demo_wide"
+        pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(instance=inst, tags=requests[0].tags)
+        assert pf.success
+        preflight = pd.read_parquet(home / "assets" / "preflight" / "__all__.parquet")
+        assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"demo_wide"}
+
+        # pre-flight done -> one collection run per source x repetition of the profile, same pool tag
+        collect = defs.resolve_sensor_def(COLLECT_SENSOR)(_status_context(COLLECT_SENSOR, pf, inst))
+        assert sorted(r.partition_key for r in collect) == ["0|mmlu_pro", "1|mmlu_pro", "2|mmlu_pro"]
+        assert all(r.tags[POOL_TAG] == "demo_wide" and r.tags[RECOLLECTION_TAG] == pf.run_id for r in collect)
+        job, refresh_sensor = defs.resolve_job_def(COLLECTION_JOB), defs.resolve_sensor_def(REFRESH_SENSOR)
+        for i, req in enumerate(collect):
+            res = job.execute_in_process(instance=inst, tags=req.tags, partition_key=req.partition_key)
+            assert res.success
+            refresh = refresh_sensor(_status_context(REFRESH_SENSOR, res, inst))
+            if i < len(collect) - 1:
+                assert isinstance(refresh, SkipReason)  # waits for every partition of this re-collection
+        assert len(refresh) == 1 and refresh[0].tags[POOL_TAG] == "demo_wide"
+
+        # ... then the downstream assets refresh, over the wider pool
+        ref = defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=inst, tags=refresh[0].tags)
+        assert ref.success
+        new_calls = {r.asset_materialization.partition: r.asset_materialization.metadata["new_calls"].value
+                     for r in inst.fetch_materializations(AssetKey("graded_calls"), limit=10).records}
+        report = inst.get_latest_materialization_event(AssetKey("benchmark_report"))
+        assert report is not None and report.run_id == ref.run_id
+    after = call_log_rows(home)
+    made = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    per_agent = collections.Counter()
+    for (_, rep, agent), n in made.items():
+        per_agent[agent] += n
+        assert n == (n_tasks if agent in WIDE_AGENTS else 0), (rep, agent, n)
+    assert new_calls == {f"{r}|mmlu_pro": n_tasks * len(WIDE_AGENTS) for r in range(3)}
+    rewards = pd.read_parquet(home / "assets" / "reward_matrix" / "__all__.parquet")
+    assert list(rewards["agent_order"].iloc[0]) == DEMO_AGENTS + WIDE_AGENTS
+    assert len(rewards) == n_tasks
+    with capsys.disabled():
+        print(f"\n[wide re-collection] {n_tasks} tasks; new call-log rows per agent over 3 repetitions: "
+              f"{dict(per_agent)}; per partition (graded_calls new_calls): {new_calls}")
+
+
+def test_a_tagged_stage_refuses_a_preflight_of_another_pool(smoke_home_copy):
+    """graded_calls tagged demo_wide while the latest pre-flight ran on demo: one clear error, no call made."""
+    home = smoke_home_copy(drop=("calls",))
+    defs = build_definitions(home=str(home), profile="smoke")
+    res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(
+        partition_key="0|mmlu_pro", tags={POOL_TAG: "demo_wide"}, raise_on_error=False)
+    assert not res.success
+    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "materialise `preflight` with the same tag first" in failure.step_failure_data.error.to_string()
+    assert not (home / "calls").exists() or call_log_rows(home) == {}
+
+
+# --- per-source backfills ---------------------------------------------------------------------------------------
+
+def test_one_source_backfill_materialises_that_source_only(tmp_path, temp_instance_dir):
+    home = tmp_path / "home"
+    defs = build_definitions(home=str(home), profile="smoke")
+    job = defs.resolve_job_def(SOURCE_TASKS_JOB)
+    inst = DagsterInstance.from_config(str(temp_instance_dir))
+    try:
+        assert job.execute_in_process(instance=inst, partition_key="mmlu_pro").success
+        mmlu_pro = home / "assets" / "source_tasks" / "mmlu_pro.parquet"
+        stamp, content = mmlu_pro.stat().st_mtime_ns, mmlu_pro.read_bytes()
+        res = job.execute_in_process(instance=inst, partition_key="gsm8k")
+        assert res.success
+        assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["gsm8k.parquet",
+                                                                                        "mmlu_pro.parquet"]
+        assert mmlu_pro.stat().st_mtime_ns == stamp and mmlu_pro.read_bytes() == content
+        assert [m.partition for m in res.asset_materializations_for_node("source_tasks")] == ["gsm8k"]
+        assert materialized_partitions(inst, "source_tasks") == ["gsm8k", "mmlu_pro"]
+        assert inst.get_latest_materialization_event(AssetKey("task_pool")) is None
+        gsm8k = pd.read_parquet(home / "assets" / "source_tasks" / "gsm8k.parquet")
+        assert len(gsm8k) > 0 and set(gsm8k["source"]) == {"gsm8k"}
+        print(f"\n[backfill] source_tasks[gsm8k]: {len(gsm8k)} tasks; files {sorted(p.name for p in mmlu_pro.parent.iterdir())}")
+    finally:
+        inst.dispose()
+
+
+@pytest.mark.slow
+def test_one_source_backfill_from_the_command_line(tmp_path, temp_instance_dir):
+    """The documented command: dagster asset materialize -m assets.definitions --select source_tasks --partition X"""
+    home = tmp_path / "home"
+    env = {**os.environ, "DAGSTER_HOME": str(temp_instance_dir), "ROUTER_LITE_HOME": str(home),
+           "ROUTER_LITE_PROFILE": "smoke", "PYTHONPATH": str(REPO)}
+    dagster = Path(sys.executable).with_name("dagster")
+    cmd = [str(dagster), "asset", "materialize", "-m", "assets.definitions", "--select", "source_tasks",
+           "--partition", "arc_challenge"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["arc_challenge.parquet"]
+    inst = DagsterInstance.from_config(str(temp_instance_dir))
+    try:
+        assert materialized_partitions(inst, "source_tasks") == ["arc_challenge"]
+        assert inst.get_latest_materialization_event(AssetKey("task_pool")) is None
+    finally:
+        inst.dispose()
+    print(f"\n[backfill cli] source_tasks[arc_challenge] in {time.time() - t0:.1f}s")

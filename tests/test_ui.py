@@ -1,0 +1,116 @@
+"""The Dagster UI over a materialised smoke lineage: dagster-webserver on a free loopback port, asked over GraphQL
+for the asset graph, the latest benchmark_report materialisation and the operations (schedule, sensors, jobs)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINEAGE = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "reward_matrix", "baselines",
+           "prompt_embeddings", "router_head", "registered_head", "benchmark_report", "routerbench_replication"}
+
+ASSET_GRAPH = "{ assetNodes { assetKey { path } dependencyKeys { path } pools } }"
+REPORT = """{ assetOrError(assetKey: {path: ["benchmark_report"]}) {
+  __typename
+  ... on Asset { assetMaterializations(limit: 1) { runId timestamp metadataEntries {
+      __typename label
+      ... on FloatMetadataEntry { floatValue }
+      ... on TextMetadataEntry { text }
+      ... on MarkdownMetadataEntry { mdStr } } } } } }"""
+OPERATIONS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name
+  schedules { name cronSchedule scheduleState { status } }
+  sensors { name sensorState { status } }
+  jobs { name } } } } }"""
+LOCATION = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gql(url: str, query: str) -> dict:
+    r = httpx.post(url, json={"query": query}, timeout=30)
+    r.raise_for_status()
+    body = r.json()
+    assert not body.get("errors"), body["errors"]
+    return body["data"]
+
+
+@pytest.fixture
+def webserver(smoke_home, tmp_path):
+    """dagster-webserver over the smoke lineage's instance, in its own process group; killed as a group after."""
+    home, dagster_home = smoke_home
+    port = _free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "ROUTER_LITE_HOME": str(home),
+           "ROUTER_LITE_PROFILE": "smoke", "PYTHONPATH": str(REPO), "DAGSTER_DISABLE_TELEMETRY": "1"}
+    log = open(tmp_path / "webserver.log", "w")
+    # cwd = the smoke root: dagster.yaml's relative storage folders resolve as when the lineage ran
+    proc = subprocess.Popen([sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port),
+                             "-m", "assets.definitions", "-d", str(REPO)],
+                            cwd=dagster_home.parent, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/graphql"
+    try:
+        deadline, status = time.time() + 180, None
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"dagster-webserver exited ({proc.returncode}):\n{(tmp_path / 'webserver.log').read_text()[-3000:]}")
+            try:
+                entries = _gql(url, LOCATION)["workspaceOrError"]["locationEntries"]
+                status = [(e["loadStatus"], e["locationOrLoadError"]) for e in entries]
+                if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                    break
+            except (httpx.HTTPError, AssertionError, KeyError, TypeError):
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"code location not loaded within 180 s ({status}):\n"
+                        f"{(tmp_path / 'webserver.log').read_text()[-3000:]}")
+        errors = [s for s in status if s[1] and s[1]["__typename"] == "PythonError"]
+        assert not errors, errors
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smoke_home):
+    nodes = _gql(webserver, ASSET_GRAPH)["assetNodes"]
+    keys = {"/".join(n["assetKey"]["path"]) for n in nodes}
+    assert LINEAGE <= keys
+    deps = {"/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]} for n in nodes}
+    assert {"task_pool", "preflight"} <= deps["graded_calls"] and "graded_calls" in deps["reward_matrix"]
+    pools = {"/".join(n["assetKey"]["path"]): n["pools"] for n in nodes}
+    assert pools["graded_calls"] == ["provider:replay"]
+
+    asset = _gql(webserver, REPORT)["assetOrError"]
+    assert asset["__typename"] == "Asset"
+    (latest,) = asset["assetMaterializations"]
+    meta = {e["label"]: e for e in latest["metadataEntries"]}
+    assert {"report", "test_accuracy", "aiq_trained_head", "frontier_plot"} <= set(meta)
+    assert 0.0 <= meta["test_accuracy"]["floatValue"] <= 1.0
+    assert meta["report"]["mdStr"].startswith("## Routed benchmark (smoke")
+
+    (repo,) = _gql(webserver, OPERATIONS)["repositoriesOrError"]["nodes"]
+    schedules = {s["name"]: s for s in repo["schedules"]}
+    assert schedules["recollect_wide_pool"]["scheduleState"]["status"] == "STOPPED"
+    assert {"recollect_collect_partitions", "recollect_refresh_downstream"} <= {s["name"] for s in repo["sensors"]}
+    assert {"source_tasks_job", "collection_job", "recollect_preflight", "refresh_downstream",
+            "collection_dask"} <= {j["name"] for j in repo["jobs"]}
