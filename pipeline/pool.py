@@ -464,6 +464,18 @@ class _GroupCommit:
                 return
 
 
+async def _close_clients(clients: dict) -> None:
+    for c in {id(c): c for c in clients.values()}.values():
+        close = getattr(c, "close", None)
+        if close is not None:
+            try:
+                res = close()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
 async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: int, call_log: CallLog,
                   client_for: Callable[[AgentSpec], Any], settings: CollectionSettings | None = None,
                   grade_fn: GradeFn | None = None) -> pd.DataFrame:
@@ -528,15 +540,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
             committer.close()
             await commit_task
     finally:
-        for c in {id(c): c for c in clients.values()}.values():
-            close = getattr(c, "close", None)
-            if close is not None:
-                try:
-                    res = close()
-                    if asyncio.iscoroutine(res):
-                        await res
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    pass
+        await _close_clients(clients)
     log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
     latest = call_log.latest()
     order = {k: i for i, k in enumerate(wanted)}
@@ -569,15 +573,7 @@ async def preflight_async(client_for: Callable[[AgentSpec], Any], agents: list[A
     try:
         results = await asyncio.gather(*[asyncio.gather(*[one(a, p) for p in chosen]) for a in agents])
     finally:
-        for c in {id(c): c for c in clients.values()}.values():
-            close = getattr(c, "close", None)
-            if close is not None:
-                try:
-                    res = close()
-                    if asyncio.iscoroutine(res):
-                        await res
-                except Exception:  # noqa: BLE001
-                    pass
+        await _close_clients(clients)
     for a, calls in zip(agents, results):
         n = len(calls)
         errors = [c for c in calls if c["status"] == "error"]

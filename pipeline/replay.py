@@ -28,8 +28,6 @@ import hashlib
 import json
 import math
 import os
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import RouterLiteError
+from pipeline.http_server import LoopbackServer
 from pipeline.prompts import prompt_hash
 
 CHARS_PER_TOKEN = 4
@@ -320,43 +319,11 @@ def replay_app(store: ReplayStore, latency_s: float = 0.0):
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PUT", "DELETE"])])
 
 
-class ReplayServer:
-    """A uvicorn server in a daemon thread; `.base_url` ends in /v1; `.stop()` (or `with`) shuts it down."""
+class ReplayServer(LoopbackServer):
+    """The replay API on a loopback uvicorn server in a daemon thread; `.base_url` ends in /v1."""
 
     def __init__(self, app, host: str, port: int, start_timeout_s: float = 15.0):
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"replay-server-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"replay server on {self.host}:{self.port} did not start")
-            time.sleep(0.01)
-        self.base_url = f"http://{self.host}:{self.port}/v1"
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> "ReplayServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().__init__(app, host, port, lifespan="off", name="replay-server", start_timeout_s=start_timeout_s)
 
 
 def serve(store: ReplayStore, host: str = "127.0.0.1", port: int = 0, latency_s: float = 0.0) -> ReplayServer:

@@ -47,14 +47,13 @@ import hashlib
 import json
 import logging
 import re
-import socket
-import threading
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pipeline.errors import RouterLiteError
+from pipeline.http_server import LoopbackServer
 from pipeline.pool import AgentSpec, scrub
 
 log = logging.getLogger(__name__)
@@ -497,43 +496,11 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
 
 
 # ------------------------------------------------------------------------------------------------------- server
-class RouterServer:
-    """uvicorn serving `app` in a daemon thread (lifespan on: clients closed at stop); `.base_url` ends in /v1."""
+class RouterServer(LoopbackServer):
+    """The router app on uvicorn in a daemon thread (lifespan on: clients closed at stop)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()[:2]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"router-server-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"router server on {self.host}:{self.port} did not start")
-            time.sleep(0.01)
-        self.url = f"http://{self.host}:{self.port}"
-        self.base_url = self.url + "/v1"
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> "RouterServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().__init__(app, host, port, lifespan="on", name="router-server", start_timeout_s=start_timeout_s)
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RouterServer:
