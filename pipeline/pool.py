@@ -604,27 +604,25 @@ async def preflight_async(client_for: Callable[[AgentSpec], Any], agents: list[A
     return pd.DataFrame(rows)
 
 
+def run_sync(coro):
+    """Run a coroutine from synchronous code: its own event loop, in a helper thread inside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
+
+
 def preflight(client_for: Callable[[AgentSpec], Any], agents: list[AgentSpec], prompts: list[str],
               settings: CollectionSettings | None = None, n_calls: int = PREFLIGHT_CALLS) -> pd.DataFrame:
     """Per agent: `n_calls` (20) calls; passed when every call returned a valid completion, max_tokens was
     respected, usage token counts were reported, and the empty-rate is < 5 %. Columns: agent, model, provider,
     n_calls, n_ok, n_empty, n_error, empty_rate, max_completion_tokens, mean_latency_ms, cost_usd, passed, reason.
     Runs its own event loop (in a helper thread when called from inside a running loop)."""
-    coro = preflight_async(client_for, agents, prompts, settings, n_calls)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
+    return run_sync(preflight_async(client_for, agents, prompts, settings, n_calls))
 
 
 def run_collect(*args: Any, **kwargs: Any) -> pd.DataFrame:
     """`collect` from synchronous code (its own event loop; a helper thread inside a running loop)."""
-    coro = collect(*args, **kwargs)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
+    return run_sync(collect(*args, **kwargs))
