@@ -96,27 +96,20 @@ def cmd_regrade(args) -> int:
 
     import pandas as pd
 
-    from pipeline.grading import grade
     from pipeline.io import atomic_write_parquet
+    from pipeline.regrade import regrade
     from resources.storage import default_home
 
     root = Path(default_home()).resolve()
-    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet").set_index("task_id")
+    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
     changed = total = 0
     for f in sorted((root / "assets" / "graded_calls").glob("*.parquet")):
-        calls = pd.read_parquet(f)
-        for i, c in calls.iterrows():
-            if c["status"] == "error" or c["task_id"] not in pool.index:
-                continue
-            t = pool.loc[c["task_id"]]
-            extracted, correct = grade(c["response_text"], str(t["gold"]), t["grader"])
-            correct = bool(correct) if c["status"] == "ok" else False
-            changed += int(extracted != c["extracted"] or correct != c["correct"])
-            calls.at[i, "extracted"], calls.at[i, "correct"] = extracted, correct
-            total += 1
+        calls, n = regrade(pd.read_parquet(f), pool)
         atomic_write_parquet(calls, f)
+        changed, total = changed + n, total + int((calls["status"] != "error").sum())
     print(json.dumps({"regraded": total, "changed": changed}))
-    print("re-materialise reward_matrix and downstream assets to use the new grades", file=sys.stderr)
+    print("re-materialise reward_matrix and downstream assets (Dagster job refresh_downstream) to use the new grades",
+          file=sys.stderr)
     return 0
 
 

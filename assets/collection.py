@@ -5,7 +5,8 @@ from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, As
 
 from assets.partitions import source_partitions
 from assets.tasks import task_pool
-from pipeline.calls import CallLog
+from pipeline.calls import CallLog, call_key
+from pipeline.regrade import regrade
 from pipeline.config import load_profile
 from pipeline.errors import RouterLiteError
 from pipeline.io import atomic_write_text
@@ -19,6 +20,7 @@ from resources.storage import StorageResource
 MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 repetition_partitions = StaticPartitionsDefinition([str(r) for r in range(MAX_REPETITIONS)])
 collection_partitions = MultiPartitionsDefinition({"source": source_partitions, "repetition": repetition_partitions})
+REGRADE_TAG = "router_lite/regrade"
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 
 
@@ -150,7 +152,10 @@ def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: P
     agents = passed_agents(pool, storage)
     log = CallLog(storage.calls_dir(pool.kind, source, rep))
     before = len(log.keys())
-    calls = run_collect(tasks, agents, rep, log, pool.client_for, _settings(prof))
+    if context.run.tags.get(REGRADE_TAG) == "true":  # the regrade job: stored completions only, zero calls
+        calls = regrade_from_log(log, tasks, agents, rep, _settings(prof))
+    else:
+        calls = run_collect(tasks, agents, rep, log, pool.client_for, _settings(prof))
     made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")
@@ -167,6 +172,18 @@ def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: P
         "totals": MetadataValue.md(totals.to_markdown(index=False, floatfmt=".4f")),
         "call_log": str(log.directory), "pool": pool.pool,
     })
+
+
+def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settings: CollectionSettings) -> pd.DataFrame:
+    """This partition's calls as stored in the call log, regraded with the current graders. A call the log lacks
+    is an error here (the regrade job never calls): collect it first."""
+    keys = {call_key(a.name, t, rep, settings.hash()) for t in tasks["task_id"] for a in agents}
+    stored = log.latest()
+    stored = stored[stored["call_key"].isin(keys)]
+    if len(stored) < len(keys):
+        raise RouterLiteError(f"regrade: {len(keys) - len(stored)} of {len(keys)} calls of this partition are not in "
+                              f"the call log {log.directory}; materialise graded_calls without the regrade tag first")
+    return regrade(stored, tasks)[0].reset_index(drop=True)
 
 
 def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:

@@ -23,7 +23,7 @@ from dagster import (AssetSelection, DagsterEvent, DagsterRunStatus, DefaultSche
 from dagster_dask import dask_executor
 from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements
 
-from assets.collection import POOL_TAG
+from assets.collection import POOL_TAG, REGRADE_TAG
 from pipeline.config import load_profile
 
 RECOLLECTION_TAG = "router_lite/recollection"  # run id of the pre-flight run that started a re-collection
@@ -35,6 +35,7 @@ COLLECTION_JOB = "collection_job"
 PREFLIGHT_JOB = "recollect_preflight"
 REFRESH_JOB = "refresh_downstream"
 DASK_JOB = "collection_dask"
+REGRADE_JOB = "regrade_calls"
 SCHEDULE = "recollect_wide_pool"
 COLLECT_SENSOR = "recollect_collect_partitions"
 REFRESH_SENSOR = "recollect_refresh_downstream"
@@ -145,6 +146,10 @@ def build_ops(profile: str = "") -> dict:
     refresh_job = define_asset_job(
         REFRESH_JOB, selection=AssetSelection.assets(*REFRESH_ASSETS),
         description="Rewards, baselines, router head, registry and benchmark report from the current call data.")
+    regrade_job = define_asset_job(
+        REGRADE_JOB, selection=AssetSelection.assets("graded_calls"), tags={REGRADE_TAG: "true"},
+        description="Regrade stored calls from their stored completions with the current graders (zero API calls): "
+                    f"backfill every partition of the profile, then run {REFRESH_JOB}.")
     dask_job = define_asset_job(
         DASK_JOB, selection=AssetSelection.assets("graded_calls"),
         executor_def=router_lite_dask_executor.configured({"cluster": dask_cluster_config()}, name="dask"),
@@ -188,6 +193,6 @@ def build_ops(profile: str = "") -> dict:
         tags = {RECOLLECTION_TAG: rid, **({POOL_TAG: run.tags[POOL_TAG]} if run.tags.get(POOL_TAG) else {})}
         return [RunRequest(run_key=f"{rid}:refresh", tags=tags)]
 
-    return {"jobs": [source_tasks_job, collection_job, preflight_job, refresh_job, dask_job],
+    return {"jobs": [source_tasks_job, collection_job, preflight_job, refresh_job, regrade_job, dask_job],
             "schedules": [recollect_wide_pool],
             "sensors": [recollect_collect_partitions, recollect_refresh_downstream]}
