@@ -9,7 +9,7 @@ import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
 from assets.collection import _settings, passed_agents, reward_matrix
-from assets.router import _train_config, embedding_matrix, prompt_embeddings, registered_head, training_split
+from assets.router import _train_config, reward_embeddings, prompt_embeddings, registered_head, training_split
 from assets.tasks import task_pool
 from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
@@ -98,8 +98,7 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
         per_question.append(res["per_question"].assign(variant=variant))
     rewards = storage.read_asset("reward_matrix")
     split = training_split(rewards, storage.read_asset("task_pool"))
-    emb = storage.read_asset("prompt_embeddings").set_index("task_id")
-    X = embedding_matrix(emb.loc[rewards["task_id"]].reset_index())
+    X = reward_embeddings(storage, rewards)
     knn_k = json.loads(storage.asset_file("router_head", suffix=".json").read_text())["knn_k"]
     table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png")
     md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology)", "",

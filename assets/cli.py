@@ -74,16 +74,21 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_route(args) -> int:
-    from pipeline import registry
+def _head_backbone(reg, device: str, dtype: str = "auto"):
+    """The backbone a registered head was trained on, as its manifest names it."""
     from pipeline.embed import Backbone
     from resources.backbone import resolve_device
 
+    bb = reg.manifest["backbone"]
+    return Backbone(bb["id"], pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
+                    max_seq_length=int(bb.get("max_seq_length", 256)))
+
+
+def cmd_route(args) -> int:
+    from pipeline import registry
+
     reg = registry.load(args.head)
-    bb_cfg = reg.manifest["backbone"]
-    bb = Backbone(bb_cfg["id"], pooling=bb_cfg.get("pooling", "mean"), device=resolve_device(args.device),
-                  max_seq_length=int(bb_cfg.get("max_seq_length", 256)))
-    picks, fired = reg.route(bb.encode(args.prompt))
+    picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt))
     for p, f in zip(picks, fired):
         agent = reg.agents[int(p)]
         print(f"{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
@@ -141,10 +146,8 @@ def cmd_serve(args) -> int:
 
     from pipeline import registry
     from pipeline.config import load_profile
-    from pipeline.embed import Backbone
     from pipeline.pool import CollectionSettings
     from pipeline.serve import ServeSettings, build_app
-    from resources.backbone import resolve_device
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:
@@ -160,13 +163,11 @@ def cmd_serve(args) -> int:
     collection = CollectionSettings.from_dict(profile.collection)
     settings = ServeSettings.from_collection(collection, max_body_bytes=args.max_body_bytes,
                                              max_messages=args.max_messages)
-    bb_cfg = reg.manifest["backbone"]
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    bb = Backbone(bb_cfg["id"], pooling=bb_cfg.get("pooling", "mean"), device=resolve_device(args.device),
-                  dtype=args.dtype, max_seq_length=int(bb_cfg.get("max_seq_length", 256)))
+    bb = _head_backbone(reg, args.device, dtype=args.dtype)
     app = build_app(reg, bb, agents, pool.client_for, settings)
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise

@@ -13,7 +13,6 @@ from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.io import atomic_write_json
-from pipeline.ood import OODGuard
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
 from pipeline.train import TrainConfig
@@ -23,8 +22,10 @@ from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
-def embedding_matrix(df: pd.DataFrame) -> np.ndarray:
-    return np.stack(df["embedding"].to_numpy()).astype(np.float32)
+def reward_embeddings(storage: StorageResource, rewards: pd.DataFrame) -> np.ndarray:
+    """Embeddings of the reward rows' tasks, in reward-row order."""
+    emb = storage.read_asset("prompt_embeddings").set_index("task_id").loc[rewards["task_id"]]
+    return np.stack(emb["embedding"].to_numpy()).astype(np.float32)
 
 
 @asset(deps=[task_pool], group_name="router", io_manager_key="io_manager",
@@ -69,14 +70,12 @@ def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
 def router_head(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[dict]:
     prof = profile.get()
     rewards = storage.read_asset("reward_matrix")
-    emb = storage.read_asset("prompt_embeddings").set_index("task_id")
-    X = embedding_matrix(emb.loc[rewards["task_id"]].reset_index())
+    X = reward_embeddings(storage, rewards)
     split = training_split(rewards, storage.read_asset("task_pool"))
     fit = fit_router(X, rewards, split, _train_config(prof))
     out = storage.path("router_head")
     fit.head.save(out / registry.WEIGHTS)
-    with open(out / registry.GUARD, "wb") as fh:
-        np.savez(fh, X=fit.guard.X, threshold=fit.guard.threshold, k=fit.guard.k, quantile=fit.guard.quantile)
+    registry.save_guard(fit.guard, out / registry.GUARD)
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
                "extra": fit.extra, "train_config": _train_config(prof).to_dict(),
@@ -113,9 +112,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
                     pool: PoolResource, storage: StorageResource) -> Output[dict]:
     src = storage.path("router_head")
     head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
-    with np.load(src / registry.GUARD, allow_pickle=False) as z:
-        guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
-        guard.X, guard.threshold = np.asarray(z["X"], np.float32), float(z["threshold"])
+    guard = registry.load_guard(src / registry.GUARD)
     bb = backbone.get_backbone()
     pool = active_pool(context, pool, storage)  # the pool the head was trained on (a wider one after re-collection)
     models = {a.name: a.model for a in pool.agents()}

@@ -63,6 +63,26 @@ class RegisteredHead:
         return picks, fired
 
 
+def save_guard(guard: OODGuard, path: Path) -> None:
+    """The guard's reference embeddings (float16: the guard only thresholds cosine distances) and threshold."""
+    with open(path, "wb") as fh:
+        np.savez(fh, X=guard.X.astype(np.float16), threshold=np.float64(guard.threshold), k=np.int64(guard.k),
+                 quantile=np.float64(guard.quantile))
+
+
+def load_guard(path: Path) -> OODGuard:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
+            guard.X = np.asarray(z["X"], dtype=np.float32)
+            guard.threshold = float(z["threshold"])
+    except FileNotFoundError:
+        raise RouterLiteError(f"{path} is missing") from None
+    except Exception as exc:
+        raise RouterLiteError(f"{path} is corrupt: {type(exc).__name__}: {exc}") from None
+    return guard
+
+
 def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict) -> Path:
     """Write the head under `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
@@ -73,9 +93,7 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
     tmp = Path(tempfile.mkdtemp(prefix=".register.", dir=root))
     try:
         head.save(tmp / WEIGHTS)
-        with open(tmp / GUARD, "wb") as fh:
-            np.savez(fh, X=guard.X.astype(np.float16), threshold=np.float64(guard.threshold), k=np.int64(guard.k),
-                     quantile=np.float64(guard.quantile))
+        save_guard(guard, tmp / GUARD)
         # hash array contents, not file bytes: zip (npz) entries carry write times
         digest = content_hash(np.ascontiguousarray(head.to_vector(), np.float32).tobytes(),
                               b"" if head.mean is None else head.mean.tobytes() + head.std.tobytes(),
@@ -121,15 +139,7 @@ def load(path: str | Path) -> RegisteredHead:
         raise RouterLiteError(f"{mf} is corrupt: {exc}") from None
     head = Head.load(path / manifest.get("files", {}).get("weights", WEIGHTS), d=dim, K=len(names), agents=names)
     gf = path / GUARD
-    try:
-        with np.load(gf, allow_pickle=False) as z:
-            guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
-            guard.X = np.asarray(z["X"], dtype=np.float32)
-            guard.threshold = float(z["threshold"])
-    except FileNotFoundError:
-        raise RouterLiteError(f"{gf} is missing") from None
-    except Exception as exc:
-        raise RouterLiteError(f"{gf} is corrupt: {type(exc).__name__}: {exc}") from None
+    guard = load_guard(gf)
     if guard.X.ndim != 2 or guard.X.shape[1] != dim:
         raise RouterLiteError(f"{gf}: reference embeddings of shape {guard.X.shape} do not match dim {dim}")
     if manifest.get("best_single") not in names:
