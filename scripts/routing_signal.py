@@ -3,7 +3,8 @@
 Rewards: every bundled MMLU-Pro question recorded for all five demo agents, graded by the project's grader from the
 bundled replay recordings (`data/replay`), the same way `make run` grades them. With `--zips` (maintainers: the public
 TIGER-Lab zips) the same table is also computed from the official `pred == answer`, to show how much of the apparent
-routing gain comes from answer extraction. Features: the bundled MiniLM (the pipeline's Backbone and embedding cache);
+routing gain comes from answer extraction, and an information ceiling: a router that knows how the 17 other
+TIGER-Lab models did on each question. Features: the bundled MiniLM (the pipeline's Backbone and embedding cache);
 `--layers` adds mean-pooled inner layers of the same frozen model, `--tfidf` a word/bigram TF-IDF of the prompt.
 Every number is a held-out test mean over seeded 60/20/20 splits (choices made on validation), minus the best single
 agent (best on the training rows) on the same test rows.
@@ -107,16 +108,12 @@ def reward(R: np.ndarray, picks: np.ndarray) -> float:
     return float(R[np.arange(len(picks)), picks].mean())
 
 
-def tfidf_logistic(prompts: list[str], R: np.ndarray, tr, va, te) -> np.ndarray:
-    """Per-agent logistic regressions on a TF-IDF of the prompt (C on validation) -> test picks."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+def logistic_picks(F, R: np.ndarray, tr, va, te) -> np.ndarray:
+    """Per-agent logistic regressions of correctness on features F (C on validation) -> test picks (argmax)."""
     from sklearn.linear_model import LogisticRegression
 
-    vec = TfidfVectorizer(min_df=3, ngram_range=(1, 2), sublinear_tf=True, max_features=50000)
-    vec.fit([prompts[i] for i in tr])
-    F = vec.transform(prompts)
     best = None
-    for C in (0.1, 0.3, 1.0, 3.0):
+    for C in (0.01, 0.1, 0.3, 1.0, 3.0):
         P = np.stack([LogisticRegression(C=C, max_iter=500).fit(F[tr], R[tr, j]).predict_proba(F[np.r_[va, te]])[:, 1]
                       for j in range(R.shape[1])], axis=1)
         v = reward(R[va], P[:len(va)].argmax(1))
@@ -125,8 +122,34 @@ def tfidf_logistic(prompts: list[str], R: np.ndarray, tr, va, te) -> np.ndarray:
     return best[1]
 
 
+def tfidf_logistic(prompts: list[str], R: np.ndarray, tr, va, te) -> np.ndarray:
+    """Logistic router on a word+bigram TF-IDF of the prompt, the vocabulary fitted on the training rows."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vec = TfidfVectorizer(min_df=3, ngram_range=(1, 2), sublinear_tf=True, max_features=50000)
+    vec.fit([prompts[i] for i in tr])
+    return logistic_picks(vec.transform(prompts), R, tr, va, te)
+
+
+def other_models_correctness(tasks: pd.DataFrame, exclude: list[str], zips: Path) -> np.ndarray:
+    """(n, M) official correctness of every other TIGER-Lab model on each question (0.5 where it has no record).
+
+    Not a router feature (it is not known for a new query): an information ceiling. If even knowing how 17 other
+    LLMs did on a question does not tell which demo agent to pick, no embedding of the question will.
+    """
+    cols = []
+    for z in sorted(zips.glob("model_outputs_*_5shots.zip")):
+        if z.name[len("model_outputs_"):-len("_5shots.zip")] in exclude:
+            continue
+        with zipfile.ZipFile(z) as f:
+            recs = {int(r["question_id"]): r for r in json.loads(f.read(f.namelist()[0])) if isinstance(r, dict)}
+        cols.append([float(recs[q]["pred"] == recs[q]["answer"]) if q in recs else 0.5
+                     for q in tasks["question_id"].astype(int)])
+    return np.array(cols, dtype=np.float32).T
+
+
 def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prompts: list[str] | None,
-             seeds: list[int], size: int | None) -> dict[str, list[float]]:
+             seeds: list[int], size: int | None, ceiling: np.ndarray | None = None) -> dict[str, list[float]]:
     res: dict[str, list[float]] = {}
     for tr, va, te in splits(len(R), seeds, size):
         bs = int(R[tr].mean(0).argmax())
@@ -141,6 +164,9 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
             row[f"sep-CMA-ES head on {name}"] = reward(R[te], head.pick(X[te])) - base
         if prompts is not None:
             row["logistic on TF-IDF"] = reward(R[te], tfidf_logistic(prompts, R, tr, va, te)) - base
+        if ceiling is not None:
+            row["ceiling: logistic on 17 other models' correctness"] = reward(
+                R[te], logistic_picks(ceiling, R, tr, va, te)) - base
         for k, v in row.items():
             res.setdefault(k, []).append(float(v))
     return res
@@ -176,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     out = [f"{len(R)} questions; agents {models}; accuracy (project grading) {R.mean(0).round(4).tolist()}; "
            f"oracle {R.max(1).mean():.4f}\n"]
     rewards = {"project grading (replayed text)": R}
+    ceiling = other_models_correctness(tasks, models, a.zips) if a.zips else None
     if a.zips:
         O = official_rewards(tasks, models, a.zips)
         out.append(f"official pred accuracy {O.mean(0).round(4).tolist()}; oracle {O.max(1).mean():.4f}; "
@@ -185,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         for size in a.sizes:
             n = len(M) if size == 0 else size
             use_tfidf = a.tfidf and rname.startswith("project")
-            res = evaluate(M, feats, cats, prompts if use_tfidf else None, a.seeds, size or None)
+            res = evaluate(M, feats, cats, prompts if use_tfidf else None, a.seeds, size or None, ceiling)
             out.append(table(res, f"{rname}, {n} questions, seeds {a.seeds}"))
             print(out[-1], flush=True)
     a.out.write_text("\n".join(out))
