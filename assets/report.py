@@ -27,6 +27,10 @@ def print_summary(home: str, profile: str | None = None) -> None:
         print(f"\nRouter head (held-out test n={m['n_test']}): head {m['head']:.4f} | best single "
               f"{m['best_single']:.4f} | kNN {m['knn']:.4f} | random {m['random']:.4f} | oracle {m['oracle']:.4f}"
               f" | shipped: {gate.get('shipped', 'head')}")
+        ci = summary["extra"].get("head_gain_ci")
+        if ci:
+            print(f"  head − best single {ci['gain']:+.4f}, 95% paired bootstrap CI [{ci['low']:+.4f}, "
+                  f"{ci['high']:+.4f}] (docs/training.md: how much of the headroom is routable)")
     for name in ("baselines.md", "benchmark_report.md", "routerbench_replication.md"):
         f = root / "reports" / name
         if f.exists():

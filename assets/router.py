@@ -84,12 +84,16 @@ def router_head(context: AssetExecutionContext, profile: ProfileResource, storag
     context.log.info(f"held-out: head {m['head']:.4f} | best single {m['best_single']:.4f} | kNN {m['knn']:.4f} | "
                      f"oracle {m['oracle']:.4f} | random {m['random']:.4f} | OOD guard fired on "
                      f"{fit.extra['ood_fire_rate']:.1%}")
-    table = pd.DataFrame([{"policy": k, "held_out_reward": m[k]} for k in ("head", "best_single", "knn", "random", "oracle")])
+    ci = {"head": fit.extra["head_gain_ci"], "knn": fit.extra["knn_gain_ci"]}
+    table = pd.DataFrame([{"policy": k, "held_out_reward": m[k],
+                           "vs best single (95% paired bootstrap CI)": _gain_text(ci[k]) if k in ci else ""}
+                          for k in ("head", "best_single", "knn", "random", "oracle")])
     return Output(summary, metadata={
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
         "n_test": m["n_test"], "n_params": fit.head.n_params, "ood_fire_rate_test": fit.extra["ood_fire_rate"],
         "train_fit": fit.extra["train_fit"], "shipped": fit.extra["gate"]["shipped"],
+        "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),
         "gate": MetadataValue.json(fit.extra["gate"]),
         "distribution": MetadataValue.json(m["distribution"]),
         "held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".4f")),
@@ -97,6 +101,10 @@ def router_head(context: AssetExecutionContext, profile: ProfileResource, storag
         "training_curve": MetadataValue.md(curve[[c for c in ("generation", "best_reward_so_far", "mean_train_reward",
                                                               "val_reward") if c in curve]].iloc[::5].to_markdown(index=False, floatfmt=".4f")),
     })
+
+
+def _gain_text(ci: dict) -> str:
+    return f"{ci['gain']:+.4f} [{ci['low']:+.4f}, {ci['high']:+.4f}] on {ci['n']} rows"
 
 
 @asset_check(asset=router_head, description="The head beats uniform random on held-out tasks.")

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import RouterLiteError
-from pipeline.evaluate import held_out_metrics, routing_report
+from pipeline.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.head import Head
 from pipeline.knn import KnnRouter
 from pipeline.ood import OODGuard
 from pipeline.rewards import to_arrays
-from pipeline.train import TrainConfig, best_single_agent, train_head
+from pipeline.train import TrainConfig, best_single_agent, effective_rewards, train_head
 
 
 @dataclass
@@ -94,13 +94,17 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
     raw_picks = head.pick(X[te])
     picks = guard.route(raw_picks, X[te], best)
-    metrics = held_out_metrics(picks, R[te], B[te], knn_picks=knn.pick(X[te]), best_single=best, agents=agents,
+    knn_picks = knn.pick(X[te])
+    metrics = held_out_metrics(picks, R[te], B[te], knn_picks=knn_picks, best_single=best, agents=agents,
                                n_train=int(tr.sum()))
     unguarded = held_out_metrics(raw_picks, R[te], B[te], best_single=best, agents=agents)["head"]
     extra = {
         "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
         "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
         "n_validation": int(va.sum()), "gate": gate, "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
+        # is the held-out gain over the best single agent more than row-sampling noise?
+        "head_gain_ci": paired_gain_ci(picks, effective_rewards(R[te], B[te]), best),
+        "knn_gain_ci": paired_gain_ci(knn_picks, effective_rewards(R[te], B[te]), best),
     }
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra)
 

@@ -23,6 +23,9 @@ def test_a_head_that_learns_is_shipped():
     fit = fit_router(X, rewards, split, TrainConfig(generations=10))
     assert fit.extra["gate"]["shipped"] == "head"
     assert fit.metrics["head"] > fit.metrics["best_single"] + 0.3
+    ci = fit.extra["head_gain_ci"]  # a real gain: the whole interval is above zero
+    assert 0.3 < ci["low"] <= ci["gain"] <= ci["high"]
+    assert abs(ci["gain"] - (fit.metrics["head"] - fit.metrics["best_single"])) < 1e-6
 
 
 def test_noise_falls_back_to_the_best_single_agent():
@@ -33,3 +36,17 @@ def test_noise_falls_back_to_the_best_single_agent():
     assert gate["head_validation"] <= gate["best_single_validation"]
     assert fit.metrics["distribution"] == {"a": 1.0, "b": 0.0, "c": 0.0}
     assert fit.metrics["head"] == fit.metrics["best_single"]
+    assert fit.extra["head_gain_ci"]["gain"] == 0.0
+
+
+def test_paired_gain_ci_brackets_the_gain_and_detects_a_real_one():
+    from pipeline.evaluate import paired_gain_ci
+
+    rng = np.random.default_rng(0)
+    R = (rng.random((400, 2)) < [0.7, 0.6]).astype(np.float32)
+    none = paired_gain_ci(np.zeros(400, dtype=int), R, 0)
+    assert none["gain"] == none["low"] == none["high"] == 0.0
+    oracle = paired_gain_ci(R.argmax(1), R, 0)
+    assert 0 < oracle["low"] <= oracle["gain"] <= oracle["high"]
+    noisy = paired_gain_ci(rng.integers(0, 2, 400), R, 0)
+    assert noisy["low"] < noisy["gain"] < noisy["high"]
