@@ -55,11 +55,12 @@ def cmd_train(args) -> int:
         missing = joined.loc[joined["prompt"].isna(), "task_id"].iloc[0]
         raise RouterLiteError(f"{args.rewards}: task {missing!r} has no row in {args.tasks}")
     out = Path(args.out or Path(default_home()) / "registry")
+    cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
+                      popsize=args.popsize, seed=args.seed, ship_confidence=args.ship_confidence)
+    cfg.validate()  # a bad setting fails before minutes of embedding
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
     X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
-    cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
-                      popsize=args.popsize, seed=args.seed)
     fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split)
     path = registry.register(
         out, fit.head, fit.guard, fit.best_single,
@@ -199,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=int, default=60)
     p.add_argument("--popsize", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--ship-confidence", type=float, default=0.0,
+                   help="ship the head only if its validation gain over the best single agent is > 0 with this "
+                        "one-sided bootstrap confidence (0: any positive point gain)")
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
     p.add_argument("--max-seq-length", type=int, default=256)

@@ -98,6 +98,11 @@ class TrainConfig:
         Stop when the validation reward of the mean has not improved for this many generations (None = never).
     log_every = 10
         Log a progress line every this many generations (0 = silent).
+    ship_confidence = 0.0
+        The ship gate (`pipeline.router.ship_gate`): the trained head replaces "always the best single agent" only
+        if its validation gain over that agent is positive (0, the default), or positive with this one-sided
+        confidence (paired bootstrap over the validation rows), e.g. 0.9 for a gate that ships less noise.
+        A head that is not shipped is replaced by a constant head, whose cost–quality frontier is a single point.
     """
 
     generations: int = 60
@@ -119,6 +124,7 @@ class TrainConfig:
     min_delta: float = 0.0
     patience: int | None = None
     log_every: int = 10
+    ship_confidence: float = 0.0
 
     def validate(self) -> None:
         if self.generations < 0:
@@ -139,6 +145,8 @@ class TrainConfig:
             raise RouterLiteError(f"TrainConfig.hidden_dim must be >= 0, got {self.hidden_dim}")
         if self.l2 < 0 or self.cost_lambda < 0 or not self.temperature > 0:
             raise RouterLiteError("TrainConfig.l2 and cost_lambda must be >= 0 and temperature > 0")
+        if not 0.0 <= self.ship_confidence < 1.0:
+            raise RouterLiteError(f"TrainConfig.ship_confidence must be in [0, 1), got {self.ship_confidence}")
         if not self.ridge_alphas or min(self.ridge_alphas) <= 0:
             raise RouterLiteError(f"TrainConfig.ridge_alphas must be positive, got {self.ridge_alphas}")
 

@@ -34,8 +34,12 @@ if str(ROOT) not in sys.path:
 from pipeline.embed import Backbone, EmbeddingCache  # noqa: E402
 from pipeline.grading import grade  # noqa: E402
 from pipeline.knn import KnnRouter  # noqa: E402
+from pipeline.router import ship_gate  # noqa: E402
 from pipeline.tasks import load_source  # noqa: E402
 from pipeline.train import TrainConfig, train_head  # noqa: E402
+
+
+GATE_CONFIDENCES = (0.0, 0.9, 0.95)
 
 
 def demo_models() -> list[str]:
@@ -162,6 +166,11 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
             row[f"kNN on {name}"] = reward(R[te], knn.pick(X[te])) - base
             head, _ = train_head(X[tr], R[tr], None, X[va], R[va], None, TrainConfig(log_every=0))
             row[f"sep-CMA-ES head on {name}"] = reward(R[te], head.pick(X[te])) - base
+            if name == next(iter(feats)):  # the ship gate's confidence: does it keep real gains, drop noise?
+                for conf in GATE_CONFIDENCES:
+                    gate = ship_gate(head, bs, X[va], R[va], None, confidence=conf)
+                    row[f"  … behind the ship gate, confidence {conf}"] = (
+                        row[f"sep-CMA-ES head on {name}"] if gate["shipped"] == "head" else 0.0)
         if prompts is not None:
             row["logistic on TF-IDF"] = reward(R[te], tfidf_logistic(prompts, R, tr, va, te)) - base
         if ceiling is not None:

@@ -50,5 +50,8 @@ def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys
     tasks.to_parquet(tmp_path / "nosplit.parquet")
     assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(tmp_path / "nosplit.parquet")]) == 2
     assert "lacks column 'split'" in capsys.readouterr().err
+    assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),
+                 "--ship-confidence", "1.5"]) == 2
+    assert "ship_confidence must be in [0, 1)" in capsys.readouterr().err
     assert main(["route", "--head", str(tmp_path / "missing"), "hi"]) == 2
     assert "not a registered head" in capsys.readouterr().err

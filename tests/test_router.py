@@ -50,3 +50,26 @@ def test_paired_gain_ci_brackets_the_gain_and_detects_a_real_one():
     assert 0 < oracle["low"] <= oracle["gain"] <= oracle["high"]
     noisy = paired_gain_ci(rng.integers(0, 2, 400), R, 0)
     assert noisy["low"] < noisy["gain"] < noisy["high"]
+
+
+def test_ship_gate_wants_a_gain_beyond_validation_noise():
+    from pipeline.head import Head
+    from pipeline.router import ship_gate
+
+    # the head picks agent 1 where feature 1 is set: 40 rows, of which it wins 11 and loses 9 -> +2 rows of 400
+    X = np.zeros((400, 2), np.float32)
+    X[:, 0] = 1.0
+    X[:40] = [0.0, 1.0]
+    R = np.zeros((400, 2), np.float32)
+    R[40:, 0] = 1.0
+    R[:11, 1] = 1.0          # head right, agent 0 wrong
+    R[11:20, 0] = 1.0        # head wrong, agent 0 right
+    R[20:40] = 1.0           # both right
+    head = Head(np.eye(2, dtype=np.float32), np.zeros(2, np.float32), agents=["a", "b"])
+    point = ship_gate(head, 0, X, R, None, confidence=0.0)
+    assert point["shipped"] == "head"
+    assert abs(point["head_validation"] - point["best_single_validation"] - 0.005) < 1e-6
+    gated = ship_gate(head, 0, X, R, None, confidence=0.9)
+    assert gated["shipped"] == "best_single" and gated["gain_lower_bound"] < 0
+    R[11:20, 0] = 0.0        # now it wins 11 rows and loses none: a real gain
+    assert ship_gate(head, 0, X, R, None, confidence=0.9)["shipped"] == "head"
