@@ -9,7 +9,7 @@ TIGER-Lab models did on each question. Features: the bundled MiniLM (the pipelin
 Every number is a held-out test mean over seeded 60/20/20 splits (choices made on validation), minus the best single
 agent (best on the training rows) on the same test rows.
 
-    .venv/bin/python scripts/routing_signal.py [--layers] [--tfidf] [--zips DIR] [--out FILE]
+    .venv/bin/python scripts/routing_signal.py [--layers] [--tfidf] [--zips DIR] [--without MODEL ...] [--out FILE]
 
 About 9 min once to embed ~11,800 prompts on 2 CPU cores (cached under ROUTER_LITE_HOME/embeddings), ~9 min more for
 --layers; the evaluations take ~3 min (~10 min with --tfidf).
@@ -174,7 +174,7 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
         if prompts is not None:
             row["logistic on TF-IDF"] = reward(R[te], tfidf_logistic(prompts, R, tr, va, te)) - base
         if ceiling is not None:
-            row["ceiling: logistic on 17 other models' correctness"] = reward(
+            row[f"ceiling: logistic on {ceiling.shape[1]} other models' correctness"] = reward(
                 R[te], logistic_picks(ceiling, R, tr, va, te)) - base
         for k, v in row.items():
             res.setdefault(k, []).append(float(v))
@@ -197,9 +197,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zips", type=Path, help="folder of the TIGER-Lab model_outputs_*_5shots.zip (official preds)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--sizes", type=int, nargs="+", default=[0, 3000], help="0 = all questions")
+    ap.add_argument("--without", nargs="+", default=[], metavar="MODEL",
+                    help="drop these demo models from the pool (e.g. gemini-1.5-pro-002: a pool without its best agent)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/routing_signal.md"))
     a = ap.parse_args(argv)
-    models = demo_models()
+    models = [m for m in demo_models() if m not in a.without]
+    if unknown := sorted(set(a.without) - set(demo_models())):
+        raise SystemExit(f"--without {unknown}: not in the demo pool {demo_models()}")
     tasks, R = load_rewards(models)
     prompts = tasks["prompt"].tolist()
     home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     out = [f"{len(R)} questions; agents {models}; accuracy (project grading) {R.mean(0).round(4).tolist()}; "
            f"oracle {R.max(1).mean():.4f}\n"]
     rewards = {"project grading (replayed text)": R}
-    ceiling = other_models_correctness(tasks, models, a.zips) if a.zips else None
+    ceiling = other_models_correctness(tasks, demo_models(), a.zips) if a.zips else None
     if a.zips:
         O = official_rewards(tasks, models, a.zips)
         out.append(f"official pred accuracy {O.mean(0).round(4).tolist()}; oracle {O.max(1).mean():.4f}; "
