@@ -90,12 +90,13 @@ def routing_report(picks, R, best_mask=None, *, best_single: int | None = None,
 
 
 def paired_gain_ci(picks, R_eff: np.ndarray, baseline: int, *, n_boot: int = 2000, level: float = 0.95,
-                   seed: int = 0) -> dict:
+                   one_sided: float | None = None, seed: int = 0) -> dict:
     """Gain of `picks` over always picking agent `baseline` on the same rows, with a paired bootstrap interval.
 
     On a few hundred held-out rows a router and the best single agent differ on few rows, so a point gain of
     +0.005 can be noise; resampling rows (the same rows for both policies) says how much. Returns gain, low, high
-    (the `level` percentile interval over `n_boot` resamples) and n.
+    (the `level` percentile interval over `n_boot` resamples) and n; with `one_sided` = c also `lower_one_sided`,
+    the gain's one-sided c lower bound from the same resamples.
     """
     R_eff = np.asarray(R_eff, dtype=np.float64)
     picks = np.asarray(picks).astype(np.int64)
@@ -106,5 +107,8 @@ def paired_gain_ci(picks, R_eff: np.ndarray, baseline: int, *, n_boot: int = 200
     rng = np.random.default_rng(seed)
     means = np.array([diff[idx].mean() for idx in (rng.integers(0, n, n) for _ in range(n_boot))])
     tail = (1.0 - level) / 2.0
-    return {"gain": float(diff.mean()), "low": float(np.quantile(means, tail)),
-            "high": float(np.quantile(means, 1.0 - tail)), "n": int(n), "level": level}
+    out = {"gain": float(diff.mean()), "low": float(np.quantile(means, tail)),
+           "high": float(np.quantile(means, 1.0 - tail)), "n": int(n), "level": level}
+    if one_sided is not None:
+        out["lower_one_sided"] = float(np.quantile(means, 1.0 - one_sided))
+    return out

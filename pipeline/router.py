@@ -64,10 +64,11 @@ def ship_gate(head: Head, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val
     picks = head.pick(X_val)
     head_val = float(R_eff[np.arange(len(R_eff)), picks].mean())
     best_val = float(R_eff[:, best].mean())
+    ci = paired_gain_ci(picks, R_eff, best, one_sided=confidence if confidence > 0 else None)
     gate = {"head_validation": head_val, "best_single_validation": best_val, "margin": margin,
-            "confidence": confidence, "validation_gain_ci": paired_gain_ci(picks, R_eff, best)}
+            "confidence": confidence, "validation_gain_ci": ci}
     if confidence > 0:
-        gate["gain_lower_bound"] = paired_gain_ci(picks, R_eff, best, level=2 * confidence - 1)["low"]
+        gate["gain_lower_bound"] = ci["lower_one_sided"]
         ok = gate["gain_lower_bound"] > margin
     else:
         ok = head_val > best_val + margin
@@ -110,13 +111,14 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     metrics = held_out_metrics(picks, R[te], B[te], knn_picks=knn_picks, best_single=best, agents=agents,
                                n_train=int(tr.sum()))
     unguarded = held_out_metrics(raw_picks, R[te], B[te], best_single=best, agents=agents)["head"]
+    U_te = effective_rewards(R[te], B[te])
     extra = {
         "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
         "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
         "n_validation": int(va.sum()), "gate": gate, "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
         # is the held-out gain over the best single agent more than row-sampling noise?
-        "head_gain_ci": paired_gain_ci(picks, effective_rewards(R[te], B[te]), best),
-        "knn_gain_ci": paired_gain_ci(knn_picks, effective_rewards(R[te], B[te]), best),
+        "head_gain_ci": paired_gain_ci(picks, U_te, best),
+        "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
     }
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra)
 
