@@ -60,11 +60,16 @@ def load_rewards(models: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     return tasks, R
 
 
+def zip_records(path: Path) -> dict[int, dict]:
+    """question_id -> record of one TIGER-Lab model_outputs_<M>_5shots.zip."""
+    with zipfile.ZipFile(path) as f:
+        return {int(r["question_id"]): r for r in json.loads(f.read(f.namelist()[0])) if isinstance(r, dict)}
+
+
 def official_rewards(tasks: pd.DataFrame, models: list[str], zips: Path) -> np.ndarray:
     cols = []
     for m in models:
-        with zipfile.ZipFile(zips / f"model_outputs_{m}_5shots.zip") as z:
-            recs = {int(r["question_id"]): r for r in json.loads(z.read(z.namelist()[0])) if isinstance(r, dict)}
+        recs = zip_records(zips / f"model_outputs_{m}_5shots.zip")
         cols.append([float(recs[int(q)]["pred"] == recs[int(q)]["answer"]) for q in tasks["question_id"]])
     return np.array(cols, dtype=np.float32).T
 
@@ -145,8 +150,7 @@ def other_models_correctness(tasks: pd.DataFrame, exclude: list[str], zips: Path
     for z in sorted(zips.glob("model_outputs_*_5shots.zip")):
         if z.name[len("model_outputs_"):-len("_5shots.zip")] in exclude:
             continue
-        with zipfile.ZipFile(z) as f:
-            recs = {int(r["question_id"]): r for r in json.loads(f.read(f.namelist()[0])) if isinstance(r, dict)}
+        recs = zip_records(z)
         cols.append([float(recs[q]["pred"] == recs[q]["answer"]) if q in recs else 0.5
                      for q in tasks["question_id"].astype(int)])
     return np.array(cols, dtype=np.float32).T
