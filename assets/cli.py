@@ -10,10 +10,17 @@ import sys
 
 from pipeline.errors import RouterLiteError
 
+TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
+               "quality), budget=USD per 1k queries, lambda=L")
+
 
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
+    if args.target:
+        from pipeline.targets import parse_target
+
+        os.environ["ROUTER_LITE_TARGET"] = parse_target(args.target).name  # the routed benchmark's operating point
     from assets.definitions import build_definitions
     from assets.report import print_summary
     from assets.run import run_lineage
@@ -50,7 +57,8 @@ def cmd_train(args) -> int:
     for col in ("task_id", "prompt", "split"):
         if col not in tasks:
             raise RouterLiteError(f"{args.tasks}: tasks file lacks column {col!r} (needs task_id, prompt, split)")
-    joined = rewards.merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
+    label_cols = [c for c in ("source", "category", "domain", "difficulty") if c in tasks]
+    joined = rewards.merge(tasks[["task_id", "prompt", "split", *label_cols]], on="task_id", how="left")
     if joined["prompt"].isna().any():
         missing = joined.loc[joined["prompt"].isna(), "task_id"].iloc[0]
         raise RouterLiteError(f"{args.rewards}: task {missing!r} has no row in {args.tasks}")
@@ -61,7 +69,25 @@ def cmd_train(args) -> int:
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
     X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
-    fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split)
+    from pipeline.pool_report import domain_column, labels_of, pool_report, report_markdown
+    from pipeline.rewards import to_arrays
+    from pipeline.targets import path_table
+    from pipeline.value import targets_markdown, value_line
+
+    col = domain_column(joined)
+    labels = labels_of(joined, col)
+    agents, R, _, C = to_arrays(rewards)
+    split = joined["split"].fillna("").astype(str).to_numpy(dtype=object)
+    rep = pool_report(R, C, agents, labels, split, X=X,
+                      difficulty=labels_of(joined, "difficulty") if "difficulty" in joined else None, domain_name=col)
+    print("## Pool report\n\n" + report_markdown(rep), file=sys.stderr)
+    fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split, labels=labels)
+    import pandas as pd
+
+    print("## Operating points (chosen on validation)\n\n"
+          + pd.DataFrame(path_table(fit.operating_points)).to_markdown(index=False, floatfmt=".4f")
+          + f"\n\n## Held-out value (split {args.held_out_split!r})\n\n" + targets_markdown(fit.value)
+          + "\n" + value_line(fit.value, "parity") + "\n", file=sys.stderr)
     path = registry.register(
         out, fit.head, fit.guard, fit.best_single,
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
@@ -69,9 +95,12 @@ def cmd_train(args) -> int:
         agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
         data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
                      "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics=fit.metrics)
+        metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points)
     print(f"registered {path.name} at {path}", file=sys.stderr)
-    print(json.dumps({**fit.metrics, "registered": str(path)}, default=float))
+    print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
+                      "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}
+                                  for k, v in fit.value["targets"].items()},
+                      "registered": str(path)}, default=float))
     return 0
 
 
@@ -89,7 +118,9 @@ def cmd_route(args) -> int:
     from pipeline import registry
 
     reg = registry.load(args.head)
-    picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt))
+    point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
+    picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt), args.target)
+    print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)
     for p, f in zip(picks, fired):
         agent = reg.agents[int(p)]
         print(f"{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
@@ -143,6 +174,8 @@ def cmd_serve(args) -> int:
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import dataclasses
+
     import uvicorn
 
     from pipeline import registry
@@ -156,6 +189,7 @@ def cmd_serve(args) -> int:
     if args.threads < 0:
         raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
     reg = registry.load(args.head)
+    reg.resolve_target(args.target)  # a bad default target fails before serving
     profile = load_profile(args.profile)
     pool = PoolResource(kind=profile.pool.get("kind", "replay"), pool=profile.pool.get("name", "demo"),
                         base_url=profile.pool.get("base_url"))
@@ -164,6 +198,8 @@ def cmd_serve(args) -> int:
     collection = CollectionSettings.from_dict(profile.collection)
     settings = ServeSettings.from_collection(collection, max_body_bytes=args.max_body_bytes,
                                              max_messages=args.max_messages)
+    if args.target:
+        settings = dataclasses.replace(settings, default_target=args.target)
     if args.threads:
         import torch
 
@@ -189,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
+    p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
@@ -213,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("route", help="print the agent a registered head picks for each prompt")
     p.add_argument("--head", required=True, help="registry/<name> directory")
     p.add_argument("--device", default="auto")
+    p.add_argument("--target", default=None, help=TARGET_HELP)
     p.add_argument("prompt", nargs="+")
     p.set_defaults(fn=cmd_route)
 
@@ -237,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--max-messages", type=int, default=64)
+    p.add_argument("--target", default=None, help=TARGET_HELP + " when a request names none (header "
+                                                   "X-Router-Target or body field router_target)")
     p.set_defaults(fn=cmd_serve)
     return ap
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import benchmark, collection, router, tasks
+from assets import benchmark, collection, pool_report, router, tasks
 from assets.ops import build_ops
 from pipeline.config import load_profile
 from resources.backbone import BackboneResource
@@ -14,7 +14,7 @@ from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks, collection, router, benchmark]
+ASSET_MODULES = [tasks, collection, router, pool_report, benchmark]
 
 
 def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:

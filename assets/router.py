@@ -15,7 +15,10 @@ from pipeline.head import Head
 from pipeline.io import atomic_write_json
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
+from pipeline.pool_report import domain_column, labels_of
+from pipeline.targets import path_table
 from pipeline.train import TrainConfig
+from pipeline.value import targets_markdown, value_line
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -71,15 +74,19 @@ def router_head(context: AssetExecutionContext, profile: ProfileResource, storag
     prof = profile.get()
     rewards = storage.read_asset("reward_matrix")
     X = reward_embeddings(storage, rewards)
-    split = training_split(rewards, storage.read_asset("task_pool"))
-    fit = fit_router(X, rewards, split, _train_config(prof))
+    tasks = storage.read_asset("task_pool")
+    split = training_split(rewards, tasks)
+    t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
+    fit = fit_router(X, rewards, split, _train_config(prof), labels=labels_of(t, domain_column(t)))
     out = storage.path("router_head")
     fit.head.save(out / registry.WEIGHTS)
+    fit.scorer.save(out / registry.SCORER)
     registry.save_guard(fit.guard, out / registry.GUARD)
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
                "extra": fit.extra, "train_config": _train_config(prof).to_dict(),
-               "n_params": fit.head.n_params, "curve": fit.curve}
+               "n_params": fit.head.n_params, "curve": fit.curve, "operating_points": fit.operating_points,
+               "value": fit.value}
     m = fit.metrics
     context.log.info(f"held-out: head {m['head']:.4f} | best single {m['best_single']:.4f} | kNN {m['knn']:.4f} | "
                      f"oracle {m['oracle']:.4f} | random {m['random']:.4f} | OOD guard fired on "
@@ -95,6 +102,10 @@ def router_head(context: AssetExecutionContext, profile: ProfileResource, storag
         "train_fit": fit.extra["train_fit"], "shipped": fit.extra["gate"]["shipped"],
         "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),
         "gate": MetadataValue.json(fit.extra["gate"]),
+        "value_line": value_line(fit.value, "parity"),
+        "targets_held_out": MetadataValue.md(targets_markdown(fit.value)),
+        "operating_points_validation": MetadataValue.md(pd.DataFrame(path_table(fit.operating_points)).to_markdown(
+            index=False, floatfmt=".4f")),
         "distribution": MetadataValue.json(m["distribution"]),
         "held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".4f")),
         "routing": MetadataValue.md(pd.DataFrame(fit.extra["routing"]).to_markdown(index=False, floatfmt=".3f")),
@@ -120,6 +131,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
                     pool: PoolResource, storage: StorageResource) -> Output[dict]:
     src = storage.path("router_head")
     head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
+    scorer = Head.load(src / registry.SCORER, agents=router_head["agents"])
     guard = registry.load_guard(src / registry.GUARD)
     bb = backbone.get_backbone()
     pool = active_pool(context, pool, storage)  # the pool the head was trained on (a wider one after re-collection)
@@ -133,7 +145,8 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
                   "max_seq_length": backbone.max_seq_length, "dim": head.d},
         agents=agents, training={**router_head["train_config"], "activation": head.activation,
                                  "pool": pool.pool, "pool_kind": pool.kind},
-        data_hashes=data_hashes, metrics=router_head["metrics"])
+        data_hashes=data_hashes, metrics=router_head["metrics"], scorer=scorer,
+        operating_points=router_head["operating_points"])
     entry = json.loads((path / registry.MANIFEST).read_text())
     atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
     context.log.info(f"registered {entry['name']} at {path}")

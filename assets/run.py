@@ -18,7 +18,7 @@ STAGES = [
     ("task pool", ["task_pool", "agent_pool", "preflight"], None),
     ("collection", ["graded_calls"], "source_x_repetition"),
     ("rewards", ["reward_matrix", "baselines"], None),
-    ("router", ["prompt_embeddings", "router_head", "registered_head"], None),
+    ("router", ["prompt_embeddings", "pool_report", "router_head", "registered_head"], None),
     ("report", ["benchmark_report"], None),
     ("replication", ["routerbench_replication"], "suite"),
 ]

@@ -24,6 +24,7 @@ from pipeline.ood import OODGuard
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
 GUARD = "guard.npz"
+SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
 REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
 
 
@@ -46,6 +47,7 @@ class RegisteredHead:
     head: Head
     guard: OODGuard
     best_single: int
+    scorer: Head | None = None
 
     @property
     def name(self) -> str:
@@ -55,12 +57,52 @@ class RegisteredHead:
     def agents(self) -> list[dict]:
         return self.manifest["agents"]
 
-    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(picked agent index per row after the OOD guard, mask where the guard fired)."""
+    @property
+    def operating_points(self) -> dict | None:
+        return self.manifest.get("operating_points")
+
+    def resolve_target(self, target=None) -> dict:
+        """The operating point (pipeline.targets.resolve) a target selects on this head's stored λ path."""
+        from pipeline.targets import parse_target, resolve
+
+        t = parse_target(target)
+        if t.kind == "max-quality" and not self.operating_points:
+            return {"target": t.name, "lambda": 0.0}
+        if not self.operating_points or self.scorer is None:
+            raise RouterLiteError(f"head {self.name} has no operating points (registered before targets existed); "
+                                  f"only target max-quality is available")
+        return resolve(t, self.operating_points)
+
+    def at(self, target) -> "TargetedHead":
+        """This head at one operating point: an object with `.name` and `.route(X)` (what the server's Router uses)."""
+        return TargetedHead(self, self.resolve_target(target))
+
+    def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
+        """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
+        (None = max-quality: the shipped head; see pipeline.targets)."""
         fired = self.guard.fires(X)
-        picks = self.head.pick(X)
+        lam = self.resolve_target(target)["lambda"] if target is not None else 0.0
+        if lam > 0:
+            from pipeline.targets import cost_aware_pick
+
+            picks = cost_aware_pick(self.scorer.scores(X), np.asarray(self.operating_points["agent_cost"]), lam)
+        else:
+            picks = self.head.pick(X)
         picks[fired] = self.best_single
         return picks, fired
+
+
+@dataclass
+class TargetedHead:
+    registered: RegisteredHead
+    point: dict  # pipeline.targets.resolve output (target, lambda, ...)
+
+    @property
+    def name(self) -> str:
+        return self.registered.name
+
+    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.registered.route(X, None if self.point["lambda"] == 0 else self.point["target"])
 
 
 def save_guard(guard: OODGuard, path: Path) -> None:
@@ -84,7 +126,8 @@ def load_guard(path: Path) -> OODGuard:
 
 
 def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
-             training: dict, data_hashes: dict, metrics: dict) -> Path:
+             training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
+             operating_points: dict | None = None) -> Path:
     """Write the head under `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
     if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
         raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
@@ -94,10 +137,14 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
     try:
         head.save(tmp / WEIGHTS)
         save_guard(guard, tmp / GUARD)
+        if scorer is not None:
+            scorer.save(tmp / SCORER)
         # hash array contents, not file bytes: zip (npz) entries carry write times
         digest = content_hash(np.ascontiguousarray(head.to_vector(), np.float32).tobytes(),
                               b"" if head.mean is None else head.mean.tobytes() + head.std.tobytes(),
                               guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
+                              b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
+                              json.dumps(operating_points, sort_keys=True, default=str),
                               json.dumps([head.activation, head.hidden_dim, agents, backbone, training, data_hashes],
                                          sort_keys=True, default=str))
         name = f"head-{_slug(backbone['id'])}-{digest[:10]}"
@@ -107,8 +154,11 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
             "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
-            "files": {"weights": WEIGHTS, "guard": GUARD, "reference": "reference.py"},
+            "files": {"weights": WEIGHTS, "guard": GUARD, "reference": "reference.py",
+                      **({"scorer": SCORER} if scorer is not None else {})},
         }
+        if operating_points is not None:
+            manifest["operating_points"] = operating_points
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
         shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
         for f in tmp.iterdir():
@@ -144,4 +194,7 @@ def load(path: str | Path) -> RegisteredHead:
         raise RouterLiteError(f"{gf}: reference embeddings of shape {guard.X.shape} do not match dim {dim}")
     if manifest.get("best_single") not in names:
         raise RouterLiteError(f"{mf}: best_single {manifest.get('best_single')!r} is not one of the agents {names}")
-    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]))
+    scorer = None
+    if manifest.get("files", {}).get("scorer"):
+        scorer = Head.load(path / manifest["files"]["scorer"], d=dim, K=len(names), agents=names)
+    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]), scorer)

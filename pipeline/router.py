@@ -30,6 +30,9 @@ class RouterFit:
     curve: list[dict]
     metrics: dict  # held-out metrics (METRIC_KEYS) of the head with its OOD guard
     extra: dict = field(default_factory=dict)  # train fit, unguarded head, guard fire rate, routing report, ...
+    scorer: Head | None = None  # value scorer: predicted rewards, for the cost-aware operating points
+    operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.targets)
+    value: dict = field(default_factory=dict)  # held-out value report (pipeline.value.held_out_value)
 
 
 def validation_slice(ids: list[str], fraction: float = 0.2) -> np.ndarray:
@@ -83,8 +86,9 @@ def constant_head(like: Head, best: int) -> Head:
 
 
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
-               held_out: str = "test", cost_lambda: float = 0.0) -> RouterFit:
-    """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...)."""
+               held_out: str = "test", cost_lambda: float = 0.0, labels=None) -> RouterFit:
+    """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
+    (optional) the domain a user knows for it (the per-domain label router's input)."""
     agents, R, B, C = to_arrays(rewards)
     if len(X) != len(R):
         raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
@@ -100,6 +104,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     best = best_single_agent(R[tr], B[tr])
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
+    trained = head
     if gate["shipped"] != "head":
         head = constant_head(head, best)
     knn = KnnRouter().fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
@@ -120,5 +125,34 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
         "head_gain_ci": paired_gain_ci(picks, U_te, best),
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
     }
-    return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra)
+    value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
+    return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
+                     operating_points=value.pop("path"), value=value)
+
+
+def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
+                     labels, picks_te, knn_picks_te) -> dict:
+    """The value scorer, the λ path on validation (pipeline.targets) and the held-out value report."""
+    from pipeline.targets import operating_path
+    from pipeline.value import agent_costs, fit_value_scorer, held_out_value, label_router_metrics
+
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    fit_rows = va if va.any() else tr
+    R_eff = effective_rewards(R, B)
+    scorer, info = fit_value_scorer(trained, X[tr], R_eff[tr], X[fit_rows], R_eff[fit_rows])
+    cost = agent_costs(C[tr])
+    path = operating_path(scorer.scores(X[fit_rows]), guard.route(shipped.pick(X[fit_rows]), X[fit_rows], best),
+                          R_eff[fit_rows], C[fit_rows], cost, best, agents)
+    path["scorer"] = info
+    value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard)
+    rows = np.arange(int(te.sum()))
+    value["knn"] = float(R_eff[te][rows, knn_picks_te].mean())
+    if labels is not None:
+        labels = np.asarray(labels, dtype=object)
+        value["label_router"] = label_router_metrics(labels[tr], R_eff[tr], labels[te], R_eff[te], best, picks_te,
+                                                     agents)
+    value["head_minus_knn"] = paired_gain_ci(np.zeros(len(rows), np.int64),
+                                             np.column_stack([R_eff[te][rows, picks_te], R_eff[te][rows, knn_picks_te]]),
+                                             1)
+    return {"scorer": scorer, "path": path, **value}
 

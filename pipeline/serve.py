@@ -55,12 +55,14 @@ import numpy as np
 from pipeline.errors import RouterLiteError
 from pipeline.http_server import LoopbackServer
 from pipeline.pool import AgentSpec, scrub
+from pipeline.targets import TARGET_FIELD, TARGET_HEADER, request_target
 
 log = logging.getLogger(__name__)
 
 FORWARDED_PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
                     "stream_options")
 MODEL_OWNER = "router-lite"
+MAX_TARGETS = 16  # distinct operating points served at once (one Router each)
 
 
 # ------------------------------------------------------------------------------------------------------ settings
@@ -72,6 +74,7 @@ class ServeSettings:
     max_batch: int = 32  # prompts per embedding batch
     upstream_timeout_s: float = 180.0
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
+    default_target: str | None = None  # operating point when a request names none (pipeline/targets.py)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_batch"):
@@ -356,7 +359,22 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
         log.warning("head %s was trained on backbone %s; serving with %s", registered.name, want_key, backbone.key)
     specs = resolve_agents(registered, agents)
     clients = [client_for(a) for a in specs]
-    router = Router(registered, backbone, settings)
+    default_point = registered.resolve_target(settings.default_target) if hasattr(registered, "resolve_target") \
+        else {"target": "max-quality", "lambda": 0.0}
+    router = Router(registered.at(settings.default_target) if hasattr(registered, "at") else registered, backbone,
+                    settings)
+    # one Router (own batching and decision cache) per operating point a request asks for; the default's is `router`
+    routers = {default_point["target"]: (router, default_point)}
+
+    def router_for(target: str | None):
+        name = default_point["target"] if target is None else target
+        if name not in routers:
+            if len(routers) >= MAX_TARGETS:
+                raise RequestError(400, f"too many distinct targets in use (max {MAX_TARGETS})", "invalid_target",
+                                   TARGET_FIELD)
+            view = registered.at(name)
+            routers[name] = (Router(view, backbone, settings), view.point)
+        return routers[name]
     head_name = registered.name
     model_obj = {"id": head_name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
     upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
@@ -397,7 +415,11 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
             body = await _read_body(request, settings.max_body_bytes)
             t0 = time.perf_counter()
             req = parse_chat_request(body, head_name, settings)
-            decision = await router.decide(req.text)
+            try:
+                chosen, point = router_for(request_target(request.headers, body, settings.default_target))
+            except RouterLiteError as exc:
+                raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+            decision = await chosen.decide(req.text)
         except RequestError as err:
             return _error_response(err)
         except Exception as exc:  # noqa: BLE001 - the embedder failed: a router error, not the client's
@@ -406,9 +428,10 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
                                                 type_="server_error"))
         spec, client = specs[decision.index], clients[decision.index]
         overhead_ms = (time.perf_counter() - t0) * 1000.0
-        info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood}
+        info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
+                "target": point["target"], "lambda": point["lambda"]}
         headers = {"X-Router-Head": head_name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
-                   "X-Router-OOD": "true" if decision.ood else "false",
+                   "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                    "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
         payload = {"model": spec.model, **req.upstream}
         try:
@@ -481,7 +504,8 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
                     await c.close()
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
-            router.close()
+            for r, _ in routers.values():
+                r.close()
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),

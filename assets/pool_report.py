@@ -1,0 +1,55 @@
+"""Lineage stage 3a: the pool report — is this pool complementary or quality-dominated? (pipeline/pool_report.py)"""
+import pandas as pd
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, MetadataValue, Output, asset, \
+    asset_check
+
+from assets.collection import reward_matrix
+from assets.router import prompt_embeddings, reward_embeddings, training_split
+from pipeline.io import atomic_write_json, atomic_write_text
+from pipeline.pool_report import WARNING, domain_column, labels_of, pool_report as build_report, report_markdown
+from pipeline.rewards import to_arrays
+from resources.storage import StorageResource
+
+
+def report_inputs(storage: StorageResource):
+    rewards = storage.read_asset("reward_matrix")
+    tasks = storage.read_asset("task_pool")
+    t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
+    return rewards, tasks, t
+
+
+@asset(deps=[reward_matrix, prompt_embeddings], group_name="router", io_manager_key="io_manager",
+       description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
+                   "domain, the verdict (quality-dominated or complementary) and the routable headroom "
+                   "(label router and kNN, 5-fold CV on the training split).")
+def pool_report(context: AssetExecutionContext, storage: StorageResource) -> Output[dict]:
+    rewards, tasks, t = report_inputs(storage)
+    agents, R, _, C = to_arrays(rewards)
+    col = domain_column(t)
+    split = training_split(rewards, tasks).to_numpy(dtype=object)
+    rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(storage, rewards),
+                       difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col)
+    md = report_markdown(rep)
+    atomic_write_text(md, storage.path("reports") / "pool_report.md")
+    atomic_write_json(rep, storage.path("reports") / "pool_report.json")
+    context.log.info("\n" + md)
+    h = rep["headroom"]
+    return Output(rep, metadata={
+        "verdict": rep["verdict"]["text"], "domain_column": col or "(none)",
+        "report": MetadataValue.md(md),
+        "by_domain": MetadataValue.md(pd.DataFrame(rep["by_domain"]).to_markdown(index=False, floatfmt=".3f")),
+        "by_difficulty": MetadataValue.md(pd.DataFrame(rep.get("by_difficulty", [])).to_markdown(
+            index=False, floatfmt=".3f")),
+        "label_router_cv_gain": h.get("label_router", {}).get("gain"),
+        "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
+    })
+
+
+@asset_check(asset=pool_report, description="Warns (does not fail) when one agent leads every domain: "
+                                            + WARNING + ".")
+def pool_is_complementary(pool_report: dict) -> AssetCheckResult:
+    v = pool_report["verdict"]
+    dominated = v["kind"] == "quality-dominated"
+    return AssetCheckResult(passed=not dominated, severity=AssetCheckSeverity.WARN,
+                            description=f"{v['text']}" + (f": {WARNING}" if dominated else ""),
+                            metadata={"verdict": v["text"]})
