@@ -2,6 +2,7 @@
 RouterBench-style replication per suite."""
 import base64
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from pipeline.pool import run_collect
 from pipeline.replication import replicate, table_markdown
 from pipeline.rewards import to_arrays
 from pipeline.suites import build_suite
+from pipeline.value import router_value, targets_markdown, value_line
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -47,7 +49,8 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path):
+def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
+              marks: dict | None = None):
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
@@ -55,7 +58,10 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     policies["trained head"] = reg.head.scores(X[te])
     table = policy_table(policies, R[te], C[te])
     table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
-    png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)")
+    if reg.scorer is not None:  # the operating points' scorer, λ-swept like the others
+        policies["router (value scorer)"] = reg.scorer.scores(X[te])
+    png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)",
+                        marks=marks)
     return table, png
 
 
@@ -79,9 +85,12 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     reports = storage.path("reports")
     md = [f"## Routed benchmark ({prof.name}, head {reg.name})", ""]
     per_question, meta = [], {}
+    target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.get("target")
+    point = reg.resolve_target(target)
+    md[0] += f", target {point['target']} (λ {point['lambda']:.4g})"
     for variant, bench in _variants(prof, storage.read_asset("task_pool")).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
-        picks, fired = reg.route(X)
+        picks, fired = reg.route(X, target)
         tasks = bench.rename(columns={"id": "task_id"}).assign(grader="mcq_letter")
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
         calls = run_collect(tasks, [specs[a] for a in agents], 0, log, pool.client_for, _settings(prof))
@@ -99,16 +108,29 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     rewards = storage.read_asset("reward_matrix")
     split = training_split(rewards, storage.read_asset("task_pool"))
     X = reward_embeddings(storage, rewards)
-    knn_k = json.loads(storage.asset_file("router_head", suffix=".json").read_text())["knn_k"]
-    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png")
-    md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology)", "",
+    head_summary = json.loads(storage.asset_file("router_head", suffix=".json").read_text())
+    knn_k = head_summary["knn_k"]
+    value = head_summary["value"]
+    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
+    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks)
+    aiq = dict(zip(table["policy"], table["aiq"]))
+    pool_file = reports / "pool_report.json"
+    verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
+    rv = router_value(prof.name, verdict, value, {"head": aiq.get("trained head"), "prior": aiq.get("prior"),
+                                                  "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")})
+    atomic_write_json(rv, reports / "router_value.json")
+    md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}; costs estimated)", "",
+          f"Pool verdict: {verdict}", "", value_line(value, "parity"), "", targets_markdown(value), ""] + md
+    md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
            table_markdown(prof.name, table), f"![frontier]({png.name})", ""]
     text = "\n".join(md)
     atomic_write_text(text, reports / "benchmark_report.md")
     atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
     context.log.info("\n" + text)
-    aiq = dict(zip(table["policy"], table["aiq"]))
     return Output(pd.concat(per_question, ignore_index=True), metadata={
+        "pool_verdict": verdict or "", "value_line": value_line(value, "parity"),
+        "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
+        "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
         "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),
         **{f"{v}_accuracy": s["accuracy"] for v, s in meta.items()},
         "aiq_trained_head": aiq.get("trained head"), "aiq_prior": aiq.get("prior"),

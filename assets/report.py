@@ -11,6 +11,12 @@ def _table(counts: dict) -> str:
 
 def print_summary(home: str, profile: str | None = None) -> None:
     root = Path(home).resolve()
+    verdict_file = root / "reports" / "pool_report.json"
+    if verdict_file.exists():  # first: which case the pool is in (pipeline/pool_report.py)
+        from pipeline.pool_report import WARNING
+
+        v = json.loads(verdict_file.read_text())["verdict"]
+        print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
     pool_file = root / "assets" / "task_pool" / "__all__.parquet"
     if pool_file.exists():
         from pipeline.task_pool import pool_counts
@@ -31,7 +37,13 @@ def print_summary(home: str, profile: str | None = None) -> None:
         if ci:
             print(f"  head − best single {ci['gain']:+.4f}, 95% paired bootstrap CI [{ci['low']:+.4f}, "
                   f"{ci['high']:+.4f}] (docs/training.md: how much of the headroom is routable)")
-    for name in ("baselines.md", "benchmark_report.md", "routerbench_replication.md"):
+        value = summary.get("value")
+        if value:
+            from pipeline.value import targets_markdown, value_line
+
+            print(f"\nOperating points on held-out test (costs estimated, USD per 1k queries):\n\n"
+                  f"{targets_markdown(value)}\n{value_line(value, 'parity')}")
+    for name in ("pool_report.md", "baselines.md", "benchmark_report.md", "routerbench_replication.md"):
         f = root / "reports" / name
         if f.exists():
             print(f"\n{f.read_text()}")

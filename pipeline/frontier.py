@@ -313,8 +313,10 @@ def baseline_policies(quality, cost, quality_train, models: list[str] | None = N
     return policies
 
 
-def plot_frontier(table_points: Mapping[str, object], path, title: str | None = None) -> Path:
-    """PNG of each policy's points and upper hull (cost on a log axis when all costs are positive)."""
+def plot_frontier(table_points: Mapping[str, object], path, title: str | None = None,
+                  marks: Mapping[str, tuple[float, float]] | None = None) -> Path:
+    """PNG of each policy's points and upper hull (cost on a log axis when all costs are positive); `marks` names
+    single (cost, quality) points to annotate, e.g. the router's named targets."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -336,6 +338,10 @@ def plot_frontier(table_points: Mapping[str, object], path, title: str | None = 
             h = upper_hull(p)
             ax.plot(h[:, 0], h[:, 1], marker=".", label=name, color=colour)
             ax.scatter(p[:, 0], p[:, 1], s=6, color=colour, alpha=0.35)
+        for name, (mc, mq) in (marks or {}).items():
+            ax.scatter([mc], [mq], marker="*", s=140, color="black", zorder=4)
+            ax.annotate(name, (mc, mq), textcoords="offset points", xytext=(6, -10), fontsize=8)
+            all_costs.append(np.array([mc]))
         costs = np.concatenate(all_costs) if all_costs else np.array([1.0])
         if np.all(costs > 0):
             ax.set_xscale("log")

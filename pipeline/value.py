@@ -167,3 +167,25 @@ def targets_markdown(value: dict) -> str:
     return (pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f", missingval="")
             + f"\n\nRouteLLM metrics, {bs['agent']} (strong) vs {value['weak']} (weak): APGR {fmt(value['apgr'])}, "
               f"CPT(50%) {fmt(value['cpt50'])}, CPT(80%) {fmt(value['cpt80'])} (n_test={value['n_test']})\n")
+
+
+ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
+                     "aiq", "label_router", "knn", "oracle", "n_test")
+TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
+
+
+def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict) -> dict:
+    """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries)."""
+    mq = value["targets"]["max-quality"]
+    lr = value.get("label_router")
+    return {
+        "profile": profile, "pool_verdict": pool_verdict,
+        "best_single": dict(value["best_single"]),
+        "max_quality": {"quality": mq["quality"], "ci_low": mq["ci_low"], "ci_high": mq["ci_high"],
+                        "gain": mq["gain"], "cost_per_1k": mq["cost_per_1k"]},
+        "targets": {name: {k: t[k] for k in TARGET_KEYS} for name, t in value["targets"].items()},
+        "apgr": value["apgr"], "cpt50": value["cpt50"], "cpt80": value["cpt80"],
+        "aiq": {k: aiq.get(k) for k in ("head", "prior", "hull", "knn")},
+        "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
+        "oracle": value["oracle"]["quality"], "n_test": value["n_test"],
+    }
