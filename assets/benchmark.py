@@ -91,7 +91,7 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     for variant, bench in _variants(prof, storage.read_asset("task_pool")).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
         picks, fired = reg.route(X, target)
-        tasks = bench.rename(columns={"id": "task_id"}).assign(grader="mcq_letter")
+        tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
         calls = run_collect(tasks, [specs[a] for a in agents], 0, log, pool.client_for, _settings(prof))
         res = score(bench, picks, fired, calls, agents)

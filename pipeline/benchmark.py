@@ -33,14 +33,15 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
         if gold not in LETTERS[:len(options)]:
             raise RouterLiteError(f"{where}: answer {gold!r} is not one of the {len(options)} option letters")
         out.append({"id": str(r.get("id", i)), "prompt": mcq_prompt(r["question"], options), "gold": gold,
-                    "group": str(r.get("group") or r.get("category") or r.get("difficulty") or "all")})
+                    "grader": "mcq_letter", "group": str(r.get("group") or r.get("category") or r.get("difficulty") or "all")})
     return pd.DataFrame(out)
 
 
 def benchmark_from_tasks(tasks: pd.DataFrame) -> pd.DataFrame:
-    """The demo benchmark: pool tasks (already in prompt form) as benchmark rows."""
+    """The demo benchmark: pool tasks (already in prompt form, with their grader) as benchmark rows."""
     return pd.DataFrame({"id": tasks["task_id"], "prompt": tasks["prompt"], "gold": tasks["gold"],
-                         "group": tasks["category"].where(tasks["category"] != "", tasks["difficulty"])})
+                         "group": tasks["category"].where(tasks["category"] != "", tasks["difficulty"]),
+                         "grader": tasks["grader"]})
 
 
 def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.DataFrame,

@@ -62,6 +62,12 @@ def load_profile(name: str | None = None) -> Profile:
         raise RouterLiteError(f"{path}: `sources` is empty; name at least one of {', '.join(SOURCES)}")
     tp = dict(raw.get("task_pool") or {})
     tp["ood_categories"] = tuple(tp.get("ood_categories") or ())
+    ood = tp.pop("ood", None)  # {column: C, values: [...]}: the general form of `ood_categories`
+    if ood is not None:
+        if not isinstance(ood, dict) or not ood.get("values") or tp["ood_categories"]:
+            raise RouterLiteError(f"{path}: task_pool.ood must be {{column: NAME, values: [...]}} (and replaces "
+                                  "ood_categories)")
+        tp["ood_column"], tp["ood_categories"] = str(ood.get("column", "category")), tuple(map(str, ood["values"]))
     try:
         pool_cfg = PoolConfig(**tp)
     except TypeError as exc:

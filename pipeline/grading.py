@@ -1,8 +1,13 @@
 """Answer extraction and grading of model replies (pure functions, no I/O).
 
-Extraction looks for the answer in decreasing order of explicitness: a tagged answer, a boxed answer, a labelled
-answer ("the answer is ..."), then a last-resort fallback (last number; for multiple choice only a final line that
-is a bare letter). Each stage is scanned from the end of the reply, because models often revise themselves.
+Extraction looks for the answer in decreasing order of explicitness: the `answer` field of a JSON object (the format
+the ZeroEval prompts ask for), a tagged answer, a boxed answer, a labelled answer ("the answer is ..."), then a
+last-resort fallback (last number; for multiple choice only a final line that is a bare letter). Each stage is
+scanned from the end of the reply, because models often revise themselves.
+
+Graders: `mcq_letter`, `integer`, `math_expression` (MATH-style equivalence) and `python_literal` (CRUXEval output
+prediction: both sides compared as Python literals with `==`, the semantics of CRUXEval's own `assert f(x) == pred`,
+when both parse with `ast.literal_eval`; else as whitespace-trimmed strings).
 """
 from __future__ import annotations
 
@@ -14,14 +19,21 @@ import sympy
 
 from pipeline.errors import RouterLiteError
 
-GRADERS = ("mcq_letter", "integer", "math_expression")
+GRADERS = ("mcq_letter", "integer", "math_expression", "python_literal")
 
 # Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
 _MAX_SYMPY_CHARS = 200
 _MAX_EXPONENT = 100
 _MAX_DIGITS = 30
+_MAX_NUMBER_CHARS = 400
+_SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
 _REL_TOL = 1e-9
 
+# an "answer" key of a JSON (or Python-dict style, single-quoted) object
+_JSON_KEY_RE = re.compile(r"""(["'])answer\1\s*:\s*""", re.I)
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "'": "'", "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+_JSON_LITERALS = {"true": "True", "false": "False", "null": "None"}
+_MAX_LITERAL_CHARS = 5000
 _TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.I | re.S)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 # "the answer is (X)", "Answer: X", "Final answer: X", "**Answer:** X", "**Answer**: X"
@@ -91,11 +103,80 @@ def _label_candidates(text: str) -> list[str]:
     return [text[m.end():].split("\n", 1)[0][:200] for m in _LABEL_RE.finditer(text)]
 
 
+def _json_string(text: str, i: int, quote: str) -> str | None:
+    """The string literal opening at text[i] (a quote), unescaped tolerantly: a backslash before a letter that starts
+    a LaTeX command (\\frac, \\times, \\nu: an escape letter followed by another letter) is kept as written, since
+    models often forget to double it; None when the string never closes."""
+    out, j = [], i + 1
+    while j < len(text):
+        ch = text[j]
+        if ch == quote:
+            return "".join(out)
+        if ch == "\\" and j + 1 < len(text):
+            nxt = text[j + 1]
+            if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[j + 2:j + 6]):
+                out.append(chr(int(text[j + 2:j + 6], 16)))
+                j += 6
+                continue
+            latex = nxt.isalpha() and text[j + 2:j + 3].isalpha()
+            out.append("\\" + nxt if latex or nxt not in _JSON_ESCAPES else _JSON_ESCAPES[nxt])
+            j += 2
+            continue
+        out.append(ch)
+        j += 1
+    return None
+
+
+def _json_raw(text: str, i: int) -> str | None:
+    """A non-string JSON value at text[i] (number, list, object, true/false/null), up to the `,`, `}` or line end
+    that closes it at bracket depth 0; JSON true/false/null read as Python's True/False/None."""
+    depth, j, quote = 0, i, None
+    while j < len(text):
+        ch = text[j]
+        if quote:
+            if ch == "\\":
+                j += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and ch in ",\n":
+            break
+        j += 1
+    raw = text[i:j].strip()
+    return _JSON_LITERALS.get(raw, raw) or None
+
+
+def _json_answers(text: str) -> list[str]:
+    """The value of every `"answer":` key in the reply, in order: fenced or bare JSON, trailing text allowed, LaTeX
+    backslashes tolerated; a single-quoted value is read only after a single-quoted key (a Python-style dict)."""
+    found = []
+    for m in _JSON_KEY_RE.finditer(text):
+        i = m.end()
+        if i >= len(text):
+            continue
+        quote = text[i] if text[i] in "\"'" else None
+        if quote == "'" and m.group(1) != "'":
+            quote = None
+        value = _json_string(text, i, quote) if quote else _json_raw(text, i)
+        if value == "" and quote:
+            value = quote * 2  # "answer": "" is the empty string (a CRUXEval output); no other grader accepts it
+        if value:
+            found.append(value)  # unstripped: a CRUXEval string output may begin or end with spaces
+    return found
+
+
 def _candidates(text: str) -> list[list[str]]:
     """Stages in priority order; each lists its candidates last-first (the last occurrence wins)."""
     tagged = [t.strip() for t in _TAG_RE.findall(text)]
     tagged = [(_boxed_contents(t) or [t])[-1] for t in tagged]  # a boxed answer inside the tag is the answer
-    return [tagged[::-1], _boxed_contents(text)[::-1], _label_candidates(text)[::-1]]
+    return [_json_answers(text)[::-1], tagged[::-1], _boxed_contents(text)[::-1], _label_candidates(text)[::-1]]
 
 
 def _strip_markup(s: str) -> str:
@@ -125,7 +206,7 @@ def _bare_letter_line(text: str) -> str | None:
 
 def _canonical_number(s: str) -> str | None:
     """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number."""
-    if not _PLAIN_NUMBER_RE.fullmatch(s):
+    if len(s) > _MAX_NUMBER_CHARS or not _PLAIN_NUMBER_RE.fullmatch(s):  # a runaway digit string is no answer
         return None
     try:
         d = Decimal(s)
@@ -170,7 +251,21 @@ def _last_number(text: str) -> str | None:
     return _canonical_number(numbers[-1]) if numbers else None
 
 
-_PARSERS = {"mcq_letter": _letter, "integer": _integer, "math_expression": _math}
+_ASSERT_PREFIX_RE = re.compile(r"^(?:assert\s+)?f\(.*\)\s*==\s*", re.S)
+
+
+def _literal_text(candidate: str) -> str | None:
+    """A predicted CRUXEval output as written: code fences/backticks and an `assert f(...) ==` prefix removed; outer
+    spaces are kept otherwise (a string output may begin or end with spaces, and the JSON field is itself a string)."""
+    c = candidate.strip()
+    c = re.sub(r"^```(?:python)?\s*|\s*```$", "", c).strip().strip("`").strip()
+    c = _ASSERT_PREFIX_RE.sub("", c, count=1).strip()
+    if c == candidate.strip():
+        return candidate if candidate else None
+    return c or None
+
+
+_PARSERS = {"mcq_letter": _letter, "integer": _integer, "math_expression": _math, "python_literal": _literal_text}
 
 
 def extract_answer(text: str, grader: str) -> str | None:
@@ -186,12 +281,15 @@ def extract_answer(text: str, grader: str) -> str | None:
                 return answer
     if grader == "mcq_letter":
         return _bare_letter_line(text)  # never guess from a stray letter in the reasoning
+    if grader == "python_literal":
+        return None  # an output literal is never guessed from the reasoning
     return _last_number(text)
 
 
 # ------------------------------------------------------------------------------------------ normalisation
 def normalize_math(s: str) -> str:
     """MATH-style canonical string: no spacing/sizing macros, units, degrees, %, \\text wrappers, 'x =' prefix."""
+    s = re.sub(r"[₀-₉]+", lambda m: "_" + m.group(0).translate(_SUBSCRIPT_DIGITS), s)  # 1112₃ -> 1112_3 (a base)
     s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s.strip())
     for token in _DROP_TOKENS:
         s = s.replace(token, "")
@@ -421,6 +519,41 @@ def _integer_equal(pred: str, gold: str) -> bool:
     return p is not None and p == g
 
 
+_NO_VALUE = object()
+
+
+def _py_literal(s: str):
+    if len(s) > _MAX_LITERAL_CHARS:
+        return _NO_VALUE
+    try:
+        return ast.literal_eval(s)
+    except Exception:  # SyntaxError, ValueError, MemoryError, RecursionError on odd text: not a literal
+        return _NO_VALUE
+
+
+def literal_equal(pred: str, gold: str) -> bool:
+    """CRUXEval outputs: equal as Python literals (`==`) when both parse, else equal as trimmed strings.
+
+    A gold string also matches its bare text, as value or as source between the quotes ('a\\nb' vs a\\nb): the JSON
+    `answer` field is itself a string, so `"answer": "abc"` gives the string abc without Python's quotes; and a
+    prediction wrapped in one pair of quotes that Python cannot parse ('it's') is compared by what they enclose."""
+    p, g = _py_literal(pred.strip()), _py_literal(gold.strip())
+    if p is not _NO_VALUE and g is not _NO_VALUE:
+        try:
+            if p == g:
+                return True
+        except Exception:  # comparisons of exotic literals: fall back to the text
+            pass
+    if isinstance(g, str):
+        quoted = gold.strip()
+        forms = {g, quoted[1:-1]} if quoted[:1] in "'\"" else {g}
+        s = pred.strip()
+        bare = {pred, s[1:-1]} if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else {pred}
+        if forms & bare:
+            return True
+    return pred.strip() == gold.strip()
+
+
 def grade(text: str | None, gold: str, grader: str) -> tuple[str | None, bool]:
     """(extracted answer, correct). An empty reply or one without an extractable answer is never correct."""
     _check_grader(grader)
@@ -431,4 +564,6 @@ def grade(text: str | None, gold: str, grader: str) -> tuple[str | None, bool]:
         return extracted, extracted == (_letter(str(gold)) or str(gold).strip().upper())
     if grader == "integer":
         return extracted, _integer_equal(extracted, str(gold))
+    if grader == "python_literal":
+        return extracted, literal_equal(extracted, str(gold))
     return extracted, math_equal(extracted, str(gold))

@@ -1,7 +1,9 @@
 """Replay pool: answers OpenAI chat-completions requests with real recorded model outputs.
 
-The recordings (`data/replay/mmlu_pro_outputs.parquet`, built by `data/build/build_replay.py` from the official
-TIGER-Lab MMLU-Pro outputs) map (model, prompt_hash) -> the text that model produced. The replay speaks the OpenAI
+The recordings map (model, prompt_hash) -> the text that model produced: `data/replay/mmlu_pro_outputs.parquet`
+(built by `data/build/build_replay.py` from the official TIGER-Lab MMLU-Pro outputs) and
+`data/replay/zeroeval_outputs.parquet` (built by `data/build/build_zeroeval.py` from ZeroEval's GSM8K / MATH level-5 /
+CRUXEval replies); the default store holds both (their model names do not overlap). The replay speaks the OpenAI
 protocol, so the collection code cannot tell it from a live provider:
 
 - `POST .../chat/completions`: the last user message is hashed with `prompts.prompt_hash`; the recorded text comes
@@ -42,6 +44,7 @@ from pipeline.prompts import prompt_hash
 CHARS_PER_TOKEN = 4
 STREAM_CHUNK_CHARS = 64
 RECORDINGS = "replay/mmlu_pro_outputs.parquet"
+RECORDING_FILES = (RECORDINGS, "replay/zeroeval_outputs.parquet")  # what the default store loads
 
 
 def data_dir() -> Path:
@@ -52,6 +55,12 @@ def data_dir() -> Path:
 
 def default_recordings_path() -> Path:
     return data_dir() / RECORDINGS
+
+
+def default_recordings_paths() -> list[Path]:
+    """Every bundled recordings file (the first one must exist; the others are loaded when present)."""
+    paths = [data_dir() / f for f in RECORDING_FILES]
+    return paths[:1] + [p for p in paths[1:] if p.exists()]
 
 
 def approx_tokens(text: str | None) -> int:
@@ -77,10 +86,17 @@ class ReplayStore:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "ReplayStore":
-        """Load the recordings Parquet (default: `data/replay/mmlu_pro_outputs.parquet` under `data_dir()`)."""
+        """Load one recordings Parquet, or (no path) every bundled one under `data_dir()` (`RECORDING_FILES`)."""
+        if path is None:
+            stores = [cls._load_one(p) for p in default_recordings_paths()]
+            records = {k: v for s in stores for k, v in s._texts.items()}
+            return cls(records, source=", ".join(s.source for s in stores))
+        return cls._load_one(Path(path))
+
+    @classmethod
+    def _load_one(cls, path: Path) -> "ReplayStore":
         import pyarrow.parquet as pq
 
-        path = Path(path) if path is not None else default_recordings_path()
         if not path.exists():
             raise RouterLiteError(
                 f"replay recordings not found: {path} (build them with `python data/build/build_replay.py`, "

@@ -29,7 +29,8 @@ class PoolConfig:
     balance: str = "domain_difficulty"  # or "category"
     stratify_column: str = "category"  # for balance="category"
     split: dict = field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22})
-    ood_categories: tuple = ()  # categories kept out of training entirely (split "test", ood=True)
+    ood_categories: tuple = ()  # values of `ood_column` kept out of training entirely (split "test", ood=True)
+    ood_column: str = "category"
 
     def __post_init__(self):
         if self.size <= 0:
@@ -121,7 +122,9 @@ def build_task_pool(tasks: pd.DataFrame, cfg: PoolConfig) -> pd.DataFrame:
     rng = np.random.default_rng(cfg.seed)
     balance = balance_domain_difficulty if cfg.balance == "domain_difficulty" else balance_category
     pool = balance(tasks, cfg, rng).sort_values("task_id").reset_index(drop=True)
-    pool["ood"] = pool["category"].isin(cfg.ood_categories) if cfg.ood_categories else False
+    if cfg.ood_categories and cfg.ood_column not in pool:
+        raise RouterLiteError(f"task_pool.ood column {cfg.ood_column!r} is not a task column")
+    pool["ood"] = pool[cfg.ood_column].astype(str).isin(cfg.ood_categories) if cfg.ood_categories else False
     strata = ["domain", "difficulty"] if cfg.balance == "domain_difficulty" else [cfg.stratify_column]
     inside = pool[~pool["ood"]]
     pool["split"] = "test"  # out-of-distribution tasks are only ever evaluated

@@ -240,6 +240,62 @@ def norm_rlpr(rows: Iterable[dict], where: str) -> list[dict]:
     return out
 
 
+# --- ZeroEval (yuchenlin/ZeroEval): the exact zero-shot JSON-answer prompts its models were sent ----------------
+# One bundled table holds the three tasks (data/build/build_zeroeval.py); each source keeps its own rows. The prompt
+# is used verbatim (the replay pool is keyed by its hash), never re-formatted.
+
+# MATH level-5 problems about geometric figures: an Asymptote drawing or a named figure in the text. A stated,
+# result-blind rule (the records carry no MATH subject label); the `demo` profile keeps this category out of training.
+_FIGURE_RE = re.compile(r"\[asy\]|\b(?:triangles?|circles?|semicircles?|polygons?|pentagons?|hexagons?|octagons?|"
+                        r"radius|radii|diameter|angles?|perimeter|trapezoids?|rectangles?|rhombus|parallelograms?|"
+                        r"cylinders?|cones?|spheres?|prisms?|pyramids?)\b", re.I)
+_CRUX_CODE_RE = re.compile(r"\[PYTHON\]\n(.*?)\nassert ", re.S)
+
+
+def _zeroeval(rows: Iterable[dict], where: str, task: str) -> list[tuple[int, dict, str]]:
+    picked = [r for r in rows if r.get("task") == task]
+    if not picked:
+        raise RouterLiteError(f"{where}: no rows with task {task!r} (expected the ZeroEval task table)")
+    return [(int(r.get("index", i)), r, f"{where}: {r.get('qid', f'{task} row {i}')}") for i, r in enumerate(picked)]
+
+
+def norm_zeroeval_gsm8k(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r, w in _zeroeval(rows, where, "gsm"):
+        gold = _need(r, "gold", w).lstrip("#").strip().replace(",", "")  # upstream stores "# 1,600"
+        steps = r.get("solution_steps")
+        if steps is None or pd.isna(steps):
+            raise RouterLiteError(f"{w}: no solution_steps (the GSM8K reference-solution length sets difficulty)")
+        steps = int(steps)  # the rule of the `gsm8k` source: reference-solution steps
+        difficulty = "easy" if steps <= 2 else "medium" if steps <= 4 else "hard"
+        out.append(_task("zeroeval_gsm8k", "test", i, _need(r, "prompt", w), gold, "integer", "math", difficulty,
+                         r["qid"], "word_problem"))
+    return out
+
+
+def norm_zeroeval_math_l5(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r, w in _zeroeval(rows, where, "math-l5"):
+        category = "geometry" if _FIGURE_RE.search(_need(r, "question", w)) else "other"
+        out.append(_task("zeroeval_math_l5", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
+                         "math_expression", "math", "hard", r["qid"], category))  # MATH level 5 = hard
+    return out
+
+
+def norm_zeroeval_crux(rows: Iterable[dict], where: str) -> list[dict]:
+    out = []
+    for i, r, w in _zeroeval(rows, where, "crux"):
+        m = _CRUX_CODE_RE.search(_need(r, "question", w))
+        if not m:
+            raise RouterLiteError(f"{w}: no [PYTHON] function followed by an assertion in the question")
+        lines = len([ln for ln in m.group(1).split("\n") if ln.strip()])
+        # code length: the corpus terciles of function lines (def line included) are 5 and 6
+        difficulty = "easy" if lines <= 4 else "medium" if lines <= 6 else "hard"
+        out.append(_task("zeroeval_crux", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
+                         "python_literal", "reasoning", difficulty, r["qid"], "code_output"))
+    return out
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     key: str
@@ -258,6 +314,9 @@ SOURCES: dict[str, SourceSpec] = {s.key: s for s in [
     SourceSpec("mmlu", "knowledge", norm_mmlu, "mmlu/test.parquet", "cais/mmlu"),
     SourceSpec("mmlu_pro", "knowledge", norm_mmlu_pro, "mmlu_pro/test.parquet", "TIGER-Lab/MMLU-Pro"),
     SourceSpec("rlpr", "reasoning", norm_rlpr, None, "openbmb/RLPR-Evaluation"),
+    SourceSpec("zeroeval_gsm8k", "math", norm_zeroeval_gsm8k, "zeroeval/tasks.parquet"),
+    SourceSpec("zeroeval_math_l5", "math", norm_zeroeval_math_l5, "zeroeval/tasks.parquet"),
+    SourceSpec("zeroeval_crux", "reasoning", norm_zeroeval_crux, "zeroeval/tasks.parquet"),
 ]}
 
 
