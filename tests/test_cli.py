@@ -32,8 +32,12 @@ def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeyp
     rc = main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),
                "--generations", "5", "--out", str(tmp_path / "reg")])
     assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert KEYS <= set(out)
+    assert "**Pool verdict: " in captured.err and "Operating points (chosen on validation)" in captured.err
+    assert out["pool_verdict"].startswith(("quality-dominated", "complementary"))
+    assert {"max-quality", "parity", "quality>=0.98"} <= set(out["targets"])
     assert out["n_test"] == 128 and len(out["distribution"]) == 11
     head_dir = out["registered"]
     assert main(["route", "--head", head_dir, "Write a python function to reverse a list."]) == 0
@@ -42,6 +46,10 @@ def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeyp
                          cwd=head_dir, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     assert ref.stdout.split("\t")[0] == picked
+    assert main(["route", "--head", head_dir, "--target", "budget=0.001", "Write a python function."]) == 0
+    assert "target budget=0.001" in capsys.readouterr().err
+    assert main(["route", "--head", head_dir, "--target", "cheapest", "hi"]) == 2
+    assert "unknown target 'cheapest'" in capsys.readouterr().err
 
 
 def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys):

@@ -152,3 +152,56 @@ def test_head_without_operating_points_serves_only_max_quality(tmp_path):
     assert reg.route(np.zeros((1, 4), np.float32), "max-quality")[0].tolist() == [0]
     with pytest.raises(RouterLiteError, match="no operating points"):
         reg.route(np.zeros((1, 4), np.float32), "parity")
+
+
+class _Backbone:
+    """Embeds a prompt as the synthetic row named in it ("row 12" -> X[12])."""
+
+    def __init__(self, X):
+        self.X, self.dim, self.key, self.model_id, self.device = X, X.shape[1], "synthetic", "synthetic", "cpu"
+
+    def encode(self, texts):
+        return np.stack([self.X[int(t.split()[-1])] for t in texts])
+
+
+def test_serve_honours_the_target_per_request(tmp_path):
+    import httpx
+    import openai
+
+    from pipeline.pool import AgentSpec
+    from pipeline.serve import ServeSettings, build_app, serve_in_thread
+
+    fit, reg, X, cluster = _matrix_world(tmp_path)
+    fired = reg.guard.fires(X)
+    row = int(np.flatnonzero(~cluster & ~fired)[0])          # a cluster-B query: both agents right
+    specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
+             AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+
+    def client_for(agent):
+        def reply(request):
+            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": agent.model,
+                                             "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                                 "role": "assistant", "content": f"from {agent.model}"}}]})
+        return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
+                                  http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+
+    app = build_app(reg, _Backbone(X), specs, client_for, ServeSettings())
+    msg = [{"role": "user", "content": f"row {row}"}]
+    with serve_in_thread(app) as srv, httpx.Client(base_url=srv.base_url, timeout=30) as c:
+        r = c.post("/chat/completions", json={"messages": msg})
+        assert r.status_code == 200 and r.headers["x-router-agent"] == "expensive"
+        assert r.headers["x-router-target"] == "max-quality" and r.json()["router"]["lambda"] == 0
+        r = c.post("/chat/completions", json={"messages": msg}, headers={"X-Router-Target": "parity"})
+        assert r.headers["x-router-agent"] == "cheap" and r.json()["choices"][0]["message"]["content"] == \
+            "from small-model"
+        assert r.json()["router"]["target"] == "parity" and r.json()["router"]["lambda"] > 0
+        r = c.post("/chat/completions", json={"messages": msg, "router_target": "max-quality"},
+                   headers={"X-Router-Target": "parity"})            # the body field wins
+        assert r.headers["x-router-agent"] == "expensive"
+        r = c.post("/chat/completions", json={"messages": msg, "router_target": "cheapest"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_target"
+        assert "cheapest" in r.json()["error"]["message"]
+    app2 = build_app(reg, _Backbone(X), specs, client_for, ServeSettings(default_target="parity"))
+    with serve_in_thread(app2) as srv, httpx.Client(base_url=srv.base_url, timeout=30) as c:
+        r = c.post("/chat/completions", json={"messages": msg})
+        assert r.headers["x-router-agent"] == "cheap" and r.headers["x-router-target"] == "parity"
