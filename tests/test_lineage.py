@@ -12,7 +12,7 @@ def test_every_stage_materialised_and_checks_pass(smoke_home):
     home, dagster_home = smoke_home
     inst = DagsterInstance.from_config(str(dagster_home))
     for key in ["task_pool", "agent_pool", "preflight", "reward_matrix", "baselines", "prompt_embeddings",
-                "router_head", "registered_head", "benchmark_report"]:
+                "pool_report", "router_head", "registered_head", "benchmark_report"]:
         assert inst.get_latest_materialization_event(AssetKey(key)) is not None, key
     pool = pd.read_parquet(home / "assets" / "task_pool" / "__all__.parquet")
     assert len(pool) == 300
@@ -55,3 +55,23 @@ def test_benchmark_report_routes_with_real_replies(smoke_home):
     assert {"trained head", "prior", "individual hull", "oracle", "random", "kNN router"} <= policies
     assert (home / "reports" / "frontier_smoke.png").stat().st_size > 10_000
     assert (home / "reports" / "replication_mmlu-pro-outputs.csv").exists()
+
+
+def test_router_value_and_pool_report(smoke_home):
+    from pipeline.value import ROUTER_VALUE_KEYS, TARGET_KEYS
+
+    home, _ = smoke_home
+    rv = json.loads((home / "reports" / "router_value.json").read_text())
+    assert tuple(rv) == ROUTER_VALUE_KEYS
+    assert rv["profile"] == "smoke" and rv["pool_verdict"].startswith(("quality-dominated", "complementary"))
+    assert set(rv["best_single"]) == {"agent", "quality", "cost_per_1k"}
+    assert set(rv["max_quality"]) == {"quality", "ci_low", "ci_high", "gain", "cost_per_1k"}
+    assert {"max-quality", "parity", "quality>=0.98"} <= set(rv["targets"])
+    for t in rv["targets"].values():
+        assert tuple(t) == TARGET_KEYS and abs(sum(t["shares"].values()) - 1) < 1e-9
+    assert set(rv["aiq"]) == {"head", "prior", "hull", "knn"}
+    assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
+    rep = json.loads((home / "reports" / "pool_report.json").read_text())
+    assert rep["verdict"]["text"] == rv["pool_verdict"]
+    manifest = registry.load(json.loads((home / "registry" / "latest.json").read_text())["path"]).manifest
+    assert manifest["operating_points"]["points"][0]["lambda"] == 0

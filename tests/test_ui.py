@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINEAGE = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "reward_matrix", "baselines",
-           "prompt_embeddings", "router_head", "registered_head", "benchmark_report", "routerbench_replication"}
+           "prompt_embeddings", "pool_report", "router_head", "registered_head", "benchmark_report", "routerbench_replication"}
 
 ASSET_GRAPH = "{ assetNodes { assetKey { path } dependencyKeys { path } pools } }"
 REPORT = """{ assetOrError(assetKey: {path: ["benchmark_report"]}) {
