@@ -119,8 +119,10 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     rv = router_value(prof.name, verdict, value, {"head": aiq.get("trained head"), "prior": aiq.get("prior"),
                                                   "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")})
     atomic_write_json(rv, reports / "router_value.json")
+    models = {a["name"]: a["model"] for a in reg.agents}
+    line = value_line(value, "parity", models)
     md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}; costs estimated)", "",
-          f"Pool verdict: {verdict}", "", value_line(value, "parity"), "", targets_markdown(value), ""] + md
+          f"Pool verdict: {verdict}", "", line, "", targets_markdown(value), ""] + md
     md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
            table_markdown(prof.name, table), f"![frontier]({png.name})", ""]
     text = "\n".join(md)
@@ -128,7 +130,7 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
     context.log.info("\n" + text)
     return Output(pd.concat(per_question, ignore_index=True), metadata={
-        "pool_verdict": verdict or "", "value_line": value_line(value, "parity"),
+        "pool_verdict": verdict or "", "value_line": line,
         "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
         "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),

@@ -41,8 +41,14 @@ def print_summary(home: str, profile: str | None = None) -> None:
         if value:
             from pipeline.value import targets_markdown, value_line
 
+            latest = root / "registry" / "latest.json"
+            models = {}
+            if latest.exists():
+                manifest = Path(json.loads(latest.read_text())["path"]) / "manifest.json"
+                if manifest.exists():
+                    models = {a["name"]: a["model"] for a in json.loads(manifest.read_text())["agents"]}
             print(f"\nOperating points on held-out test (costs estimated, USD per 1k queries):\n\n"
-                  f"{targets_markdown(value)}\n{value_line(value, 'parity')}")
+                  f"{targets_markdown(value)}\n{value_line(value, 'parity', models)}")
     for name in ("pool_report.md", "baselines.md", "benchmark_report.md", "routerbench_replication.md"):
         f = root / "reports" / name
         if f.exists():

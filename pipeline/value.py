@@ -135,12 +135,14 @@ def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.
             "weak": agents[weak], **{k: rl[k] for k in ("apgr", "cpt50", "cpt80")}, "n_test": int(len(rows))}
 
 
-def value_line(value: dict, target: str = "parity") -> str:
-    """'parity: 0.82 (CI 0.80-0.84) at 48 % of gpt-4o's cost' for one target of a held-out value report."""
+def value_line(value: dict, target: str = "parity", models: dict | None = None) -> str:
+    """'parity: 0.82 (CI 0.80-0.84) at 48 % of gpt-4o's cost' for one target of a held-out value report
+    (`models`: agent name -> model name, to name the best single agent by its model)."""
     t = value["targets"].get(target)
     if t is None:
         return f"{target}: not evaluated"
     bs = value["best_single"]["agent"]
+    bs = (models or {}).get(bs, bs)
     ratio = "n/a" if t["cost_ratio"] is None else f"{100 * t['cost_ratio']:.0f} %"
     return (f"{target}: {t['quality']:.3f} (CI {t['ci_low']:.3f}-{t['ci_high']:.3f}) at {ratio} of {bs}'s cost "
             f"(best single {value['best_single']['quality']:.3f})")
