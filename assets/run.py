@@ -66,7 +66,8 @@ def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, 
                                  raise_on_error=True, run_config=QUIET)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
-                log(f"  check FAILED: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
+                level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"  # a warning is not a failure
+                log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
         log(f"[{stage}] {', '.join(keys)} done in {time.time() - t0:.1f}s")
         if upto and upto in keys:
             break

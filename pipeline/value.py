@@ -153,7 +153,8 @@ def targets_markdown(value: dict) -> str:
     import pandas as pd
 
     rows = []
-    for name, t in value["targets"].items():
+    order = {name: i for i, name in enumerate(REPORT_TARGETS)}  # the report's order (stored JSON sorts its keys)
+    for name, t in sorted(value["targets"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])):
         rows.append({"target": name, "λ": t["lambda"], "quality": t["quality"],
                      "95% CI": f"{t['ci_low']:.3f}-{t['ci_high']:.3f}",
                      "vs best single": f"{t['gain']:+.3f} [{t['gain_low']:+.3f}, {t['gain_high']:+.3f}]",
