@@ -56,10 +56,10 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     policies = baseline_policies(R[te], C[te], R[tr], agents)
     policies["kNN router"] = KnnRouter(k=knn_k).fit(X[tr], R[tr]).scores(X[te])
     policies["trained head"] = reg.head.scores(X[te])
-    table = policy_table(policies, R[te], C[te])
-    table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
     if reg.scorer is not None:  # the operating points' scorer, λ-swept like the others
         policies["router (value scorer)"] = reg.scorer.scores(X[te])
+    table = policy_table(policies, R[te], C[te])
+    table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
     png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)",
                         marks=marks)
     return table, png
@@ -116,7 +116,9 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     aiq = dict(zip(table["policy"], table["aiq"]))
     pool_file = reports / "pool_report.json"
     verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
-    rv = router_value(prof.name, verdict, value, {"head": aiq.get("trained head"), "prior": aiq.get("prior"),
+    # aiq.head: the cost–quality policy the head ships (its value scorer, λ-swept; the trained head without one)
+    rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (value scorer)", aiq.get("trained head")),
+                                                  "prior": aiq.get("prior"),
                                                   "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")})
     atomic_write_json(rv, reports / "router_value.json")
     models = {a["name"]: a["model"] for a in reg.agents}
