@@ -32,6 +32,7 @@ LEVERS = {
     "soft fitness": {"fitness": "soft"},
     "soft fitness + l2 10": {"fitness": "soft", "l2": 10.0},
     "ridge start only (0 generations)": {"generations": 0},
+    "ship gate at 0.9 confidence": {"ship_confidence": 0.9},
 }
 
 
@@ -71,10 +72,14 @@ def main() -> int:
     ap.add_argument("--levers", action="store_true", help="compare the training levers (chosen on validation)")
     ap.add_argument("--generations", type=int, default=60)
     ap.add_argument("--out", default=None, help="write the rows as JSON")
+    ap.add_argument("--only", default=None, help="run only the levers whose name contains this text")
     args = ap.parse_args()
     X, rewards, split, labels, name = pipeline_data() if args.data == "pipeline" else routerbench_data()
     rows = []
-    for lever, kw in (LEVERS if args.levers else {"default": {}}).items():
+    levers = LEVERS if args.levers else {"default": {}}
+    if args.only:
+        levers = {k: v for k, v in levers.items() if args.only in k}
+    for lever, kw in levers.items():
         cfg = TrainConfig(**{"generations": args.generations, "log_every": 0, **kw})
         fit = fit_router(X, rewards, split, cfg, labels=labels)
         v, g = fit.value, fit.extra["gate"]
