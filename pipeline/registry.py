@@ -85,7 +85,8 @@ class RegisteredHead:
         if lam > 0:
             from pipeline.targets import cost_aware_pick
 
-            picks = cost_aware_pick(self.scorer.scores(X), np.asarray(self.operating_points["agent_cost"]), lam)
+            picks = cost_aware_pick(self.scorer.scores(X), np.asarray(self.operating_points["agent_cost"]), lam,
+                                    self.operating_points.get("allowed"))
         else:
             picks = self.head.pick(X)
         picks[fired] = self.best_single

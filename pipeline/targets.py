@@ -88,14 +88,28 @@ def parse_target(text: str | None) -> Target:
 
 
 # ------------------------------------------------------------------------------------------------ picking
-def cost_aware_pick(pred: np.ndarray, agent_cost: np.ndarray, lam: float) -> np.ndarray:
-    """argmax_j pred[i, j] − λ·agent_cost[j], ties → the cheaper agent, then the lower index."""
+def cost_aware_pick(pred: np.ndarray, agent_cost: np.ndarray, lam: float, allowed=None) -> np.ndarray:
+    """argmax_j pred[i, j] − λ·agent_cost[j] over the `allowed` agents (None: all), ties → the cheaper agent,
+    then the lower index."""
     pred = np.asarray(pred, dtype=np.float64)
     c = np.asarray(agent_cost, dtype=np.float64)
     v = pred - float(lam) * c[None, :]
+    if allowed is not None:
+        v = np.where(np.asarray(allowed, dtype=bool)[None, :], v, -np.inf)
     vmax = v.max(axis=1, keepdims=True)
     cand = v >= vmax - 1e-12 * np.maximum(1.0, np.abs(vmax))
     return np.argmin(np.where(cand, c[None, :], np.inf), axis=1)
+
+
+def hull_agents(quality: np.ndarray, agent_cost: np.ndarray) -> np.ndarray:
+    """Mask of the agents on the upper cost–quality hull of the individual agents (mean quality vs mean cost):
+    an agent that a mixture of two others beats at its cost is left out of the cost-aware picks."""
+    from pipeline.frontier import upper_hull
+
+    q = np.asarray(quality, dtype=np.float64)
+    c = np.asarray(agent_cost, dtype=np.float64)
+    h = upper_hull(np.column_stack([c, q]))
+    return np.array([any(abs(c[j] - x) < 1e-15 and abs(q[j] - y) < 1e-12 for x, y in h) for j in range(len(q))])
 
 
 def lambda_grid(pred: np.ndarray, agent_cost: np.ndarray, n: int = 120) -> np.ndarray:
@@ -142,20 +156,21 @@ def point_stats(picks: np.ndarray, R_eff: np.ndarray, C: np.ndarray, best_single
 
 def operating_path(pred_val: np.ndarray, picks0_val: np.ndarray, R_eff_val: np.ndarray, C_val: np.ndarray,
                    agent_cost: np.ndarray, best_single: int, agents: list[str],
-                   lambdas: np.ndarray | None = None) -> dict:
+                   lambdas: np.ndarray | None = None, allowed=None) -> dict:
     """The λ path on validation: point 0 = max-quality (`picks0_val`, the shipped head), then one point per λ > 0
     of the cost-aware pick on `pred_val`; consecutive λ with identical picks are merged (the first λ kept)."""
     lams = lambda_grid(pred_val, agent_cost) if lambdas is None else np.asarray(lambdas, dtype=np.float64)
     points = [{"lambda": 0.0, **point_stats(picks0_val, R_eff_val, C_val, best_single, agents)}]
     last = None
     for lam in lams[lams > 0]:
-        picks = cost_aware_pick(pred_val, agent_cost, lam)
+        picks = cost_aware_pick(pred_val, agent_cost, lam, allowed)
         if last is not None and np.array_equal(picks, last):
             continue
         last = picks
         points.append({"lambda": float(lam), **point_stats(picks, R_eff_val, C_val, best_single, agents)})
     bs = point_stats(np.full(len(R_eff_val), best_single), R_eff_val, C_val, best_single, agents)
     return {"agents": list(agents), "agent_cost": [float(c) for c in agent_cost], "best_single": agents[best_single],
+            "allowed": None if allowed is None else [bool(a) for a in allowed],
             "best_single_validation": {"quality": bs["quality"], "ci_low": bs["ci_low"], "ci_high": bs["ci_high"],
                                        "cost_per_1k": bs["cost_per_1k"]},
             "n_validation": int(len(R_eff_val)), "points": points}

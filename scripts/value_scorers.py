@@ -23,7 +23,8 @@ from pipeline.frontier import aiq, upper_hull  # noqa: E402
 from pipeline.knn import KnnRouter  # noqa: E402
 from pipeline.rewards import to_arrays  # noqa: E402
 from pipeline.router import split_masks  # noqa: E402
-from pipeline.targets import REPORT_TARGETS, cost_aware_pick, operating_path, point_stats, resolve  # noqa: E402
+from pipeline.targets import (REPORT_TARGETS, cost_aware_pick, hull_agents, operating_path, point_stats,  # noqa: E402
+                              resolve)
 from pipeline.train import TrainConfig, effective_rewards, train_head  # noqa: E402
 from pipeline.value import agent_costs, fit_value_scorer  # noqa: E402
 
@@ -45,16 +46,22 @@ def main() -> int:
     cmin, cmax = 1000 * C[va].mean(axis=0).min(), 1000 * C[va].mean(axis=0).max()
     preds = {"ridge": (ridge.scores(X[va]), ridge.scores(X[te])), "knn": (knn.scores(X[va]), knn.scores(X[te]))}
     preds["mean(ridge, knn)"] = tuple((a + b) / 2 for a, b in zip(preds["ridge"], preds["knn"]))
+    hull = hull_agents(Re[tr].mean(axis=0), cost)
+    print("hull agents (train):", [a for a, h in zip(agents, hull) if h])
+    for k in list(preds):
+        preds[k + ", hull agents"] = preds[k]
     rows = []
     print(f"{name}: ridge alpha {info['alpha']}, knn k {knn.k}; best single {agents[best]}; "
           f"test best single {Re[te][:, best].mean():.4f} at {1000 * C[te][:, best].mean():.4f}/1k")
     for pname, (pv, pt) in preds.items():
-        path = operating_path(pv, np.full(int(va.sum()), best), Re[va], C[va], cost, best, agents)
+        allowed = hull if pname.endswith("hull agents") else None
+        path = operating_path(pv, np.full(int(va.sum()), best), Re[va], C[va], cost, best, agents, allowed=allowed)
         pts = np.array([[p["cost_per_1k"], p["quality"]] for p in path["points"]])
         val_aiq = aiq(upper_hull(pts), cmin, cmax)
         for t in REPORT_TARGETS[1:]:
             r = resolve(t, path)
-            picks = cost_aware_pick(pt, cost, r["lambda"]) if r["lambda"] > 0 else np.full(int(te.sum()), best)
+            picks = (cost_aware_pick(pt, cost, r["lambda"], allowed) if r["lambda"] > 0
+                     else np.full(int(te.sum()), best))
             s = point_stats(picks, Re[te], C[te], best, agents)
             rows.append({"scorer": pname, "val_aiq": val_aiq, "target": t, "lambda": r["lambda"],
                          "val_q": r["quality"], "val_cost": r["cost_per_1k"], "test_q": s["quality"],
