@@ -237,9 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=int, default=60)
     p.add_argument("--popsize", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--ship-confidence", type=float, default=0.0,
+    p.add_argument("--ship-confidence", type=float, default=0.9,
                    help="ship the head only if its validation gain over the best single agent is > 0 with this "
-                        "one-sided bootstrap confidence (0: any positive point gain)")
+                        "one-sided bootstrap confidence (0: any positive point gain; default 0.9)")
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
     p.add_argument("--max-seq-length", type=int, default=256)

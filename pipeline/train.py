@@ -98,10 +98,10 @@ class TrainConfig:
         Stop when the validation reward of the mean has not improved for this many generations (None = never).
     log_every = 10
         Log a progress line every this many generations (0 = silent).
-    ship_confidence = 0.0
+    ship_confidence = 0.9
         The ship gate (`pipeline.router.ship_gate`): the trained head replaces "always the best single agent" only
-        if its validation gain over that agent is positive (0, the default), or positive with this one-sided
-        confidence (paired bootstrap over the validation rows), e.g. 0.9 for a gate that ships less noise.
+        if its validation gain over that agent is positive with this one-sided confidence (paired bootstrap over
+        the validation rows; 0.9, the default, ships less noise), or positive at all with 0.
         A head that is not shipped is replaced by a constant head, whose cost–quality frontier is a single point.
     """
 
@@ -124,7 +124,7 @@ class TrainConfig:
     min_delta: float = 0.0
     patience: int | None = None
     log_every: int = 10
-    ship_confidence: float = 0.0
+    ship_confidence: float = 0.9
 
     def validate(self) -> None:
         if self.generations < 0:
