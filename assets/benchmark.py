@@ -21,6 +21,7 @@ from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import KnnRouter
 from pipeline.pool import run_collect
 from pipeline.replication import replicate, table_markdown
+from pipeline.rewards import cost_basis
 from pipeline.rewards import to_arrays
 from pipeline.suites import build_suite
 from pipeline.value import router_value, targets_markdown, value_line
@@ -29,7 +30,7 @@ from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
-SUITES = ["routerbench", "mmlu-pro-outputs"]
+SUITES = ["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]  # the last two: the active profile's own matrix
 suite_partitions = StaticPartitionsDefinition(SUITES)
 
 
@@ -95,6 +96,8 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
         calls = run_collect(tasks, [specs[a] for a in agents], 0, log, pool.client_for, _settings(prof))
         res = score(bench, picks, fired, calls, agents)
+        if variant == "test":
+            md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]
         res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
         s = res["summary"]
         md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "

@@ -12,7 +12,8 @@ from pipeline.errors import RouterLiteError
 from pipeline.io import atomic_write_text
 from pipeline.pool import CollectionSettings, load_agents, preflight as run_preflight, run_collect
 from pipeline.publish import publish_dataset
-from pipeline.rewards import baselines as compute_baselines, collection_totals, reward_matrix as build_matrix
+from pipeline.rewards import baselines as compute_baselines, collection_totals, cost_basis
+from pipeline.rewards import reward_matrix as build_matrix
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -225,7 +226,7 @@ def reward_matrix(context: AssetExecutionContext, pool: PoolResource, profile: P
     if len(matrix.incomplete):
         context.log.warning(f"{matrix.incomplete['task_id'].nunique()} tasks held back: an agent has only errors")
     return Output(matrix.rows, metadata={
-        "tasks": len(matrix.rows), "agents": MetadataValue.json(agents),
+        "tasks": len(matrix.rows), "agents": MetadataValue.json(agents), "cost_basis": cost_basis(calls),
         "tie_rate": float(matrix.rows["is_tie"].mean()), "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
         "dataset_dir": str(out),
     })
@@ -246,8 +247,10 @@ def baselines(context: AssetExecutionContext, reward_matrix: pd.DataFrame, profi
     pool = active_pool(context, pool, storage)
     split = reward_matrix[["task_id"]].merge(storage.read_asset("task_pool")[["task_id", "split"]], how="left")["split"]
     table = compute_baselines(reward_matrix, split)
-    totals = collection_totals(profile_calls(prof, pool, storage))
+    calls = profile_calls(prof, pool, storage)
+    totals = collection_totals(calls)
     md = (f"## Baselines ({prof.name}: {len(reward_matrix)} tasks, test n={int((split == 'test').sum())})\n\n"
+          + f"Cost column: mean USD per task; {cost_basis(calls)}.\n\n"
           + table.to_markdown(index=False, floatfmt=".3f")
           + "\n\n## Collection totals\n\n" + totals.to_markdown(index=False, floatfmt=".4f") + "\n")
     atomic_write_text(md, storage.path("reports") / "baselines.md")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from decimal import Decimal, InvalidOperation
 
 import sympy
@@ -526,7 +527,9 @@ def _py_literal(s: str):
     if len(s) > _MAX_LITERAL_CHARS:
         return _NO_VALUE
     try:
-        return ast.literal_eval(s)
+        with warnings.catch_warnings():  # "8.50x" makes the parser warn before it fails
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(s)
     except Exception:  # SyntaxError, ValueError, MemoryError, RecursionError on odd text: not a literal
         return _NO_VALUE
 

@@ -320,7 +320,8 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
     provider sends one (seconds or HTTP date; more than `max_retry_after_s` is not waited: the call ends as
     rate_limit), else exponential backoff with jitter. Returns the call fields:
     status (ok | empty | error), error_kind, error_message (secrets scrubbed), response_text, finish_reason,
-    prompt_tokens, completion_tokens, usage_source ("provider" | "estimated" = approx_tokens of the texts),
+    prompt_tokens, completion_tokens, usage_source ("provider" | "provider_estimate" = the provider's counts made by a
+    stated estimate, e.g. the replay's ceil(characters/4) | "estimated" = approx_tokens of the texts here),
     cost_usd (the provider's `usage.cost` when given, e.g. OpenRouter; else agent prices x tokens),
     latency_ms (of the last attempt), attempts, model. Tokens and cost are None for errors.
     """
@@ -365,7 +366,7 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
             text = fields["text"]
             usage = fields["usage"]
             pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
-            source = "provider"
+            source = "provider_estimate" if usage.get("token_count_method") else "provider"  # replay: estimates
             if pt is None or ct is None:
                 source = "estimated"
                 pt = approx_tokens(prompt) if pt is None else pt
@@ -552,6 +553,8 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
 # -------------------------------------------------------------------------------------------------- preflight
 PREFLIGHT_CALLS = 20
 PREFLIGHT_MAX_EMPTY_RATE = 0.05
+USABLE_USAGE = ("provider", "provider_estimate")  # token counts the provider returned (replay: by a stated method)
+ESTIMATED_USAGE = ("provider_estimate", "estimated")  # costs from these counts are estimates, and say so
 
 
 async def preflight_async(client_for: Callable[[AgentSpec], Any], agents: list[AgentSpec], prompts: list[str],
@@ -580,7 +583,7 @@ async def preflight_async(client_for: Callable[[AgentSpec], Any], agents: list[A
         answered = [c for c in calls if c["status"] != "error"]
         n_empty = sum(c["status"] == "empty" for c in calls)
         max_ct = max((c["completion_tokens"] or 0 for c in answered), default=0)
-        no_usage = sum(c["usage_source"] != "provider" or not c["prompt_tokens"] for c in answered)
+        no_usage = sum(c["usage_source"] not in USABLE_USAGE or not c["prompt_tokens"] for c in answered)
         reasons = []
         if errors:
             kinds = collections.Counter(c["error_kind"] for c in errors)

@@ -15,7 +15,8 @@ protocol, so the collection code cannot tell it from a live provider:
 
 Token counts are a deterministic approximation (no tokenizer download): `approx_tokens(text) = ceil(len(text) / 4)`
 (Unicode characters; OpenAI's "1 token ~ 4 characters of English" rule of thumb), 0 for empty text. `prompt_tokens`
-sums it over the content of every request message. When the recorded text is longer than `max_tokens`
+sums it over the content of every request message; `usage.token_count_method` says so, and the collection records
+such calls with `usage_source` "provider_estimate", so every cost derived from them is reported as estimated. When the recorded text is longer than `max_tokens`
 (or `max_completion_tokens`), it is cut to its first `4 * max_tokens` characters and `finish_reason` is "length", as a
 provider stops generating at the limit.
 
@@ -42,6 +43,7 @@ from pipeline.http_server import LoopbackServer
 from pipeline.prompts import prompt_hash
 
 CHARS_PER_TOKEN = 4
+TOKEN_COUNT_METHOD = "ceil(characters/4)"  # stated in every replayed `usage` (an extra key): the counts are estimates
 STREAM_CHUNK_CHARS = 64
 RECORDINGS = "replay/mmlu_pro_outputs.parquet"
 RECORDING_FILES = (RECORDINGS, "replay/zeroeval_outputs.parquet")  # what the default store loads
@@ -237,7 +239,7 @@ def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> R
         text, finish = truncate_to_tokens(text, max_tokens), "length"
     completion_tokens = approx_tokens(text)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}
+             "total_tokens": prompt_tokens + completion_tokens, "token_count_method": TOKEN_COUNT_METHOD}
     cid = "chatcmpl-replay-" + hashlib.sha256(f"{model}\n{h}".encode()).hexdigest()[:24]
     created = int(time.time())
     if not req.get("stream"):

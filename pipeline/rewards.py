@@ -125,12 +125,30 @@ def baselines(rewards: pd.DataFrame, split: pd.Series | None = None) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def costs_estimated(calls: pd.DataFrame) -> bool:
+    """True when any cost comes from estimated token counts (the replay's ceil(chars/4), or counted here)."""
+    from pipeline.pool import ESTIMATED_USAGE
+
+    return "usage_source" in calls and bool(calls["usage_source"].isin(ESTIMATED_USAGE).any())
+
+
+ESTIMATED_COST_NOTE = ("costs are ESTIMATED: replayed token counts = ceil(characters / 4) of prompt and reply "
+                       "(the recordings carry none) x public list prices (config/prices.yaml)")
+
+
+def cost_basis(calls: pd.DataFrame) -> str:
+    """One line saying what the costs of `calls` rest on (for metadata and reports)."""
+    return ESTIMATED_COST_NOTE if costs_estimated(calls) else "costs as reported by the provider, else list prices"
+
+
 def collection_totals(calls: pd.DataFrame) -> pd.DataFrame:
-    """Calls, cost, errors, empties per agent — what a collection run spent and how it went."""
+    """Calls, cost, errors, empties per agent — what a collection run spent and how it went. The cost column is
+    `est_cost_usd` when token counts were estimated (`costs_estimated`)."""
     answered = calls["status"] != "error"
     df = calls.assign(ok=calls["status"].eq("ok"), empty=calls["status"].eq("empty"), error=~answered,
                       right=np.where(answered, calls["correct"].eq(True).astype(float), np.nan),
                       cost=calls["cost_usd"].fillna(0.0))
     g = df.groupby("agent", sort=True)
     return pd.DataFrame({"calls": g.size(), "ok": g["ok"].sum(), "empty": g["empty"].sum(), "error": g["error"].sum(),
-                         "accuracy": g["right"].mean(), "cost_usd": g["cost"].sum()}).reset_index()
+                         "accuracy": g["right"].mean(),
+                         "est_cost_usd" if costs_estimated(calls) else "cost_usd": g["cost"].sum()}).reset_index()

@@ -2,8 +2,8 @@
 
 A suite is declared in `config/suites.yaml` with a kind:
 - `profile`: per-query quality and cost for K models with a train/test split (`Profile`). Builders:
-  `routerbench` (bundled data), `mmlu-pro-outputs` (our reward matrix + a price per question), `own` (any reward
-  matrix in our contract).
+  `routerbench` (bundled data), `mmlu-pro-outputs` / `zeroeval-outputs` (the active profile's reward matrix + a
+  price per question: the `mmlu_pro` / `demo` profile), `own` (any reward matrix in our contract).
 - `preference`: pairwise human preferences; declared only (see `build_preference` for the reduction we will use).
 - `raw`: task sources that become a profile through collection (task pool → graded calls → reward matrix → `own`).
 
@@ -415,23 +415,31 @@ def build_own(rewards: pd.DataFrame, tasks: pd.DataFrame | None = None, *, test_
     return profile_from_rewards(rewards, tasks, name="own", test_fraction=test_fraction)
 
 
-def build_mmlu_pro_outputs(
-    rewards: pd.DataFrame,
-    prices: Mapping[str, float],
-    tasks: pd.DataFrame | None = None,
-    *,
-    test_fraction: float = 0.3,
-) -> Profile:
-    """Our MMLU-Pro reward matrix (quality regraded from the recordings) + `prices` (agent → USD per question)."""
-    if prices is None:
-        raise RouterLiteError("suite 'mmlu-pro-outputs' needs prices: a mapping agent -> USD per question")
-    profile = profile_from_rewards(rewards, tasks, name="mmlu-pro-outputs", prices=prices, test_fraction=test_fraction)
-    profile.meta["source"] = "MMLU-Pro reward matrix (TIGER-Lab official outputs, regraded) + prices per question"
-    return profile
+def _recorded_matrix(name: str, source: str):
+    """Builder of a suite made from the active profile's reward matrix of replayed recordings + a price per question."""
+
+    def build(rewards: pd.DataFrame, prices: Mapping[str, float], tasks: pd.DataFrame | None = None, *,
+              test_fraction: float = 0.3) -> Profile:
+        if prices is None:
+            raise RouterLiteError(f"suite {name!r} needs prices: a mapping agent -> USD per question")
+        profile = profile_from_rewards(rewards, tasks, name=name, prices=prices, test_fraction=test_fraction)
+        profile.meta["source"] = source
+        return profile
+
+    build.__doc__ = f"{source} (suite {name!r})."
+    return build
+
+
+build_mmlu_pro_outputs = _recorded_matrix(
+    "mmlu-pro-outputs", "MMLU-Pro reward matrix (TIGER-Lab official outputs, regraded) + prices per question")
+build_zeroeval_outputs = _recorded_matrix(
+    "zeroeval-outputs", "ZeroEval reward matrix (GSM8K, MATH level 5, CRUXEval replies, regraded) + estimated prices "
+                        "per question (ceil(chars / 4) tokens x list price)")
 
 
 PROFILE_BUILDERS = {
     "routerbench": build_routerbench,
     "mmlu-pro-outputs": build_mmlu_pro_outputs,
+    "zeroeval-outputs": build_zeroeval_outputs,
     "own": build_own,
 }

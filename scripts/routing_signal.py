@@ -44,7 +44,7 @@ GATE_CONFIDENCES = (0.0, 0.9, 0.95)
 
 def demo_models() -> list[str]:
     cfg = yaml.safe_load((ROOT / "config/agents.yaml").read_text())
-    return [a["model"] for a in cfg["pools"]["demo"]["agents"]]
+    return [a["model"] for a in cfg["pools"]["mmlu_pro"]["agents"]]
 
 
 def load_rewards(models: list[str]) -> tuple[pd.DataFrame, np.ndarray]:

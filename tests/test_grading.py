@@ -1,3 +1,4 @@
+import json
 import time
 
 import pytest
@@ -262,3 +263,88 @@ def test_unparseable_latex_does_not_crash():
 
 def test_grade_returns_extracted_even_when_wrong():
     assert grade(r"\boxed{\frac{1}{3}}", "0.5", "math_expression") == (r"\frac{1}{3}", False)
+
+
+# ------------------------------------------------------------------------------ JSON answers (ZeroEval prompts)
+ZE_REPLY = '```json\n{\n    "reasoning": "16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 20? No.",\n    "answer": "18"\n}\n```'
+
+
+def test_json_answer_beats_labels_and_fences():
+    assert extract_answer(ZE_REPLY, "integer") == "18"
+    assert grade(ZE_REPLY, "18", "integer") == ("18", True)
+    # trailing text after the object, a bare number, no fence
+    assert extract_answer('{"reasoning": "x", "answer": 42}\nHope this helps! The answer is 7.', "integer") == "42"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"reasoning": "r", "answer": "\\\\frac{1}{2}"}', r"\frac{1}{2}"),  # properly escaped LaTeX
+    ('{"reasoning": "r", "answer": "\\frac{1}{2}"}', r"\frac{1}{2}"),    # \f not a form feed: a LaTeX command
+    ('{"reasoning": "r", "answer": "3\\sqrt{2}"}', r"3\sqrt{2}"),        # invalid JSON escape kept as written
+    ("{'reasoning': 'r', 'answer': '5'}", "5"),                           # Python-dict style quotes
+    ('{"answer": "x = 5"}', "x = 5"),
+])
+def test_json_answer_tolerant_parsing(text, expected):
+    assert extract_answer(text, "math_expression") == expected
+
+
+def test_json_answer_last_object_wins_and_placeholder_is_skipped():
+    text = '{"reasoning": "r", "answer": "12"}\nWait, correction:\n{"reasoning": "r2", "answer": "13"}'
+    assert extract_answer(text, "integer") == "13"
+    # a copied template placeholder is no number: the next stage decides
+    assert extract_answer('{"reasoning": "...", "answer": "___"} so \\boxed{7}', "integer") == "7"
+
+
+def test_json_answer_with_apostrophe_in_double_quoted_value():
+    text = '{"reasoning": "it\'s 2", "answer": "it\'s"}'
+    assert extract_answer(text, "python_literal") == "it's"
+
+
+def test_math_json_answer_equivalence_and_base_subscript():
+    assert grade('{"answer": "0.5"}', r"\frac{1}{2}", "math_expression")[1]
+    assert grade('{"answer": "1112112₃"}', "1112112_3", "math_expression")[1]  # unicode subscript base
+    assert not grade('{"answer": "12 or 13"}', "12", "math_expression")[1]  # not "first number equal"
+
+
+# ------------------------------------------------------------------------------ CRUXEval outputs (python_literal)
+@pytest.mark.parametrize("answer, gold", [
+    ('[1,2]', "[1, 2]"),                                   # spacing
+    ('{"l": 1, "t": 2}', "{'l': 1, 't': 2}"),              # JSON-style quotes, same dict
+    ("{3: 'A3', 1: 'A1'}", "{1: 'A1', 3: 'A3'}"),          # dict order does not matter (==)
+    ("8.50", "8.5"),
+    ("'nada'", "'nada'"),
+    ("nada", "'nada'"),                                    # the JSON string field holds the string itself
+    ("     7     ", "'     7     '"),                      # outer spaces of a string output are kept
+    ("t\\nZA", "'t\\nZA'"),                                # the gold's source text between its quotes
+    ("True", "True"),
+    ("(1, 'a')", "(1, 'a')"),
+])
+def test_python_literal_equal(answer, gold):
+    text = '{"reasoning": "r", "answer": ' + json.dumps(answer) + "}"
+    extracted, correct = grade(text, gold, "python_literal")
+    assert correct, (extracted, gold)
+
+
+@pytest.mark.parametrize("answer, gold", [
+    ("[1, 2, 3]", "[1, 2]"),
+    ("7", "'     7     '"),                                # spaces matter in a string output
+    ("'abc'", "'abd'"),
+    ("[1, 2", "[1, 2]"),                                   # no literal, different text
+    (")'", "')'"),
+])
+def test_python_literal_not_equal(answer, gold):
+    text = '{"reasoning": "r", "answer": ' + json.dumps(answer) + "}"
+    assert not grade(text, gold, "python_literal")[1]
+
+
+def test_python_literal_edge_forms():
+    assert grade('{"reasoning": "r", "answer": ""}', "''", "python_literal") == ('""', True)  # the empty string
+    assert grade('{"answer": [1, 2, 3]}', "[1, 2, 3]", "python_literal")[1]  # a JSON list, not a string
+    assert grade('{"answer": true}', "True", "python_literal")[1]  # JSON true is Python's True
+    assert grade("The output is:\n```python\nassert f('a') == [1, 2]\n```\nAnswer: assert f('a') == [1, 2]",
+                 "[1, 2]", "python_literal")[1]
+    # nothing labelled: no literal is guessed from the reasoning
+    assert grade("f returns [1, 2] I think", "[1, 2]", "python_literal") == (None, False)
+
+
+def test_runaway_digits_are_no_answer():
+    assert extract_answer("9" * 5000, "integer") is None

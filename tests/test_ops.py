@@ -113,16 +113,16 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
         # the schedule's tick: a pre-flight run tagged with the profile's wider pool
         with build_schedule_context(instance=inst) as ctx:
             requests = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(ctx).run_requests
-        assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "demo_wide"
+        assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "mmlu_pro_wide"
         pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(instance=inst, tags=requests[0].tags)
         assert pf.success
         preflight = pd.read_parquet(home / "assets" / "preflight" / "__all__.parquet")
-        assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"demo_wide"}
+        assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"mmlu_pro_wide"}
 
         # pre-flight done -> one collection run per source x repetition of the profile, same pool tag
         collect = defs.resolve_sensor_def(COLLECT_SENSOR)(_status_context(COLLECT_SENSOR, pf, inst))
         assert sorted(r.partition_key for r in collect) == ["0|mmlu_pro", "1|mmlu_pro", "2|mmlu_pro"]
-        assert all(r.tags[POOL_TAG] == "demo_wide" and r.tags[RECOLLECTION_TAG] == pf.run_id for r in collect)
+        assert all(r.tags[POOL_TAG] == "mmlu_pro_wide" and r.tags[RECOLLECTION_TAG] == pf.run_id for r in collect)
         job, refresh_sensor = defs.resolve_job_def(COLLECTION_JOB), defs.resolve_sensor_def(REFRESH_SENSOR)
         for i, req in enumerate(collect):
             res = job.execute_in_process(instance=inst, tags=req.tags, partition_key=req.partition_key)
@@ -130,7 +130,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
             refresh = refresh_sensor(_status_context(REFRESH_SENSOR, res, inst))
             if i < len(collect) - 1:
                 assert isinstance(refresh, SkipReason)  # waits for every partition of this re-collection
-        assert len(refresh) == 1 and refresh[0].tags[POOL_TAG] == "demo_wide"
+        assert len(refresh) == 1 and refresh[0].tags[POOL_TAG] == "mmlu_pro_wide"
 
         # ... then the downstream assets refresh, over the wider pool
         ref = defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=inst, tags=refresh[0].tags)
@@ -155,11 +155,11 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
 
 
 def test_a_tagged_stage_refuses_a_preflight_of_another_pool(smoke_home_copy):
-    """graded_calls tagged demo_wide while the latest pre-flight ran on demo: one clear error, no call made."""
+    """graded_calls tagged mmlu_pro_wide while the latest pre-flight ran on mmlu_pro: one clear error, no call made."""
     home = smoke_home_copy(drop=("calls",))
     defs = build_definitions(home=str(home), profile="smoke")
     res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(
-        partition_key="0|mmlu_pro", tags={POOL_TAG: "demo_wide"}, raise_on_error=False)
+        partition_key="0|mmlu_pro", tags={POOL_TAG: "mmlu_pro_wide"}, raise_on_error=False)
     assert not res.success
     failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
     assert "materialise `preflight` with the same tag first" in failure.step_failure_data.error.to_string()

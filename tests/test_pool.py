@@ -28,14 +28,22 @@ AGENTS = REPO / "config" / "agents.yaml"
 
 
 def test_pools_in_config():
-    demo = load_agents(AGENTS, "demo")
+    demo = load_agents(AGENTS, "demo")  # the ZeroEval default, by role
     assert [a.name for a in demo] == ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
-    assert [a.model for a in demo] == ["gemini-1.5-pro-002", "Meta-Llama-3_1-70B-Instruct", "gemini-1.5-flash-002",
-                                       "Mistral-7B-Instruct-v0.2", "mathstral-7B"]
+    assert [a.model for a in demo] == ["gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620", "gemini-1.5-pro",
+                                       "Meta-Llama-3.1-8B-Instruct", "deepseek-v2.5-0908"]
     assert all(a.provider == "replay" and a.price_out_per_mtok > 0 for a in demo)
     wide = load_agents(AGENTS, "demo_wide")
-    assert wide[:5] == demo and {a.model for a in wide[5:]} == {"Qwen1.5-72B-Chat", "Phi-3-mini-4k-instruct",
-                                                                "jamba-1.5-large"}
+    assert wide[:5] == demo and {a.model for a in wide[5:]} == {
+        "gpt-4o-mini-2024-07-18", "o1-mini-2024-09-12", "Meta-Llama-3.1-70B-Instruct", "Mistral-Large-2",
+        "Qwen2-72B-Instruct"}
+    mmlu = load_agents(AGENTS, "mmlu_pro")
+    assert [a.name for a in mmlu] == [a.name for a in demo]
+    assert [a.model for a in mmlu] == ["gemini-1.5-pro-002", "Meta-Llama-3_1-70B-Instruct", "gemini-1.5-flash-002",
+                                       "Mistral-7B-Instruct-v0.2", "mathstral-7B"]
+    mmlu_wide = load_agents(AGENTS, "mmlu_pro_wide")
+    assert mmlu_wide[:5] == mmlu and {a.model for a in mmlu_wide[5:]} == {"Qwen1.5-72B-Chat", "Phi-3-mini-4k-instruct",
+                                                                          "jamba-1.5-large"}
     pilot = load_agents(AGENTS, "pilot")
     assert [a.model for a in pilot] == ["openai/gpt-oss-120b", "deepseek/deepseek-v4-flash-0731",
                                         "google/gemma-3-27b-it", "mistralai/mistral-nemo",
@@ -131,7 +139,7 @@ def replay_prompts():
 def test_preflight_on_replay_pool_passes(replay_prompts):
     from resources.pool import PoolResource
 
-    res = PoolResource(kind="replay", pool="demo")
+    res = PoolResource(kind="replay", pool="mmlu_pro")
     agents = res.agents()
     res.check(agents)
     store = res.store()
@@ -185,11 +193,11 @@ def test_pool_resource_kinds(monkeypatch, tmp_path):
     assert PoolResource(kind="replay").client_for(agents[0]).max_retries == 0
 
 
-def test_collect_demo_pool_on_replay_matches_grading(replay_prompts, tmp_path):
+def test_collect_mmlu_pro_pool_on_replay_matches_grading(replay_prompts, tmp_path):
     from pipeline.grading import grade
     from resources.pool import PoolResource
 
-    res = PoolResource(kind="replay", pool="demo")
+    res = PoolResource(kind="replay", pool="mmlu_pro")
     agents = res.agents()
     prompts, golds = replay_prompts
     tasks = pd.DataFrame({"task_id": [f"mmlu_pro/test/{i:06d}" for i in range(20)], "prompt": prompts[:20],

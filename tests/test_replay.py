@@ -23,6 +23,9 @@ MODEL = "gemini-1.5-pro-002"
 DEMO = ["gemini-1.5-pro-002", "Meta-Llama-3_1-70B-Instruct", "gemini-1.5-flash-002", "Mistral-7B-Instruct-v0.2",
         "mathstral-7B"]
 WIDE = ["Qwen1.5-72B-Chat", "Phi-3-mini-4k-instruct", "jamba-1.5-large"]
+ZEROEVAL = ["gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620", "gemini-1.5-pro", "Meta-Llama-3.1-8B-Instruct",
+            "deepseek-v2.5-0908", "gpt-4o-mini-2024-07-18", "o1-mini-2024-09-12", "Meta-Llama-3.1-70B-Instruct",
+            "Mistral-Large-2", "Qwen2-72B-Instruct"]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,8 @@ def aclient(store, **kw):
 
 
 def test_store_contents(store):
-    assert set(DEMO + WIDE) == set(store.models())
-    assert len(store) > 90_000
+    assert set(DEMO + WIDE + ZEROEVAL) == set(store.models())  # the default store: every bundled recordings file
+    assert len(store) > 90_000 + 28_000
     df = pd.read_parquet(default_recordings_path())
     assert list(df.columns) == ["model", "question_id", "prompt_hash", "text"]
     assert not df.duplicated(["model", "prompt_hash"]).any()
@@ -75,6 +78,7 @@ def test_recorded_prompt_returns_recorded_text_with_usage(store, recorded):
         assert resp.usage.prompt_tokens == approx_tokens(r["prompt"]) > 0
         assert resp.usage.completion_tokens == approx_tokens(r["text"])
         assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+        assert resp.usage.model_extra["token_count_method"] == "ceil(characters/4)"  # the stated estimate
 
 
 def test_max_tokens_truncates_with_length(store, recorded):
@@ -119,6 +123,7 @@ def test_unknown_prompt_and_model_are_404_errors_never_wrong_answers(store, reco
     assert err.error_kind == "not_found" and err.correct is None and err.extracted is None
     assert df.iloc[0].response_text == recorded[0]["text"]
     assert isinstance(df.iloc[0].correct, bool) and df.iloc[0].cost_usd > 0
+    assert df.iloc[0].usage_source == "provider_estimate"  # replayed counts: costs reported as estimated
 
 
 def test_streaming_through_openai_client(store, recorded):
@@ -168,7 +173,7 @@ def test_loopback_server_plain_stream_models_and_errors(store, recorded):
         plain, text, models, one = asyncio.run(run())
     assert plain.choices[0].message.content == recorded[2]["text"] and plain.usage.prompt_tokens > 0
     assert text == recorded[3]["text"]
-    assert sorted(models) == sorted(DEMO + WIDE)
+    assert sorted(models) == sorted(DEMO + WIDE + ZEROEVAL)
     assert one["status"] == "error" and one["error_kind"] == "not_found"
 
 

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from pipeline.errors import RouterLiteError
-from pipeline.rewards import baselines, collection_totals, reward_matrix, to_arrays
+from pipeline.rewards import baselines, collection_totals, cost_basis, reward_matrix, to_arrays
 
 AGENTS = ["a", "b"]
 
@@ -70,3 +70,6 @@ def test_collection_totals():
     calls = pd.DataFrame([_call("t1", "a", 0), _call("t1", "a", 1, status="error"), _call("t1", "b", 0, status="empty")])
     t = collection_totals(calls).set_index("agent")
     assert t.loc["a", "error"] == 1 and t.loc["a", "accuracy"] == 1.0 and t.loc["b", "empty"] == 1
+    assert "cost_usd" in t.columns and "estimated" not in cost_basis(calls)
+    est = calls.assign(usage_source="provider_estimate")  # replayed token counts
+    assert "est_cost_usd" in collection_totals(est).columns and "ESTIMATED" in cost_basis(est)

@@ -1,6 +1,6 @@
 """The router endpoint (pipeline/serve.py) on loopback, with the `openai` SDK as the client, against the replay pool.
 
-A head is trained here in seconds: MiniLM embeddings of 100 real MMLU-Pro prompts recorded for all five demo
+A head is trained here in seconds: MiniLM embeddings of 100 real MMLU-Pro prompts recorded for all five mmlu_pro
 models, rewards = whether each model's recorded reply is correct, a few CMA-ES generations; then registered and
 loaded like any head.
 """
@@ -40,7 +40,7 @@ SECRET = "sk-test-SECRET-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def pool():
-    return PoolResource(kind="replay", pool="demo")
+    return PoolResource(kind="replay", pool="mmlu_pro")
 
 
 @pytest.fixture(scope="module")

@@ -103,7 +103,8 @@ def test_data_dir_override(tmp_path, monkeypatch):
 def test_registry_lists_kinds():
     suites = S.load_suites()
     assert {n: s.kind for n, s in suites.items()} == {
-        "routerbench": "profile", "mmlu-pro-outputs": "profile", "own": "profile",
+        "routerbench": "profile", "mmlu-pro-outputs": "profile", "zeroeval-outputs": "profile",
+        "own": "profile",
         "chatbot-arena": "preference", "task-sources": "raw",
     }
 
@@ -163,11 +164,13 @@ def test_own_suite_without_tasks_uses_stable_hash_split():
     assert set(a.split) <= {"train", "test"} and a.meta["query_text"] == "absent"
 
 
-def test_mmlu_pro_outputs_uses_prices():
-    p = S.build_suite("mmlu-pro-outputs", rewards=_rewards(), prices={"a": 0.004, "b": 0.0005})
+@pytest.mark.parametrize("suite", ["mmlu-pro-outputs", "zeroeval-outputs"])
+def test_recorded_matrix_suites_use_prices(suite):
+    p = S.build_suite(suite, rewards=_rewards(), prices={"a": 0.004, "b": 0.0005})
     np.testing.assert_allclose(p.cost, [[0.004, 0.0005]] * 2)
+    assert p.name == suite
     with pytest.raises(RouterLiteError, match=r"prices lack agents \['b'\]"):
-        S.build_suite("mmlu-pro-outputs", rewards=_rewards(), prices={"a": 0.004})
+        S.build_suite(suite, rewards=_rewards(), prices={"a": 0.004})
 
 
 def test_reward_matrix_errors_name_the_input():

@@ -51,7 +51,7 @@ def test_planted_duplicate_fails_the_check(home):
 
 
 def test_missing_upstream_partition_is_a_clear_error(tmp_path):
-    res = build_resources(str(tmp_path), profile="demo")
+    res = build_resources(str(tmp_path), profile="mmlu_pro")
     result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res, raise_on_error=False)
     assert not result.success
     err = str(result.all_events)

@@ -32,7 +32,8 @@ def test_every_bundled_source_loads_and_normalises(all_tasks, key):
 def test_expected_sizes(all_tasks):
     sizes = {k: len(v) for k, v in all_tasks.items()}
     assert sizes == {"math500": 500, "gsm8k": 1319, "aime2025_i": 15, "aime2025_ii": 15, "arc_challenge": 1172,
-                     "mmlu": 14042, "mmlu_pro": 12032}
+                     "mmlu": 14042, "mmlu_pro": 12032,
+                     "zeroeval_gsm8k": 1319, "zeroeval_math_l5": 721, "zeroeval_crux": 800}
 
 
 def _row(df, **where):
@@ -131,8 +132,13 @@ def test_hub_path_through_datasets_load_dataset(tmp_path):
         load_source("mmlu", hub_id="no/such-dataset")
 
 
+PILOT_SOURCES = ("math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro")
+
+
 def _seed_pool(all_tasks, **kw):
-    return build_task_pool(pd.concat(all_tasks.values(), ignore_index=True), PoolConfig(**kw))
+    """The pilot profile's pool: its seven seed sources (not the ZeroEval copies)."""
+    seed = [v for k, v in all_tasks.items() if k in PILOT_SOURCES]
+    return build_task_pool(pd.concat(seed, ignore_index=True), PoolConfig(**kw))
 
 
 def test_seed_pool_balanced_and_split(all_tasks):
@@ -168,6 +174,61 @@ def test_demo_pool_stratified_by_category_with_ood(all_tasks):
     assert (got - full).abs().max() < 0.002
     assert (pool[pool["ood"]]["split"] == "test").all()
     assert set(pool[pool["ood"]]["category"]) == {"history", "philosophy"}
+
+
+def test_zeroeval_sources(all_tasks):
+    gsm, math, crux = (all_tasks[k] for k in ("zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"))
+    janet = _row(gsm, task_id="zeroeval_gsm8k/test/000000")
+    # the exact ZeroEval prompt (the replay's key), its gold "# 18" read as 18, the seed gsm8k's step rule
+    assert janet["prompt"].startswith("\n## Question: \n\nJanet") and '"answer": "___"' in janet["prompt"]
+    assert janet["gold"] == "18" and janet["grader"] == "integer" and janet["question_id"] == "gsm:gsm8k-main-test-#0"
+    seed = all_tasks["gsm8k"].set_index("task_id")["difficulty"]
+    assert (gsm["difficulty"].to_numpy() == seed.to_numpy()).all()  # same questions, same order, same rule
+    assert not gsm["gold"].str.contains(",").any()  # "# 1,600" -> 1600
+    assert set(math["difficulty"]) == {"hard"} and (math["grader"] == "math_expression").all()
+    assert set(math["category"]) == {"geometry", "other"} and (math["category"] == "geometry").sum() == 123
+    assert _row(math, task_id="zeroeval_math_l5/test/000000")["gold"] == "-15"
+    assert (crux["grader"] == "python_literal").all() and crux["domain"].eq("reasoning").all()
+    assert crux["difficulty"].value_counts().to_dict() == {"medium": 295, "easy": 265, "hard": 240}
+    first = _row(crux, task_id="zeroeval_crux/test/000000")
+    assert first["gold"] == "[(4, 1), (4, 1), (4, 1), (4, 1), (2, 3), (2, 3)]" and "def f(nums):" in first["prompt"]
+
+
+def test_zeroeval_prompts_are_recorded_for_all_ten_models(all_tasks):
+    from pipeline.prompts import prompt_hash
+    from pipeline.replay import ReplayStore
+
+    store = ReplayStore.load(data_dir() / "replay" / "zeroeval_outputs.parquet")
+    assert len(store.models()) == 10 and len(store) == 28_400
+    for key in ("zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"):
+        hashes = set(all_tasks[key]["prompt"].map(prompt_hash))
+        assert all(hashes <= store.hashes(m) for m in store.models()), key
+
+
+def test_zeroeval_pool_split_by_source_with_geometry_out_of_distribution(all_tasks):
+    tasks = pd.concat([all_tasks[k] for k in ("zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux")])
+    cfg = PoolConfig(size=2840, balance="category", stratify_column="source", ood_column="category",
+                     ood_categories=("geometry",), split={"train": 0.6, "validation": 0.2, "test": 0.2})
+    pool = build_task_pool(tasks, cfg)
+    assert len(pool) == 2840 and pool["ood"].sum() == 123
+    assert set(pool[pool["ood"]]["source"]) == {"zeroeval_math_l5"} and (pool[pool["ood"]]["split"] == "test").all()
+    inside = pool[~pool["ood"]]
+    for _, g in inside.groupby("source"):  # 60/20/20 inside every source
+        shares = g["split"].value_counts(normalize=True)
+        assert abs(shares["train"] - 0.6) < 0.01 and abs(shares["test"] - 0.2) < 0.01
+
+
+def test_profile_ood_rule(tmp_path, monkeypatch):
+    from pipeline.config import load_profile
+
+    demo = load_profile("demo")
+    assert demo.task_pool.ood_column == "category" and demo.task_pool.ood_categories == ("geometry",)
+    assert load_profile("mmlu_pro").task_pool.ood_categories == ("history", "philosophy")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "bad.yaml").write_text("sources: {gsm8k: {}}\ntask_pool: {ood: [geometry]}\n")
+    monkeypatch.setenv("ROUTER_LITE_CONFIG", str(tmp_path))
+    with pytest.raises(RouterLiteError, match="task_pool.ood must be"):
+        load_profile("bad")
 
 
 def test_duplicate_task_ids_rejected(all_tasks):
