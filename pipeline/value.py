@@ -167,7 +167,8 @@ def targets_markdown(value: dict) -> str:
     rows.append({"target": "oracle", "quality": orc["quality"], "$/1k (est.)": orc["cost_per_1k"],
                  "cost ratio": orc["cost_per_1k"] / bs["cost_per_1k"] if bs["cost_per_1k"] else None})
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-    return (pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f", missingval="")
+    df = pd.DataFrame(rows)
+    return (df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4f", missingval="")
             + f"\n\nRouteLLM metrics, {bs['agent']} (strong) vs {value['weak']} (weak): APGR {fmt(value['apgr'])}, "
               f"CPT(50%) {fmt(value['cpt50'])}, CPT(80%) {fmt(value['cpt80'])} (n_test={value['n_test']})\n")
 
