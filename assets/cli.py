@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from pipeline.errors import RouterLiteError
+from pipeline.errors import RouterLiteError, debug_enabled, one_line
 
 
 def cmd_run(args) -> int:
@@ -185,6 +185,8 @@ def cmd_serve(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="router-lite", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--debug", action="store_true",
+                    help="show the stack trace of a user error (default: one error line, exit code 2)")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
@@ -243,14 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        os.environ["ROUTER_LITE_DEBUG"] = "1"  # read by assets/run.py inside `run` too
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.fn(args)
-    except RouterLiteError as exc:
-        print(f"router-lite: error: {exc}", file=sys.stderr)
+    except RouterLiteError as exc:  # the user's error: one line naming the bad input, exit 2
+        if debug_enabled():
+            raise
+        print(f"router-lite: error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 
