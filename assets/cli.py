@@ -25,14 +25,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _read_frame(path: str):
-    import pandas as pd
-
-    from pipeline.tasks import read_table
-
-    return pd.DataFrame(read_table(__import__("pathlib").Path(path)))
-
-
 def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
@@ -43,17 +35,12 @@ def cmd_train(args) -> int:
     from pipeline.embed import Backbone, EmbeddingCache
     from pipeline.router import fit_router
     from pipeline.train import TrainConfig
+    from pipeline.validate import train_inputs
     from resources.backbone import resolve_device
     from resources.storage import default_home
 
-    rewards, tasks = _read_frame(args.rewards), _read_frame(args.tasks)
-    for col in ("task_id", "prompt", "split"):
-        if col not in tasks:
-            raise RouterLiteError(f"{args.tasks}: tasks file lacks column {col!r} (needs task_id, prompt, split)")
-    joined = rewards.merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
-    if joined["prompt"].isna().any():
-        missing = joined.loc[joined["prompt"].isna(), "task_id"].iloc[0]
-        raise RouterLiteError(f"{args.rewards}: task {missing!r} has no row in {args.tasks}")
+    # every input problem is one error naming file, row and field, before anything is embedded or written
+    rewards, _, joined = train_inputs(args.rewards, args.tasks, args.held_out_split)
     out = Path(args.out or Path(default_home()) / "registry")
     cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
                       popsize=args.popsize, seed=args.seed, ship_confidence=args.ship_confidence)
@@ -194,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
-    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL): task_id, agent_order, mean_reward, ...")
-    p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL): task_id, prompt, split")
+    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
+    p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
     p.add_argument("--held-out-split", default="test")
     p.add_argument("--hidden-dim", type=int, default=0)
     p.add_argument("--sigma0", type=float, default=0.5)
