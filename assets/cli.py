@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
+    p.add_argument("--wait-for-collection", action="store_true",
+                   help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
@@ -234,6 +236,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.debug:
         os.environ["ROUTER_LITE_DEBUG"] = "1"  # read by assets/run.py inside `run` too
+    if getattr(args, "wait_for_collection", False):
+        os.environ["ROUTER_LITE_COLLECT_WAIT"] = "true"  # read by the graded_calls step (pipeline/collect_lock.py)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
