@@ -145,7 +145,7 @@ def cmd_serve(args) -> int:
     reg = registry.load(args.head)
     profile = load_profile(args.profile)
     pool = PoolResource(kind=profile.pool.get("kind", "replay"), pool=profile.pool.get("name", "demo"),
-                        base_url=profile.pool.get("base_url"))
+                        base_url=profile.pool.get("base_url"), key_hosts=list(profile.pool.get("key_hosts") or []))
     agents = pool.agents()
     pool.check(agents)
     collection = CollectionSettings.from_dict(profile.collection)
