@@ -46,8 +46,8 @@ def _where(path, df: pd.DataFrame, i: int) -> str:
 
 
 def _list(value, path, df, i, field) -> list:
-    """A list field; CSV cells hold it as text ("[0.5, 1.0]")."""
-    if isinstance(value, str):
+    """A list field; CSV cells hold it as text ("[0.5, 1.0]"), other formats as a list."""
+    if isinstance(value, str) and str(path).lower().endswith(".csv"):
         text = value
         try:
             value = json.loads(text)
