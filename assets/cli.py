@@ -234,10 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.debug:
-        os.environ["ROUTER_LITE_DEBUG"] = "1"  # read by assets/run.py inside `run` too
-    if getattr(args, "wait_for_collection", False):
-        os.environ["ROUTER_LITE_COLLECT_WAIT"] = "true"  # read by the graded_calls step (pipeline/collect_lock.py)
+    # settings read deeper down (assets/run.py, the graded_calls step), for this command only
+    flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
+             "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None}
+    saved = {k: os.environ.get(k) for k, v in flags.items() if v}
+    os.environ.update({k: v for k, v in flags.items() if v})
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
@@ -249,6 +250,12 @@ def main(argv=None) -> int:
             raise
         print(f"router-lite: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 if __name__ == "__main__":
