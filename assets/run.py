@@ -40,7 +40,7 @@ def _run_config() -> tuple[dict, bool]:
     return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}, True
 
 
-_USER_ERROR = re.compile(r"^(?:[\w.]+\.)?RouterLiteError: ", re.S)
+_USER_ERROR = re.compile(r"^(?:[\w.]+\.)?RouterLiteError: ", re.DOTALL)
 
 
 def user_error(result) -> str | None:

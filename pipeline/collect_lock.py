@@ -15,9 +15,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.errors import RouterLiteError
 
@@ -52,7 +52,7 @@ def collection_lock(directory: str | Path, partition: str, wait: float | None = 
     """Hold the collection lock of the call log in `directory` (created if needed) for the `with` body."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fh = open(directory / LOCK_FILE, "a+")
+    fh = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 - held open for the lock's lifetime
     try:
         deadline = None if wait is None else time.monotonic() + wait
         while True:

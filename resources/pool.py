@@ -115,7 +115,7 @@ class PoolResource(ConfigurableResource):
     base_url: Optional[str] = None
     api_key: Optional[str] = Field(default=None, repr=False)
     api_key_env: str = OPENROUTER_KEY_ENV  # fallback when api_key is not set (openrouter / openai_compatible)
-    key_hosts: list[str] = []  # hosts (host or host:port) besides openrouter.ai that may receive the key
+    key_hosts: list[str] = Field(default_factory=list)  # hosts (host or host:port) besides openrouter.ai that may receive the key
     replay_path: Optional[str] = None  # default: data/replay/mmlu_pro_outputs.parquet under $ROUTER_LITE_DATA|data/
     timeout_s: float = 180.0
     app_title: str = "BenchGen Router Lite"  # OpenRouter attribution header (X-Title)

@@ -29,13 +29,13 @@ def log_rows(home):
 
 def test_lock_fails_fast_names_partition_and_pid_or_waits(tmp_path):
     with collection_lock(tmp_path / "log", "mmlu_pro repetition 0"):
-        with pytest.raises(RouterLiteError, match=rf"collection for mmlu_pro repetition 0 is running \(pid {os.getpid()}\)"):
-            with collection_lock(tmp_path / "log", "mmlu_pro repetition 0"):
-                pass
+        with pytest.raises(RouterLiteError, match=rf"collection for mmlu_pro repetition 0 is running \(pid {os.getpid()}\)"), \
+                collection_lock(tmp_path / "log", "mmlu_pro repetition 0"):
+            pass
         t0 = time.monotonic()
-        with pytest.raises(RouterLiteError, match=r"running \(pid \d+\) after waiting 0.5 s"):
-            with collection_lock(tmp_path / "log", "mmlu_pro repetition 0", wait=0.5):
-                pass
+        with pytest.raises(RouterLiteError, match=r"running \(pid \d+\) after waiting 0.5 s"), \
+                collection_lock(tmp_path / "log", "mmlu_pro repetition 0", wait=0.5):
+            pass
         assert time.monotonic() - t0 >= 0.5
     order = []
     held = threading.Event()

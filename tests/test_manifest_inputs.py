@@ -42,7 +42,7 @@ def test_weights_outside_the_head_directory_are_refused(head, tmp_path):
     outside = tmp_path / "elsewhere.safetensors"
     outside.write_bytes((head / "head.safetensors").read_bytes())
     for name in (str(outside), "../elsewhere.safetensors", "../../reg/" + head.name + "/head.safetensors"):
-        _edit(head, lambda m: m["files"].__setitem__("weights", name))
+        _edit(head, lambda m, name=name: m["files"].__setitem__("weights", name))
         with pytest.raises(RouterLiteError, match=r"manifest.json: files.weights .* must name a file directly inside"):
             registry.load(head)
 

@@ -61,18 +61,19 @@ def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
     shutil.copytree(REPO / "config", config)
     bad = jsonl(tmp_path / "bad.jsonl", [{**GOOD_PRO, "options": None}])
     prof = config / "profiles" / "smoke.yaml"
-    prof.write_text(prof.read_text().replace("mmlu_pro: {}", "mmlu_pro: {path: %s}" % bad))
+    prof.write_text(prof.read_text().replace("mmlu_pro: {}", f"mmlu_pro: {{path: {bad}}}"))
     env = {**os.environ, "ROUTER_LITE_CONFIG": str(config), "ROUTER_LITE_HOME": str(tmp_path / "home"),
            "DAGSTER_HOME": str(temp_instance_dir), "PYTHONPATH": str(REPO)}
     env.pop("ROUTER_LITE_LOG_LEVEL", None)
     env.pop("ROUTER_LITE_DEBUG", None)
     cmd = [sys.executable, "-m", "assets.cli", "run", "--profile", "smoke", "--upto", "source_tasks"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO,
+                       check=False)
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1, lines
     assert lines[0] == ("router-lite: error: source tasks (partition mmlu_pro): " + bad
                         + ": row 0: field 'options' must be a non-empty list of options, got NoneType 'None'")
     p = subprocess.run([sys.executable, "-m", "assets.cli", "--debug", *cmd[3:]], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+                       text=True, timeout=300, cwd=REPO, check=False)
     assert p.returncode != 0 and "Traceback" in p.stderr
