@@ -77,3 +77,29 @@ def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
     p = subprocess.run([sys.executable, "-m", "assets.cli", "--debug", *cmd[3:]], env=env, capture_output=True,
                        text=True, timeout=300, cwd=REPO, check=False)
     assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+def test_run_replays_step_warnings_and_finds_the_user_error():
+    """With Dagster's console silenced, a step's own warnings are still printed, and the RouterLiteError that failed
+    the run is found in its failure event (a bug is not taken for a user error)."""
+    from dagster import DagsterInstance, asset, materialize
+
+    from assets.run import _print_warnings, user_error
+
+    @asset
+    def shaky(context):
+        context.log.warning("pre-flight failed for agent x")
+        raise RouterLiteError("profile.yaml: bad thing\nsecond line")
+
+    @asset
+    def buggy():
+        return {}["missing"]
+
+    with DagsterInstance.ephemeral() as inst:
+        res = materialize([shaky], instance=inst, raise_on_error=False,
+                          run_config={"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}})
+        printed = []
+        _print_warnings(inst, res.run_id, printed.append)
+        assert printed == ["  warning: shaky: pre-flight failed for agent x"]
+        assert user_error(res) == "profile.yaml: bad thing\nsecond line"
+        assert user_error(materialize([buggy], instance=inst, raise_on_error=False)) is None
