@@ -127,6 +127,41 @@ def _letter(gold: str, n_options: int, where: str) -> str:
     return gold
 
 
+class _TrackedRows:
+    """The rows handed to a normaliser, remembering which one it is at (for an error naming the row)."""
+
+    def __init__(self, rows: list):
+        self.rows, self.at = rows, None
+
+    def __iter__(self):
+        for i, r in enumerate(self.rows):
+            self.at = i
+            yield r
+        self.at = None  # consumed whole (a normaliser that lists the rows first): the row is not known
+
+
+def normalise_checked(normalise: Callable[[Iterable[dict], str], list[dict]], rows: Iterable, where: str) -> list[dict]:
+    """`normalise(rows, where)` for rows from a file or hub a user may have got wrong: a row that is not an object,
+    or a field of the wrong shape that the normaliser trips over, is one RouterLiteError naming file, row and field
+    (never a raw KeyError / TypeError / AttributeError)."""
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise RouterLiteError(f"{where}: row {i} is not an object with named fields (got {type(r).__name__} "
+                                  f"{str(r)[:40]!r})")
+    tracked = _TrackedRows(rows)
+    try:
+        return normalise(tracked, where)
+    except RouterLiteError:
+        raise
+    except KeyError as exc:
+        what = f"no field {exc.args[0]!r}" if exc.args else "a missing field"
+    except (TypeError, AttributeError, ValueError, IndexError) as exc:
+        what = f"a field has the wrong type or value ({type(exc).__name__}: {exc})"
+    row = f"row {tracked.at}" if tracked.at is not None else "a row"
+    raise RouterLiteError(f"{where}: {row}: {what}")
+
+
 # --- per-source normalisers (difficulty rules are documented in docs/tasks.md) ----------------------------------
 
 def norm_math500(rows: Iterable[dict], where: str) -> list[dict]:
@@ -257,41 +292,6 @@ def norm_rlpr(rows: Iterable[dict], where: str) -> list[dict]:
         gold = _need({"answer": gold}, "answer", w)
         out.append(_task("rlpr", "test", i, math_prompt(prompt), gold, "math_expression", "reasoning", "hard", i))
     return out
-
-
-class _TrackedRows:
-    """The rows handed to a normaliser, remembering which one it is at (for an error naming the row)."""
-
-    def __init__(self, rows: list):
-        self.rows, self.at = rows, None
-
-    def __iter__(self):
-        for i, r in enumerate(self.rows):
-            self.at = i
-            yield r
-        self.at = None  # consumed whole (a normaliser that lists the rows first): the row is not known
-
-
-def normalise_checked(normalise: Callable[[Iterable[dict], str], list[dict]], rows: Iterable, where: str) -> list[dict]:
-    """`normalise(rows, where)` for rows from a file or hub a user may have got wrong: a row that is not an object,
-    or a field of the wrong shape that the normaliser trips over, is one RouterLiteError naming file, row and field
-    (never a raw KeyError / TypeError / AttributeError)."""
-    rows = list(rows)
-    for i, r in enumerate(rows):
-        if not isinstance(r, dict):
-            raise RouterLiteError(f"{where}: row {i} is not an object with named fields (got {type(r).__name__} "
-                                  f"{str(r)[:40]!r})")
-    tracked = _TrackedRows(rows)
-    try:
-        return normalise(tracked, where)
-    except RouterLiteError:
-        raise
-    except KeyError as exc:
-        what = f"no field {exc.args[0]!r}" if exc.args else "a missing field"
-    except (TypeError, AttributeError, ValueError, IndexError) as exc:
-        what = f"a field has the wrong type or value ({type(exc).__name__}: {exc})"
-    row = f"row {tracked.at}" if tracked.at is not None else "a row"
-    raise RouterLiteError(f"{where}: {row}: {what}")
 
 
 @dataclass(frozen=True)
