@@ -139,6 +139,12 @@ class _TrackedRows:
             yield r
         self.at = None  # consumed whole (a normaliser that lists the rows first): the row is not known
 
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):  # a normaliser may slice or index (the row is then not tracked)
+        return self.rows[index]
+
 
 def normalise_checked(normalise: Callable[[Iterable[dict], str], list[dict]], rows: Iterable, where: str) -> list[dict]:
     """`normalise(rows, where)` for rows from a file or hub a user may have got wrong: a row that is not an object,
