@@ -20,6 +20,7 @@ SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".csv")
 REWARD_COLUMNS = ("task_id", "agent_order", "mean_reward")
 TASK_COLUMNS = ("task_id", "prompt", "split")
 LIST_FIELDS = ("agent_order", "mean_reward", "mean_cost", "best_agents")
+LABEL_COLUMNS = ("source", "category", "domain", "difficulty")  # optional task labels, carried into `joined`
 
 
 def read_rows(path: str | Path, what: str) -> pd.DataFrame:
@@ -163,7 +164,9 @@ def train_inputs(rewards_path, tasks_path, held_out: str = "test"):
     `held_out` and 'train' among the splits of the rewarded tasks."""
     rewards = check_rewards(read_rows(rewards_path, "rewards"), rewards_path)
     tasks = check_tasks(read_rows(tasks_path, "tasks"), tasks_path)
-    joined = rewards.merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
+    # the tasks file is authoritative for what it holds (a published rewards dataset carries split and source too)
+    cols = ["task_id", "prompt", "split", *[c for c in LABEL_COLUMNS if c in tasks]]
+    joined = rewards.drop(columns=[c for c in cols[1:] if c in rewards]).merge(tasks[cols], on="task_id", how="left")
     if joined["prompt"].isna().any():
         i = int(joined["prompt"].isna().to_numpy().argmax())
         raise RouterLiteError(f"{rewards_path}: row {i + 1}: task {joined['task_id'].iloc[i]!r} has no row in "

@@ -144,3 +144,14 @@ def test_csv_and_parquet_files_train(files, capsys):
     a = json.loads((next(out.iterdir()) / "manifest.json").read_text())
     b = json.loads((next((files / "reg2").iterdir()) / "manifest.json").read_text())
     assert a["metrics"] == b["metrics"] and a["agents"] == b["agents"]
+
+
+def test_published_rewards_with_split_and_source_columns(files, capsys):
+    """A rewards file that also carries split/source (as the published rewards dataset does) trains; the tasks
+    file's values are the ones used."""
+    rows = [{**r, "split": "train", "source": "x"} for r in rewards_rows()]
+    r, t = write(files / "r.parquet", rows), write(files / "t.jsonl", tasks_rows())
+    rc, err, out = train(files, r, t, capsys=capsys)
+    assert rc == 0, err
+    manifest = json.loads((next(out.iterdir()) / "manifest.json").read_text())
+    assert manifest["metrics"]["n_test"] == 4
