@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from pipeline.errors import RouterLiteError
+from pipeline.errors import RouterLiteError, debug_enabled, one_line
 
 TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
                "quality), budget=USD per 1k queries, lambda=L")
@@ -32,14 +32,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _read_frame(path: str):
-    import pandas as pd
-
-    from pipeline.tasks import read_table
-
-    return pd.DataFrame(read_table(__import__("pathlib").Path(path)))
-
-
 def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
@@ -50,18 +42,12 @@ def cmd_train(args) -> int:
     from pipeline.embed import Backbone, EmbeddingCache
     from pipeline.router import fit_router
     from pipeline.train import TrainConfig
+    from pipeline.validate import train_inputs
     from resources.backbone import resolve_device
     from resources.storage import default_home
 
-    rewards, tasks = _read_frame(args.rewards), _read_frame(args.tasks)
-    for col in ("task_id", "prompt", "split"):
-        if col not in tasks:
-            raise RouterLiteError(f"{args.tasks}: tasks file lacks column {col!r} (needs task_id, prompt, split)")
-    label_cols = [c for c in ("source", "category", "domain", "difficulty") if c in tasks]
-    joined = rewards.merge(tasks[["task_id", "prompt", "split", *label_cols]], on="task_id", how="left")
-    if joined["prompt"].isna().any():
-        missing = joined.loc[joined["prompt"].isna(), "task_id"].iloc[0]
-        raise RouterLiteError(f"{args.rewards}: task {missing!r} has no row in {args.tasks}")
+    # every input problem is one error naming file, row and field, before anything is embedded or written
+    rewards, _, joined = train_inputs(args.rewards, args.tasks, args.held_out_split)
     out = Path(args.out or Path(default_home()) / "registry")
     cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
                       popsize=args.popsize, seed=args.seed, ship_confidence=args.ship_confidence)
@@ -192,7 +178,7 @@ def cmd_serve(args) -> int:
     reg.resolve_target(args.target)  # a bad default target fails before serving
     profile = load_profile(args.profile)
     pool = PoolResource(kind=profile.pool.get("kind", "replay"), pool=profile.pool.get("name", "demo"),
-                        base_url=profile.pool.get("base_url"))
+                        base_url=profile.pool.get("base_url"), key_hosts=list(profile.pool.get("key_hosts") or []))
     agents = pool.agents()
     pool.check(agents)
     collection = CollectionSettings.from_dict(profile.collection)
@@ -221,16 +207,20 @@ def cmd_serve(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="router-lite", description=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--debug", action="store_true",
+                    help="show the stack trace of a user error (default: one error line, exit code 2)")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
+    p.add_argument("--wait-for-collection", action="store_true",
+                   help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
-    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL): task_id, agent_order, mean_reward, ...")
-    p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL): task_id, prompt, split")
+    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
+    p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
     p.add_argument("--held-out-split", default="test")
     p.add_argument("--hidden-dim", type=int, default=0)
     p.add_argument("--sigma0", type=float, default=0.5)
@@ -283,15 +273,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # settings read deeper down (assets/run.py, the graded_calls step), for this command only
+    flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
+             "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None}
+    saved = {k: os.environ.get(k) for k, v in flags.items() if v}
+    os.environ.update({k: v for k, v in flags.items() if v})
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.fn(args)
-    except RouterLiteError as exc:
-        print(f"router-lite: error: {exc}", file=sys.stderr)
+    except RouterLiteError as exc:  # the user's error: one line naming the bad input, exit 2
+        if debug_enabled():
+            raise
+        print(f"router-lite: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
 """Lineage stage 2: agents → pre-flight → graded calls (source × repetition) → reward matrix → baselines."""
+import os
+
 import pandas as pd
 from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetsDefinition, MetadataValue,
                      MultiPartitionsDefinition, Output, StaticPartitionsDefinition, asset, asset_check)
@@ -6,6 +8,7 @@ from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, As
 from assets.partitions import source_partitions
 from assets.tasks import task_pool
 from pipeline.calls import CallLog, call_key
+from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
 from pipeline.regrade import regrade
 from pipeline.config import load_profile
 from pipeline.errors import RouterLiteError
@@ -22,6 +25,7 @@ MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 repetition_partitions = StaticPartitionsDefinition([str(r) for r in range(MAX_REPETITIONS)])
 collection_partitions = MultiPartitionsDefinition({"source": source_partitions, "repetition": repetition_partitions})
 REGRADE_TAG = "router_lite/regrade"
+COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 
 
@@ -152,12 +156,15 @@ def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: P
     tasks = tasks[tasks["source"] == source]
     agents = passed_agents(pool, storage)
     log = CallLog(storage.calls_dir(pool.kind, source, rep))
-    before = len(log.keys())
-    if context.run.tags.get(REGRADE_TAG) == "true":  # the regrade job: stored completions only, zero calls
-        calls = regrade_from_log(log, tasks, agents, rep, _settings(prof))
-    else:
-        calls = run_collect(tasks, agents, rep, log, pool.client_for, _settings(prof))
-    made = len(log.keys()) - before
+    # one collection per call log at a time (pipeline/collect_lock.py): a second run fails now, or waits when asked
+    wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
+    with collection_lock(log.directory, f"{source} repetition {rep}", wait):
+        before = len(log.keys())
+        if context.run.tags.get(REGRADE_TAG) == "true":  # the regrade job: stored completions only, zero calls
+            calls = regrade_from_log(log, tasks, agents, rep, _settings(prof))
+        else:
+            calls = run_collect(tasks, agents, rep, log, pool.client_for, _settings(prof))
+        made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")
     # checks run inside the step: a check outside it would load every partition of this asset

@@ -22,7 +22,8 @@ def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
     cfg = load_profile(profile or None).pool
     kind = cfg.get("kind", "replay")
     key = {"api_key": EnvVar(OPENROUTER_KEY_ENV)} if kind == "openrouter" else {}
-    return PoolResource(kind=kind, pool=pool or cfg.get("name", "demo"), base_url=cfg.get("base_url"), **key)
+    return PoolResource(kind=kind, pool=pool or cfg.get("name", "demo"), base_url=cfg.get("base_url"),
+                        key_hosts=list(cfg.get("key_hosts") or []), **key)
 
 
 def build_resources(home: str | None = None, profile: str = "") -> dict:

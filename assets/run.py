@@ -3,7 +3,9 @@
 Partitioned stages run one Dagster run per partition (exactly what a UI backfill does); unpartitioned stages run
 together. Runs land in the instance under DAGSTER_HOME, so `make ui` shows them afterwards.
 """
+import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 from dagster import MultiPartitionKey
 
 from pipeline.config import load_profile
+from pipeline.errors import RouterLiteError, debug_enabled
 
 # (stage name, asset keys, partitioning: None | "source" | "source_x_repetition" | "suite")
 STAGES = [
@@ -26,6 +29,49 @@ STAGES = [
 
 # the console shows our stage lines and warnings; every event is still in the instance (and the UI)
 QUIET = {"loggers": {"console": {"config": {"log_level": os.environ.get("ROUTER_LITE_LOG_LEVEL", "WARNING")}}}}
+
+
+def _run_config() -> tuple[dict, bool]:
+    """(run config, whether we replay the runs' warnings ourselves). Dagster's console logger prints a failed step
+    with its whole stack trace; outside --debug (and without an explicit ROUTER_LITE_LOG_LEVEL) it is silenced and
+    `run_lineage` prints the warnings itself and turns a failure into one error line."""
+    if debug_enabled() or os.environ.get("ROUTER_LITE_LOG_LEVEL"):
+        return QUIET, False
+    return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}, True
+
+
+_USER_ERROR = re.compile(r"^(?:[\w.]+\.)?RouterLiteError: ", re.DOTALL)
+
+
+def user_error(result) -> str | None:
+    """The message of the RouterLiteError (the user's error) that failed a run, from its failure events; None when
+    the run failed for another reason (a bug, whose trace stays in the event log)."""
+    for event in result.all_events:
+        err = getattr(event.event_specific_data, "error", None)
+        while err is not None:
+            if err.cls_name == "RouterLiteError":
+                return _USER_ERROR.sub("", err.message.strip(), count=1)
+            err = err.cause or err.context
+    return None
+
+
+def _failure(result, stage: str, pk) -> Exception:
+    where = f"{stage}" + (f" (partition {pk})" if pk is not None else "")
+    msg = user_error(result)
+    if msg is not None:
+        return RouterLiteError(f"{where}: {msg}")
+    for event in result.all_events:  # not a user error: the whole trace, as Dagster recorded it
+        err = getattr(event.event_specific_data, "error", None)
+        if err is not None:
+            return RuntimeError(f"{where} failed (run {result.run_id}):\n{err.to_string()}")
+    return RuntimeError(f"{where} failed (run {result.run_id}); see the run in the Dagster UI")
+
+
+def _print_warnings(instance, run_id: str, log) -> None:
+    """The warnings user code logged in a run (pre-flight failures, held-back tasks), as the console showed them."""
+    for entry in instance.all_logs(run_id):
+        if entry.dagster_event is None and entry.level >= logging.WARNING:
+            log(f"  warning: {entry.step_key or ''}: {entry.user_message}")
 
 
 def _instance() -> DagsterInstance:
@@ -55,6 +101,7 @@ def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, 
     checks = list(defs.asset_checks or [])
     by_key = {k.to_user_string(): a for a in all_assets for k in a.keys}
     resources = defs.resources
+    run_config, replay_warnings = _run_config()
     for stage, keys, kind in STAGES:
         keys = [k for k in keys if k in by_key]
         if not keys:
@@ -63,7 +110,11 @@ def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, 
         for pk in _partition_keys(kind, profile, by_key[keys[0]]):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
                                  resources=resources, partition_key=str(pk) if pk is not None else None,
-                                 raise_on_error=True, run_config=QUIET)
+                                 raise_on_error=False, run_config=run_config)
+            if replay_warnings:
+                _print_warnings(instance, result.run_id, log)
+            if not result.success:
+                raise _failure(result, stage, pk)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
                 level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"  # a warning is not a failure

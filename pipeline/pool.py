@@ -32,6 +32,7 @@ import pandas as pd
 import yaml
 
 from pipeline.calls import CallLog, call_key
+from pipeline.secrets import mask
 from pipeline.errors import RouterLiteError
 from pipeline.grading import GRADERS, grade, is_empty
 from pipeline.replay import approx_tokens
@@ -205,10 +206,7 @@ class CollectionSettings:
 # ------------------------------------------------------------------------------------------------- one call
 def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Remove secrets (and any bearer token) from a message that will be recorded or logged."""
-    text = str(text)
-    for s in secrets:
-        if s and len(s) >= 4:
-            text = text.replace(s, "***")
+    text = mask(text, secrets)  # any case, and any run of 8+ characters of the key (pipeline/secrets.py)
     return re.sub(r"(?i)(bearer\s+)[^\s'\"]+", r"\1***", text)
 
 

@@ -176,6 +176,38 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _check_manifest(mf: Path, m) -> None:
+    """The keys `load`, `route` and `serve` read, present and of the right kind: one error naming the key."""
+    if not isinstance(m, dict):
+        raise RouterLiteError(f"{mf} is corrupt: a JSON object is expected, got {type(m).__name__}")
+    for key, kind in (("name", str), ("backbone", dict), ("dim", int), ("agents", list), ("best_single", str)):
+        if key not in m:
+            raise RouterLiteError(f"{mf}: required key {key!r} is missing")
+        if not isinstance(m[key], kind) or isinstance(m[key], bool):
+            raise RouterLiteError(f"{mf}: key {key!r} must be a {kind.__name__}, got {type(m[key]).__name__}")
+    if not isinstance(m["backbone"].get("id"), str) or not m["backbone"]["id"]:
+        raise RouterLiteError(f"{mf}: required key 'backbone.id' (the embedding model) is missing")
+    for i, a in enumerate(m["agents"]):
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str) or not isinstance(a.get("model"), str):
+            raise RouterLiteError(f"{mf}: agents[{i}] must be an object with string 'name' and 'model'")
+    if not isinstance(m.get("files", {}), dict):
+        raise RouterLiteError(f"{mf}: key 'files' must be an object of file names")
+
+
+def _inside(head_dir: Path, name, mf: Path, key: str) -> Path:
+    """A file the manifest names: a plain relative name that stays inside the head directory, not a symlink
+    (a manifest must not make `load` read files elsewhere)."""
+    if not isinstance(name, str) or not name:
+        raise RouterLiteError(f"{mf}: {key} must be a file name, got {name!r}")
+    f = head_dir / name
+    root = head_dir.resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts or f.is_symlink() or f.is_dir() or \
+            not f.resolve().is_relative_to(root) or f.resolve().parent != root:
+        raise RouterLiteError(f"{mf}: {key} {name!r} must name a file directly inside the head directory "
+                              f"{head_dir} (no absolute path, '..' or symlink)")
+    return f
+
+
 def load(path: str | Path) -> RegisteredHead:
     """Load a registered head; any missing, corrupt or mismatched file → one error naming it."""
     path = Path(path)
@@ -184,12 +216,15 @@ def load(path: str | Path) -> RegisteredHead:
         raise RouterLiteError(f"{path} is not a registered head: {MANIFEST} is missing")
     try:
         manifest = json.loads(mf.read_text())
-        names = [a["name"] for a in manifest["agents"]]
-        dim = int(manifest["dim"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         raise RouterLiteError(f"{mf} is corrupt: {exc}") from None
-    head = Head.load(path / manifest.get("files", {}).get("weights", WEIGHTS), d=dim, K=len(names), agents=names)
-    gf = path / GUARD
+    _check_manifest(mf, manifest)
+    names = [a["name"] for a in manifest["agents"]]
+    dim = int(manifest["dim"])
+    files = manifest.get("files", {})
+    head = Head.load(_inside(path, files.get("weights", WEIGHTS), mf, "files.weights"), d=dim, K=len(names),
+                     agents=names)
+    gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
     guard = load_guard(gf)
     if guard.X.ndim != 2 or guard.X.shape[1] != dim:
         raise RouterLiteError(f"{gf}: reference embeddings of shape {guard.X.shape} do not match dim {dim}")

@@ -91,8 +91,11 @@ def to_arrays(rewards: pd.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray,
         i, j = bad[0]
         raise RouterLiteError(f"reward row {i} (task {rewards['task_id'].iloc[i]}): mean_reward for agent "
                               f"{agents[j]!r} is NaN/inf; drop or fix the row")
-    if (R < 0).any() or (R > 1).any():
-        raise RouterLiteError("mean_reward values must lie in [0, 1]")
+    out = np.argwhere((R < 0) | (R > 1))
+    if len(out):
+        i, j = out[0]
+        raise RouterLiteError(f"reward row {i} (task {rewards['task_id'].iloc[i]}): mean_reward for agent "
+                              f"{agents[j]!r} is {R[i, j]}, outside [0, 1]")
     if "best_agents" in rewards:
         B = np.array([[a in set(best) for a in agents] for best in rewards["best_agents"]])
     else:

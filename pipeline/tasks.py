@@ -95,6 +95,19 @@ def _need(row: dict, key: str, where: str) -> str:
     return str(value)
 
 
+def _seq(row: dict, key: str, where: str) -> list:
+    """A list field (answer options): present, a list (not a string or null), with no null entries."""
+    value = row.get(key)
+    if hasattr(value, "tolist"):  # numpy array from Parquet
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        got = "missing" if key not in row else f"{type(value).__name__} {str(value)[:40]!r}"
+        raise RouterLiteError(f"{where}: field {key!r} must be a non-empty list of options, got {got}")
+    if any(v is None for v in value):
+        raise RouterLiteError(f"{where}: field {key!r} has a null option")
+    return list(value)
+
+
 def _task(source: str, split: str, index: int, prompt: str, gold: str, grader: str, domain: str,
           difficulty: str, question_id, category: str = "", choices: int = 0) -> dict:
     return {
@@ -112,6 +125,47 @@ def _letter(gold: str, n_options: int, where: str) -> str:
     if len(gold) != 1 or gold not in LETTERS[:n_options]:
         raise RouterLiteError(f"{where}: gold {gold!r} is not one of the {n_options} option letters")
     return gold
+
+
+class _TrackedRows:
+    """The rows handed to a normaliser, remembering which one it is at (for an error naming the row)."""
+
+    def __init__(self, rows: list):
+        self.rows, self.at = rows, None
+
+    def __iter__(self):
+        for i, r in enumerate(self.rows):
+            self.at = i
+            yield r
+        self.at = None  # consumed whole (a normaliser that lists the rows first): the row is not known
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, index):  # a normaliser may slice or index (the row is then not tracked)
+        return self.rows[index]
+
+
+def normalise_checked(normalise: Callable[[Iterable[dict], str], list[dict]], rows: Iterable, where: str) -> list[dict]:
+    """`normalise(rows, where)` for rows from a file or hub a user may have got wrong: a row that is not an object,
+    or a field of the wrong shape that the normaliser trips over, is one RouterLiteError naming file, row and field
+    (never a raw KeyError / TypeError / AttributeError)."""
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise RouterLiteError(f"{where}: row {i} is not an object with named fields (got {type(r).__name__} "
+                                  f"{str(r)[:40]!r})")
+    tracked = _TrackedRows(rows)
+    try:
+        return normalise(tracked, where)
+    except RouterLiteError:
+        raise
+    except KeyError as exc:
+        what = f"no field {exc.args[0]!r}" if exc.args else "a missing field"
+    except (TypeError, AttributeError, ValueError, IndexError) as exc:
+        what = f"a field has the wrong type or value ({type(exc).__name__}: {exc})"
+    row = f"row {tracked.at}" if tracked.at is not None else "a row"
+    raise RouterLiteError(f"{where}: {row}: {what}")
 
 
 # --- per-source normalisers (difficulty rules are documented in docs/tasks.md) ----------------------------------
@@ -163,18 +217,23 @@ def norm_aime2025_ii(rows, where):
     return _aime(list(rows), where, "aime2025_ii", 15, 30)
 
 
-def _arc_options(r: dict) -> list[str]:
+def _arc_options(r: dict, where: str = "") -> list[str]:
     if "options" in r:  # bundled copy: [{label, text}]
-        return [o["text"] for o in r["options"]]
-    choices = r["choices"]  # hub allenai/ai2_arc: {text: [...], label: [...]}
-    return list(choices["text"])
+        options = _seq(r, "options", where)
+        if not all(isinstance(o, dict) and o.get("text") is not None for o in options):
+            raise RouterLiteError(f"{where}: field 'options' must be a list of {{label, text}} objects")
+        return [o["text"] for o in options]
+    choices = r.get("choices")  # hub allenai/ai2_arc: {text: [...], label: [...]}
+    if not isinstance(choices, dict):
+        raise RouterLiteError(f"{where}: no 'options' list and no 'choices' object {{text: [...], label: [...]}}")
+    return _seq(choices, "text", f"{where}: choices")
 
 
 def norm_arc_challenge(rows: Iterable[dict], where: str) -> list[dict]:
     out = []
     for i, r in enumerate(rows):
         w = f"{where}: row {i}"
-        options = _arc_options(r)
+        options = _arc_options(r, w)
         gold = r.get("answer", r.get("answerKey"))
         if gold is not None and str(gold).isdigit():  # a few original labels are "1".."4"
             gold = LETTERS[int(gold) - 1]
@@ -200,7 +259,8 @@ def norm_mmlu(rows: Iterable[dict], where: str) -> list[dict]:
     out = []
     for i, r in enumerate(rows):
         w = f"{where}: row {i}"
-        options = [r[k] for k in "ABCD"] if "A" in r else list(r["choices"])  # bundled CSV columns / hub cais/mmlu
+        # bundled CSV columns / hub cais/mmlu
+        options = [_need(r, k, w) for k in "ABCD"] if "A" in r else _seq(r, "choices", w)
         gold = _letter(_need(r, "answer", w), len(options), w)
         subject = str(r.get("subject", ""))
         out.append(_task("mmlu", "test", i, mcq_prompt(_need(r, "question", w), [str(o) for o in options]), gold,
@@ -213,12 +273,12 @@ def norm_mmlu_pro(rows: Iterable[dict], where: str) -> list[dict]:
     out = []
     for i, r in enumerate(rows):
         w = f"{where}: row {i}"
-        options = list(r["options"])
+        options = _seq(r, "options", w)
         gold = _letter(_need(r, "answer", w), len(options), w)
         # MMLU-Pro's added questions (STEM websites, TheoremQA, SciBench) are its hard part; ori_mmlu ones medium
         difficulty = "medium" if str(r.get("src", "")).startswith("ori_mmlu") else "hard"
         out.append(_task("mmlu_pro", "test", i, mcq_prompt(_need(r, "question", w), options), gold, "mcq_letter",
-                         "knowledge", difficulty, r["question_id"], str(r.get("category", "")), len(options)))
+                         "knowledge", difficulty, _need(r, "question_id", w), str(r.get("category", "")), len(options)))
     return out
 
 
@@ -338,7 +398,7 @@ def load_source(key: str, path: str | None = None, hub_id: str | None = None, hu
             f"source {key!r} has no bundled copy (no public copy could be redistributed): set "
             f"`sources.{key}.path` in your profile (config/profiles/*.yaml) to a local Parquet/JSONL file, "
             f"or `sources.{key}.hub_id` (e.g. {spec.hub_id}) where the hub is reachable")
-    tasks = pd.DataFrame(spec.normalise(rows, where), columns=TASK_COLUMNS)
+    tasks = pd.DataFrame(normalise_checked(spec.normalise, rows, where), columns=TASK_COLUMNS)
     if tasks.empty:
         raise RouterLiteError(f"source {key!r} ({where}) produced no tasks")
     return tasks

@@ -8,6 +8,10 @@ kind:
 - `openai_compatible`: any OpenAI-protocol endpoint at `base_url` (e.g. `pipeline.replay.serve`, vLLM); the key
   is optional (`api_key`, else the env var named by `api_key_env` when set, else a dummy).
 
+The key goes only to the provider it belongs to: OpenRouter's host (https://openrouter.ai), or a host listed in
+`key_hosts` (profile `pool.key_hosts`, e.g. `[llm.internal.example:8443]`). An `openrouter` pool whose base URL points
+elsewhere fails in `check()`; an `openai_compatible` endpoint on an unlisted host gets a dummy key, never the real one.
+
 The clients have `max_retries=0`: `pipeline.pool.call_once` owns retries. The key is never logged, printed, put in
 metadata, the call log, or exception text (`repr` hides it; `call_once` scrubs it from recorded errors).
 """
@@ -26,6 +30,7 @@ from pipeline.pool import AgentSpec, load_agents
 
 KINDS = ("replay", "openrouter", "openai_compatible")
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
+OPENROUTER_HOST = "openrouter.ai"
 OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
 
 
@@ -110,6 +115,7 @@ class PoolResource(ConfigurableResource):
     base_url: Optional[str] = None
     api_key: Optional[str] = Field(default=None, repr=False)
     api_key_env: str = OPENROUTER_KEY_ENV  # fallback when api_key is not set (openrouter / openai_compatible)
+    key_hosts: list[str] = Field(default_factory=list)  # hosts (host or host:port) besides openrouter.ai that may receive the key
     replay_path: Optional[str] = None  # default: data/replay/mmlu_pro_outputs.parquet under $ROUTER_LITE_DATA|data/
     timeout_s: float = 180.0
     app_title: str = "BenchGen Router Lite"  # OpenRouter attribution header (X-Title)
@@ -139,6 +145,23 @@ class PoolResource(ConfigurableResource):
             return os.environ.get(self.api_key_env) or None
         return None
 
+    def key_allowed(self, base_url: Optional[str]) -> bool:
+        """May a request to `base_url` carry the key? OpenRouter over https, or a host the profile lists."""
+        try:
+            url = httpx.URL(base_url or "")
+        except Exception:  # noqa: BLE001 - an unparsable URL gets no key
+            return False
+        host = (url.host or "").lower()
+        if host == OPENROUTER_HOST and url.scheme == "https":
+            return True
+        listed = {h.strip().lower() for h in self.key_hosts if h and h.strip()}
+        return bool(host) and (host in listed or (url.port is not None and f"{host}:{url.port}" in listed))
+
+    def _base_url(self, agent: Optional[AgentSpec]) -> Optional[str]:
+        if self.kind == "openrouter":
+            return self.base_url or (agent.base_url if agent else None) or OPENROUTER_URL
+        return self.base_url or (agent.base_url if agent else None)
+
     def check(self, agents: Optional[list[AgentSpec]] = None) -> None:
         """Fail before any call: unknown kind, missing OpenRouter key, missing base_url, unrecorded replay model."""
         if self.kind not in KINDS:
@@ -149,12 +172,24 @@ class PoolResource(ConfigurableResource):
             )
         if self.kind == "openai_compatible" and not self.base_url:
             raise RouterLiteError("pool kind 'openai_compatible' needs `base_url` (e.g. http://127.0.0.1:8000/v1)")
+        self.check_key_hosts(agents)
         if self.kind == "replay" and agents:
             store = self.store()
             missing = [f"{a.name} ({a.model})" for a in agents if not store.has_model(a.model)]
             if missing:
                 raise RouterLiteError(f"pool {self.pool!r}: agent(s) {missing} have no replay recordings in "
                                       f"{store.source}; recorded models: {', '.join(store.models())}")
+
+    def check_key_hosts(self, agents: Optional[list[AgentSpec]] = None) -> None:
+        """An `openrouter` pool sends its key with every request: each base URL must be one that may see it."""
+        if self.kind == "openrouter":
+            for a in agents or [None]:
+                url = self._base_url(a)
+                if not self.key_allowed(url):
+                    raise RouterLiteError(
+                        f"pool kind 'openrouter'{f' agent {a.name}' if a else ''}: base URL {url} is not OpenRouter's "
+                        f"(https://{OPENROUTER_HOST}); the {OPENROUTER_KEY_ENV} key is sent only there or to a host "
+                        f"listed in the profile's pool.key_hosts")
 
     def store(self):
         """The replay recordings (loaded once per resource instance)."""
@@ -170,6 +205,7 @@ class PoolResource(ConfigurableResource):
         import openai
 
         self.check()
+        self.check_key_hosts([agent])
         timeout = httpx.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s))
         if self.kind == "replay":
             from pipeline.replay import REPLAY_BASE_URL, replay_transport
@@ -177,12 +213,9 @@ class PoolResource(ConfigurableResource):
             http = httpx.AsyncClient(transport=replay_transport(self.store()), timeout=timeout)
             return openai.AsyncOpenAI(api_key="replay", base_url=REPLAY_BASE_URL, http_client=http,
                                       max_retries=0, timeout=timeout)
-        if self.kind == "openrouter":
-            base_url = self.base_url or agent.base_url or OPENROUTER_URL
-            headers = {"X-Title": self.app_title}
-        else:
-            base_url = self.base_url or agent.base_url
-            headers = {}
+        base_url = self._base_url(agent)
+        headers = {"X-Title": self.app_title} if self.kind == "openrouter" else {}
+        key = self._key() if self.key_allowed(base_url) else None  # never the key to a host it is not for
         http = http_client(self.timeout_s, self.max_connections)
-        return openai.AsyncOpenAI(api_key=self._key() or "not-needed", base_url=base_url, http_client=http,
+        return openai.AsyncOpenAI(api_key=key or "not-needed", base_url=base_url, http_client=http,
                                   max_retries=0, timeout=timeout, default_headers=headers or None)
