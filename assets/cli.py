@@ -87,7 +87,11 @@ def _head_backbone(reg, device: str, dtype: str = "auto"):
 
 def cmd_route(args) -> int:
     from pipeline import registry
+    from pipeline.text_guard import bad_text
 
+    for i, p in enumerate(args.prompt, 1):  # before loading anything: the tokenizer would raise a traceback
+        if bad_text(p):
+            raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt))
     for p, f in zip(picks, fired):
@@ -163,7 +167,8 @@ def cmd_serve(args) -> int:
     pool.check(agents)
     collection = CollectionSettings.from_dict(profile.collection)
     settings = ServeSettings.from_collection(collection, max_body_bytes=args.max_body_bytes,
-                                             max_messages=args.max_messages)
+                                             max_messages=args.max_messages, max_batch=args.max_batch,
+                                             batch_wait_ms=args.batch_wait_ms)
     if args.threads:
         import torch
 
@@ -178,7 +183,7 @@ def cmd_serve(args) -> int:
     print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                access_log=bool(args.verbose))
+                access_log=bool(args.verbose), **settings.uvicorn_options())
     return 0
 
 
@@ -237,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--max-messages", type=int, default=64)
+    p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="how long a new prompt waits for others to batch with (0: no wait)")
     p.set_defaults(fn=cmd_serve)
     return ap
 
