@@ -177,10 +177,14 @@ def _integer(req: dict, name: str, lo: int, hi: int, what: str) -> None:
         raise RequestError(400, f"'{name}' must be {what}, got {_show(v)}", "invalid_value", name)
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: Python's json accepts them, providers do not
+
+
 def load_json_body(body: bytes, settings: ServeSettings) -> dict:
     """The body as a JSON object, within the depth limit and holding only valid text; else a 400."""
     try:
-        req = json.loads(body)
+        req = json.loads(body, parse_constant=_not_json)
     except RecursionError:  # deeper than the interpreter's stack allows: far over max_json_depth
         raise RequestError(400, f"request body is JSON nested deeper than {settings.max_json_depth} levels",
                            "json_too_deep") from None

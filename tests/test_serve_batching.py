@@ -159,9 +159,17 @@ def test_deep_json_is_400_not_recursion_error():
     parse_chat_request(body(x=[[[[1]]]]), "h", ServeSettings())  # ordinary nesting passes
 
 
+def test_nan_and_infinity_are_not_json():
+    for raw in (b'{"messages":[{"role":"user","content":"x"}],"temperature":NaN}',
+                b'{"messages":[{"role":"user","content":"x"}],"tools":[Infinity]}'):
+        with pytest.raises(RequestError) as ei:
+            parse_chat_request(raw, "h", ServeSettings())
+        assert ei.value.code == "invalid_json"
+
+
 @pytest.mark.parametrize("kw", [dict(max_tokens=10 ** 23), dict(max_tokens=32769), dict(max_completion_tokens=10 ** 6),
                                 dict(seed=1 << 63), dict(seed=-(1 << 63) - 1), dict(seed=1.5), dict(max_tokens=1e3),
-                                dict(temperature=float("nan"))])
+                                dict(temperature=-0.1)])
 def test_sampling_bounds(kw):
     """Issue 12 case 11: max_tokens over the cap and seeds outside 64 bits are 400s, not forwarded."""
     with pytest.raises(RequestError) as ei:
