@@ -194,7 +194,7 @@ def load_json_body(body: bytes, settings: ServeSettings) -> dict:
         raise RequestError(400, "request body must be a JSON object", "invalid_json")
     problem = json_problem(req, settings.max_json_depth)
     if problem is not None:
-        path, reason = problem
+        path, reason = problem[0][:200], problem[1]
         code = "json_too_deep" if reason.startswith("JSON nested") else "invalid_text"
         raise RequestError(400, f"{path}: {reason}", code, path)
     return req
@@ -269,6 +269,9 @@ class Router:
     """Embed-and-pick through a micro-batcher: one worker thread, batches of up to `max_batch` distinct prompts
     collected for at most `batch_wait_ms`, an LRU of decisions (one per app).
 
+    The wait applies only while other requests are `arriving` (counted by the app from the start of a request
+    until it asks for its decision): a lone client never waits for a batch that nobody else will join.
+
     A batch that fails is retried prompt by prompt (in the worker thread), so one bad prompt fails only its own
     request. Each waiter gets the decision for its own text (matched by text, not by position).
     """
@@ -278,7 +281,8 @@ class Router:
         self._cache: collections.OrderedDict[bytes, tuple[int, bool]] = collections.OrderedDict()
         self._pending: list[tuple[bytes, str, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
-        self._full: asyncio.Event | None = None
+        self._joined: asyncio.Event | None = None  # set whenever a prompt is queued
+        self.arriving = 0  # requests being read or validated (the app counts them): they may join the next batch
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-embed")
         self.batches: collections.Counter[int] = collections.Counter()  # batch size -> count (tests, benchmarks)
 
@@ -314,10 +318,9 @@ class Router:
             return Decision(hit[0], hit[1], True)
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((key, text, fut))
-        if self._full is None:
-            self._full = asyncio.Event()
-        if len(self._pending) >= self.settings.max_batch:
-            self._full.set()
+        if self._joined is None:
+            self._joined = asyncio.Event()
+        self._joined.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         idx, ood = await fut
@@ -327,10 +330,12 @@ class Router:
         loop = asyncio.get_running_loop()
         wait_s = float(self.settings.batch_wait_ms) / 1000.0
         while self._pending:
-            if wait_s > 0 and len(self._pending) < self.settings.max_batch:  # let concurrent requests join
-                self._full.clear()
+            deadline = loop.time() + wait_s
+            # let requests that are being read join, for at most wait_s
+            while len(self._pending) < self.settings.max_batch and self.arriving > 0 and loop.time() < deadline:
+                self._joined.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._full.wait(), wait_s)
+                    await asyncio.wait_for(self._joined.wait(), deadline - loop.time())
             batch = self._pending[: self.settings.max_batch]
             del self._pending[: len(batch)]
             texts = list(dict.fromkeys(t for _, t, fut in batch if not fut.done()))  # one row per distinct text
@@ -497,9 +502,13 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     async def chat(request):
         t0 = time.perf_counter()
         try:
-            body = await _read_body(request, settings.max_body_bytes)
-            t0 = time.perf_counter()
-            req = parse_chat_request(body, head_name, settings)
+            router.arriving += 1  # the micro-batcher may wait a moment for this request
+            try:
+                body = await _read_body(request, settings.max_body_bytes)
+                t0 = time.perf_counter()
+                req = parse_chat_request(body, head_name, settings)
+            finally:
+                router.arriving -= 1
             decision = await router.decide(req.text)
         except RequestError as err:
             return _error_response(err)

@@ -69,17 +69,38 @@ def test_pairing_under_concurrency():
     assert router.backbone.threads == {t for t in router.backbone.threads if t.startswith("router-embed")}
 
 
-def test_batch_wait_collects_concurrent_requests_into_one_forward():
+def test_batch_wait_collects_arriving_requests_into_one_forward():
+    """While another request is being read (`arriving`), the first waits for it (at most batch_wait_ms)."""
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=50, embed_cache_size=0))
+    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=0))
+
+    async def late(n):
+        await asyncio.sleep(0.05)
+        router.arriving -= 1  # read and validated: asks for its decision
+        return await router.decide(f"q{n}")
 
     async def main():
-        return await asyncio.gather(*[router.decide(f"q{n}") for n in range(10)])
+        router.arriving = 3
+        return await asyncio.gather(router.decide("q0"), late(1), late(2), late(3))
 
     outs = run(main())
     router.close()
-    assert [d.index for d in outs] == [n % K for n in range(10)]
-    assert len(bb.calls) == 1 and len(bb.calls[0]) == 10
+    assert [d.index for d in outs] == [0, 1, 2, 3]
+    assert bb.calls == [["q0", "q1", "q2", "q3"]]
+
+
+def test_a_lone_request_does_not_wait_for_a_batch():
+    bb = NumberBackbone(delay_s=0)
+    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=1000, embed_cache_size=0))
+
+    async def main():
+        t = time.perf_counter()
+        d = await router.decide("q5")
+        return d, time.perf_counter() - t
+
+    d, seconds = run(main())
+    router.close()
+    assert d.index == 5 and seconds < 0.5
 
 
 def test_max_batch_1_is_the_unbatched_path():
