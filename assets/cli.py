@@ -152,7 +152,7 @@ def cmd_serve(args) -> int:
     from pipeline import registry
     from pipeline.config import load_profile
     from pipeline.pool import CollectionSettings
-    from pipeline.serve import ServeSettings, build_app
+    from pipeline.serve import ServeSettings, build_app, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:
@@ -175,6 +175,7 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype)
     app = build_app(reg, bb, agents, pool.client_for, settings)
+    return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     if args.host not in ("127.0.0.1", "localhost", "::1"):

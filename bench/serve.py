@@ -284,11 +284,11 @@ def summary(rows: list[dict], args) -> dict:
                                     "req_per_s": r["req_per_s"], "server_cpu_ms_per_req": r["server_cpu_ms_per_req"],
                                     "requests": r["requests"], "errors": r["errors"]} for r in sel}
 
-    main_mode = args.modes[0]
+    main_mode = "batched" if "batched" in args.modes else args.modes[0]
     out = {"mode": main_mode, "cache": "cold", "dtype": args.dtype[0], "clients": table(main_mode, "cold"),
            "warm": table(main_mode, "warm"), "cpus": os.cpu_count(),
            "goals": {str(c): {"p50_ms": p50, "p99_ms": p99} for c, (p50, p99) in GOALS_MS.items()}, "rows": rows}
-    for m in args.modes[1:]:
+    for m in [m for m in args.modes if m != main_mode]:
         out[m] = {"clients": table(m, "cold"), "warm": table(m, "warm")}
     return out
 
