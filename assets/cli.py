@@ -102,7 +102,11 @@ def _head_backbone(reg, device: str, dtype: str = "auto"):
 
 def cmd_route(args) -> int:
     from pipeline import registry
+    from pipeline.text_guard import bad_text
 
+    for i, p in enumerate(args.prompt, 1):  # before loading anything: the tokenizer would raise a traceback
+        if bad_text(p):
+            raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
     picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt), args.target)
@@ -167,7 +171,7 @@ def cmd_serve(args) -> int:
     from pipeline import registry
     from pipeline.config import load_profile
     from pipeline.pool import CollectionSettings
-    from pipeline.serve import ServeSettings, build_app
+    from pipeline.serve import ServeSettings, build_app, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:
@@ -183,7 +187,8 @@ def cmd_serve(args) -> int:
     pool.check(agents)
     collection = CollectionSettings.from_dict(profile.collection)
     settings = ServeSettings.from_collection(collection, max_body_bytes=args.max_body_bytes,
-                                             max_messages=args.max_messages)
+                                             max_messages=args.max_messages, max_batch=args.max_batch,
+                                             batch_wait_ms=args.batch_wait_ms)
     if args.target:
         settings = dataclasses.replace(settings, default_target=args.target)
     if args.threads:
@@ -192,6 +197,7 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype)
     app = build_app(reg, bb, agents, pool.client_for, settings)
+    return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -200,7 +206,7 @@ def cmd_serve(args) -> int:
     print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                access_log=bool(args.verbose))
+                access_log=bool(args.verbose), **settings.uvicorn_options())
     return 0
 
 
@@ -267,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-messages", type=int, default=64)
     p.add_argument("--target", default=None, help=TARGET_HELP + " when a request names none (header "
                                                    "X-Router-Target or body field router_target)")
+    p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="how long a new prompt waits for others to batch with (0: no wait)")
     p.set_defaults(fn=cmd_serve)
     return ap
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline.errors import RouterLiteError
 from pipeline.prompts import prompt_hash
+from pipeline.text_guard import bad_text, cut_for_tokens
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,10 @@ class Backbone:
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
                 raise RouterLiteError(f"prompt {i} is a {type(p).__name__}, not a str")
+            if bad_text(p):  # the tokenizer would raise for the whole batch
+                raise RouterLiteError(f"prompt {i} is not valid text: {bad_text(p)}")
+        # cut by characters before tokenising: cost and memory per prompt stay bounded (pipeline/text_guard.py)
+        prompts = [cut_for_tokens(p, self.max_seq_length) for p in prompts]
         n = len(prompts)
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
