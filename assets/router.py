@@ -13,8 +13,8 @@ from pipeline import registry
 from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
-from pipeline.progress import RateLog
 from pipeline.io import atomic_write_json
+from pipeline.progress import RateLog
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
 from pipeline.train import TrainConfig

@@ -301,8 +301,9 @@ class Backbone:
                                                                              "token_type_ids")]
             enc = fast_backbone.load_encoder(backend, str(directory), export_dir / self.key, inputs,
                                              dtype=self.dtype_name)
-            probe = ["What is the derivative of x squared?", "  A longer probe about contract law, enzymes, "
-                     "and the voltage across a capacitor in series with a resistor.  ", "b"]
+            probe = ["What is the derivative of x squared?",
+                     ("  A longer probe about contract law, enzymes, and the voltage across a capacitor in series "
+                      "with a resistor.  "), "b"]
             want = self._encode_batch(probe)
             self._fast = enc
             got = self._encode_batch(probe)

@@ -15,8 +15,8 @@ import logging
 import os
 import uuid
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -8,11 +8,11 @@ the Dagster step log.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 90:
         return f"{s} s"
     if s < 5400:
