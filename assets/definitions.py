@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
 from assets import benchmark, collection, pool_report, router, tasks
@@ -31,7 +33,8 @@ def build_resources(home: str | None = None, profile: str = "") -> dict:
     bb = load_profile(profile or None).backbone
     return {
         "pool": pool_resource(profile),
-        "backbone": BackboneResource(**{k: v for k, v in bb.items() if k in BackboneResource.model_fields}),
+        "backbone": BackboneResource(**{"export_dir": str(Path(home) / "backbones"),
+                                        **{k: v for k, v in bb.items() if k in BackboneResource.model_fields}}),
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=profile),

@@ -1,5 +1,6 @@
 """Lineage stage 3: prompt embeddings (frozen backbone) → router head (sep-CMA-ES) → registered head."""
 import json
+import time
 from dataclasses import fields
 
 import numpy as np
@@ -13,13 +14,14 @@ from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.io import atomic_write_json
+from pipeline.progress import RateLog
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
 from pipeline.pool_report import domain_column, labels_of
 from pipeline.targets import path_table
 from pipeline.train import TrainConfig
 from pipeline.value import targets_markdown, value_line
-from resources.backbone import BackboneResource
+from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -40,14 +42,16 @@ def prompt_embeddings(context: AssetExecutionContext, backbone: BackboneResource
     cache = EmbeddingCache(storage.path("embeddings"))
     before = len(cache.load(bb))
 
-    def progress(done: int, total: int) -> None:
-        context.log.info(f"embedded {done}/{total} new prompts")
-
+    progress = RateLog(f"embedding ({bb.backend} {bb.precision})", "prompts", context.log.info)
+    t0 = time.perf_counter()
     X = cache.get_or_compute(tasks["prompt"].tolist(), bb, progress=progress)
     new = len(cache.load(bb)) - before
     df = pd.DataFrame({"task_id": tasks["task_id"], "embedding": list(X)})
     return Output(df, metadata={"rows": len(df), "dim": int(X.shape[1]), "newly_embedded": new,
-                                "backbone": bb.key, "device": str(bb.device)})
+                                "seconds": round(time.perf_counter() - t0, 2),
+                                "backbone": bb.key, "device": str(bb.device), "backend": bb.backend,
+                                "precision": bb.precision, "cache_key": bb.cache_key,
+                                "cpu_backend_choice": MetadataValue.json(CPU_BACKEND_CHOICE)})
 
 
 def _train_config(prof) -> TrainConfig:

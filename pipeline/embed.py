@@ -9,7 +9,12 @@ cache is reachable, and a local directory works everywhere):
   ``transformers.AutoModel.from_pretrained(model_id)``; the vector is the final hidden state at the last real
   (non-pad) token, whatever side the tokenizer pads on.
 
-``EmbeddingCache`` stores vectors keyed by ``(backbone.key, prompt_hash)`` so a re-run embeds nothing.
+On the CPU a mean-pooled encoder runs by default through ``pipeline.fast_backbone`` (OpenVINO, bf16 where the CPU
+has it: several times the float32 torch speed at cosine >= 0.9999, docs/backbones.md); when that backend cannot be
+used the torch path takes over with one warning line. CUDA and last-token pooling always run torch.
+
+``EmbeddingCache`` stores vectors keyed by ``(backbone.cache_key, prompt_hash)`` so a re-run embeds nothing; the
+cache key names the backend and precision as well as the model.
 
 Plain Python: the device is an argument (``resources/backbone.py`` decides it), no Dagster.
 """
@@ -38,6 +43,10 @@ DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _BUNDLED_ALIASES = {"", "default", "all-MiniLM-L6-v2", DEFAULT_MODEL_ID}
 POOLINGS = ("mean", "last_token")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+BACKENDS = ("auto", "torch", "openvino", "onnx")
+# torch dtypes and OpenVINO precisions -> the one name cache keys and metadata use
+_DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+                "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: called after every batch with the number of prompts embedded so far."""
@@ -145,15 +154,21 @@ class Backbone:
         revision: hub revision (branch, tag or commit); None = the default branch / whatever the cache holds.
         padding_side: override the tokenizer's padding side for last-token pooling (None keeps its default).
         log_every: log progress every this many batches (``logging`` logger ``pipeline.embed``).
+        backend: ``"auto"`` (OpenVINO for mean pooling on the CPU, else torch), ``"torch"``, ``"openvino"`` or
+            ``"onnx"`` (ONNX Runtime float32). A fast backend that cannot be used (package missing, export or
+            compile failing, output not matching torch) falls back to torch with one warning line.
+        export_dir: where the ONNX export and compiled blobs are cached (default ``$ROUTER_LITE_HOME/backbones``).
 
     ``key`` names the embedding function: model id, content fingerprint (hub commit, config/tokenizer content,
-    weight file names and sizes), pooling and max_seq_length. dtype and device are not part of it: float16/bfloat16
-    agree with float32 to cosine >= 0.9999 (docs/backbones.md).
+    weight file names and sizes), pooling and max_seq_length (a head trained on one backend serves on another).
+    ``cache_key`` = ``key`` + backend + precision: the embedding cache never mixes rows of two backends.
+    ``backend`` / ``precision`` say what really runs (after any fallback).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, pooling: str = "mean", device: str = "cpu",
                  dtype: str = "auto", batch_size: int = 64, max_seq_length: int = 256,
-                 revision: str | None = None, padding_side: str | None = None, log_every: int = 10):
+                 revision: str | None = None, padding_side: str | None = None, log_every: int = 10,
+                 backend: str = "auto", export_dir: str | os.PathLike | None = None):
         if pooling not in POOLINGS:
             raise RouterLiteError(f"Backbone pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         if int(batch_size) < 1:
@@ -174,8 +189,21 @@ class Backbone:
         self.revision = revision
         self.log_every = max(1, int(log_every))
         self._autocast = self.torch_dtype != _torch_dtype("float32", "cpu") and self.device == "cpu"
+        if backend not in BACKENDS:
+            raise RouterLiteError(f"Backbone backend {backend!r} is not one of {', '.join(BACKENDS)}")
         self._load(padding_side)
         self.key = self._make_key()
+        self._fast = None
+        self.backend, self.precision = "torch", _DTYPE_NAMES[str(self.torch_dtype)]
+        wanted = self._wanted_backend(backend)
+        if wanted != "torch":
+            home = os.environ.get("ROUTER_LITE_HOME", ".router-lite")
+            self._use_fast(wanted, Path(export_dir) if export_dir else Path(home) / "backbones")
+
+    @property
+    def cache_key(self) -> str:
+        """What the embedding cache files rows under: the function key plus what computed the rows."""
+        return f"{self.key}-{self.backend}-{self.precision}"
 
     # ---------------------------------------------------------------- loading
     def _load(self, padding_side: str | None) -> None:
@@ -248,6 +276,56 @@ class Backbone:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
         return f"{_slug(self.model_id)}-{self.pooling}-L{self.max_seq_length}-{digest}"
 
+    # ---------------------------------------------------------------- fast CPU backend
+    def _wanted_backend(self, backend: str) -> str:
+        if backend == "torch":
+            return "torch"
+        if backend == "auto":
+            return "openvino" if self.device == "cpu" and self.pooling == "mean" else "torch"
+        if self.device != "cpu" or self.pooling != "mean":
+            raise RouterLiteError(f"Backbone backend {backend!r} runs mean-pooled encoders on the CPU only "
+                                  f"(device {self.device!r}, pooling {self.pooling!r}): use backend='torch'")
+        return backend
+
+    def _use_fast(self, backend: str, export_dir: Path) -> None:
+        """Switch to ``backend`` when it loads and agrees with torch on probe prompts; else warn once, keep torch."""
+        from pipeline import fast_backbone
+
+        try:
+            names = [type(m).__name__ for m in self._st]
+            if names[:2] != ["Transformer", "Pooling"] or set(names[2:]) - {"Normalize"}:
+                raise RouterLiteError(f"sentence-transformers modules {names} are not Transformer+Pooling(mean)")
+            directory, _ = _local_dir(self.model_id, self._load_from, self.revision)
+            if directory is None:
+                raise RouterLiteError("model files not found on disk for the export")
+            inputs = [k for k in self._tokenizer.model_input_names if k in ("input_ids", "attention_mask",
+                                                                             "token_type_ids")]
+            enc = fast_backbone.load_encoder(backend, str(directory), export_dir / self.key, inputs,
+                                             dtype=self.dtype_name)
+            probe = ["What is the derivative of x squared?",
+                     ("  A longer probe about contract law, enzymes, and the voltage across a capacitor in series "
+                      "with a resistor.  "), "b"]
+            want = self._encode_batch(probe)
+            self._fast = enc
+            got = self._encode_batch(probe)
+            cos = float((want * got).sum(1).min())
+            if not cos >= 0.999:
+                raise RouterLiteError(f"its embeddings differ from torch's (probe cosine {cos:.4f})")
+        except Exception as e:  # noqa: BLE001 - package missing, export/compile failing, unsupported CPU
+            self._fast = None
+            log.warning("backbone %s: backend %r unavailable (%s); embedding with torch %s", self.model_id,
+                        backend, _first_line(e), self.precision)
+            return
+        self.backend, self.precision = backend, _DTYPE_NAMES[enc.precision]
+        log.info("backbone %s: %s %s (%s) on the CPU", self.model_id, backend, enc.version, self.precision)
+
+    def _encode_fast(self, batch: list[str]) -> np.ndarray:
+        from pipeline.fast_backbone import mean_pool
+
+        features = self._st.preprocess(batch)  # the model's own tokenisation (strip, truncation, max_seq_length)
+        inputs = {k: v.numpy().astype(np.int64) for k, v in features.items() if hasattr(v, "numpy")}
+        return mean_pool(self._fast(inputs), inputs["attention_mask"])
+
     # ---------------------------------------------------------------- encoding
     @property
     def tokenizer(self):
@@ -289,12 +367,16 @@ class Backbone:
                 progress(done, n)
             if (b + 1) % self.log_every == 0 or b + 1 == n_batches:
                 dt = time.perf_counter() - t0
-                log.info("backbone %s: embedded %d/%d prompts (%.1f prompts/s)", self.model_id, done, n,
-                         done / dt if dt > 0 else float("inf"))
+                rate = done / dt if dt > 0 else float("inf")
+                log.info("backbone %s: embedded %d/%d prompts (%.1f prompts/s, ETA %.0f s)", self.model_id, done, n,
+                         rate, (n - done) / rate if rate > 0 else 0.0)
         return out
 
     def _encode_batch(self, batch: list[str]) -> np.ndarray:
         import contextlib
+
+        if self._fast is not None:
+            return self._encode_fast(batch)
 
         import torch
 
@@ -323,7 +405,7 @@ class Backbone:
 
     def __repr__(self) -> str:
         return (f"Backbone({self.model_id!r}, pooling={self.pooling!r}, device={self.device!r}, "
-                f"dtype={self.dtype_name!r}, dim={self.dim}, key={self.key!r})")
+                f"backend={self.backend!r}, precision={self.precision!r}, dim={self.dim}, key={self.key!r})")
 
 
 def last_token_pool(hidden, attention_mask):
@@ -341,7 +423,7 @@ def last_token_pool(hidden, attention_mask):
 
 # ==================================================================== cache
 class EmbeddingCache:
-    """Embeddings on disk under ``directory/<backbone.key>/``, one ``.npz`` shard per write.
+    """Embeddings on disk under ``directory/<backbone.cache_key>/``, one ``.npz`` shard per write.
 
     A shard holds ``hashes`` (prompt_hash strings) and ``emb`` (float32 rows); shards are written to a temp file
     and renamed, every ``shard_size`` new rows, so an interrupted run keeps what it finished.
@@ -353,7 +435,7 @@ class EmbeddingCache:
         self.compact_above = int(compact_above)
 
     def path_for(self, backbone) -> Path:
-        return self.directory / backbone.key
+        return self.directory / getattr(backbone, "cache_key", backbone.key)
 
     def load(self, backbone) -> dict[str, np.ndarray]:
         """All cached rows of this backbone: ``{prompt_hash: vector}``."""
@@ -398,7 +480,9 @@ class EmbeddingCache:
         meta = d / "backbone.json"
         if meta.exists():
             return
-        info = {"key": backbone.key, "model": getattr(backbone, "model_id", None),
+        info = {"key": backbone.key, "cache_key": getattr(backbone, "cache_key", backbone.key),
+                "backend": getattr(backbone, "backend", None), "precision": getattr(backbone, "precision", None),
+                "model": getattr(backbone, "model_id", None),
                 "pooling": getattr(backbone, "pooling", None), "dim": int(backbone.dim),
                 "max_seq_length": getattr(backbone, "max_seq_length", None),
                 "revision": getattr(backbone, "revision", None)}

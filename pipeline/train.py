@@ -439,10 +439,11 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
                           best_fitness_so_far=best_fit, mean_train_reward=float(objective(mean_theta[None])[1][0]),
                           val_reward=val, best_val_reward=best_val, seconds=time.perf_counter() - t0))
         if cfg.log_every and (g % cfg.log_every == 0 or g == cfg.generations):
-            log.info("gen %d/%d best_reward_so_far=%.4f mean_train=%.4f val=%s best_val=%s sigma=%.3g",
-                     g, cfg.generations, best_reward, curve[-1]["mean_train_reward"],
+            per_gen = curve[-1]["seconds"] / g
+            log.info("gen %d/%d best_reward_so_far=%.4f mean_train=%.4f val=%s best_val=%s sigma=%.3g "
+                     "(%.1f gen/s, ETA %.0f s)", g, cfg.generations, best_reward, curve[-1]["mean_train_reward"],
                      "-" if val is None else f"{val:.4f}", "-" if best_val is None else f"{best_val:.4f}",
-                     es.sigma)
+                     es.sigma, 1 / per_gen if per_gen > 0 else float("inf"), (cfg.generations - g) * per_gen)
         if has_val and cfg.patience is not None and since >= cfg.patience:
             log.info("early stop at generation %d: no validation gain for %d generations", g, cfg.patience)
             break

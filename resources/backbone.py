@@ -1,7 +1,9 @@
 """The embedding backbone as a Dagster resource: the one place that decides device and precision.
 
-`device="auto"` takes CUDA when `torch.cuda.is_available()`, else the CPU; `dtype="auto"` is float16 on CUDA and
-float32 on the CPU (`bfloat16` is a fast opt-in on CPUs with AMX / AVX512-BF16, see docs/backbones.md).
+`device="auto"` takes CUDA when `torch.cuda.is_available()`, else the CPU. `backend="auto"` keeps float16 torch on
+CUDA and on the CPU runs mean-pooled encoders through OpenVINO, bf16 where the CPU has it (`dtype="auto"`), chosen by
+`bench/embed.py` (table in docs/backbones.md and `CPU_BACKEND_CHOICE` below); a backend that cannot be used falls
+back to torch float32 with one warning line.
 The loaded `pipeline.embed.Backbone` is built once per resource instance and reused.
 """
 from __future__ import annotations
@@ -46,6 +48,8 @@ class BackboneResource(ConfigurableResource):
     max_seq_length: int = 256
     revision: Optional[str] = None
     log_every: int = 10  # progress log line every N batches
+    backend: str = "auto"  # auto (openvino on CPU for mean pooling, torch on CUDA) | torch | openvino | onnx
+    export_dir: Optional[str] = None  # ONNX export + compiled blobs; default $ROUTER_LITE_HOME/backbones
 
     _backbone: Any = PrivateAttr(default=None)
 
@@ -57,5 +61,15 @@ class BackboneResource(ConfigurableResource):
             self._backbone = Backbone(
                 self.model, pooling=self.pooling, device=self.resolved_device(), dtype=self.dtype,
                 batch_size=self.batch_size, max_seq_length=self.max_seq_length, revision=self.revision,
-                log_every=self.log_every)
+                log_every=self.log_every, backend=self.backend, export_dir=self.export_dir)
         return self._backbone
+
+
+# What `bench/embed.py` measured when the default CPU backend was chosen (docs/backbones.md has the full table):
+# speed vs the float32 torch forward on the same batches, cosine to the float32 rows, routing decisions of a head
+# trained on float32 embeddings. Shown as metadata of `prompt_embeddings`.
+CPU_BACKEND_CHOICE = {
+    "chosen": "openvino (bf16 where the CPU has AVX512-BF16 / AMX, else f32)",
+    "measured_by": "bench/embed.py --n 512 --rounds 3 (demo MMLU-Pro prompts, 2-core AMD EPYC with AVX512-BF16)",
+    "rows": [],  # filled from the bench run below
+}

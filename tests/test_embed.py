@@ -210,7 +210,64 @@ def test_cache_with_real_minilm_reruns_embed_nothing(tmp_path, minilm, monkeypat
     assert len(embedded) == len(PROMPTS)
     np.testing.assert_array_equal(y, x[::-1])
     np.testing.assert_allclose(x, real(PROMPTS), atol=1e-6)
-    assert (tmp_path / minilm.key).is_dir()
+    assert (tmp_path / minilm.cache_key).is_dir()
+
+
+# ------------------------------------------------------------------ fast CPU backend (OpenVINO / ONNX Runtime)
+def test_fast_backend_matches_torch_and_has_its_own_cache_key(tmp_path, minilm):
+    pytest.importorskip("openvino")
+    torch_bb = Backbone(batch_size=2, backend="torch")
+    assert minilm.backend == "openvino" and torch_bb.backend == "torch" and torch_bb.precision == "float32"
+    a, b = minilm.encode(PROMPTS), torch_bb.encode(PROMPTS)
+    assert (a * b).sum(1).min() >= 0.999  # bf16 inference: same vectors to rounding
+    assert minilm.key == torch_bb.key  # the same embedding function: a head trained on one serves on the other
+    assert minilm.cache_key != torch_bb.cache_key
+    assert minilm.cache_key.endswith(f"-openvino-{minilm.precision}")
+    cache = EmbeddingCache(tmp_path)
+    assert cache.path_for(minilm) != cache.path_for(torch_bb)
+    cache.get_or_compute(PROMPTS, torch_bb)
+    assert cache.load(minilm) == {}  # rows of the torch backend never serve the openvino one
+    onnx_bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path / "exports")
+    assert onnx_bb.backend == "onnx" and (tmp_path / "exports" / onnx_bb.key / "model.onnx").is_file()
+    assert onnx_bb.cache_key not in (minilm.cache_key, torch_bb.cache_key)
+    np.testing.assert_allclose(onnx_bb.encode(PROMPTS), b, atol=1e-4)  # float32 graph: equal to torch
+
+
+def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
+    with caplog.at_level(logging.WARNING, logger="pipeline.embed"):
+        bb = Backbone(batch_size=2, export_dir=tmp_path)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.embed"]
+    assert len(warnings) == 1 and "'openvino' unavailable" in warnings[0].getMessage()
+    assert bb.backend == "torch" and bb.precision == "float32"
+    assert bb.cache_key.endswith("-torch-float32")
+    assert not (tmp_path / bb.key).exists()  # failed before exporting anything
+    np.testing.assert_allclose(bb.encode(PROMPTS), Backbone(backend="torch").encode(PROMPTS), atol=1e-6)
+
+
+def test_fast_backend_export_failure_falls_back(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from pipeline import fast_backbone
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(fast_backbone, "export_onnx", broken)
+    with caplog.at_level(logging.WARNING, logger="pipeline.embed"):
+        bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path)
+    assert bb.backend == "torch" and "exporter exploded" in caplog.text
+
+
+def test_backend_choices_are_checked(tiny_qwen3_dir):
+    with pytest.raises(RouterLiteError, match="backend 'tensorrt'"):
+        Backbone(backend="tensorrt")
+    with pytest.raises(RouterLiteError, match="mean-pooled encoders on the CPU"):
+        Backbone(tiny_qwen3_dir, pooling="last_token", backend="openvino")
+    assert Backbone(tiny_qwen3_dir, pooling="last_token").backend == "torch"  # auto: decoders stay on torch
 
 
 # ------------------------------------------------------------------ Dagster resource
