@@ -173,7 +173,7 @@ def operating_path(pred_val: np.ndarray, picks0_val: np.ndarray, R_eff_val: np.n
             "allowed": None if allowed is None else [bool(a) for a in allowed],
             "best_single_validation": {"quality": bs["quality"], "ci_low": bs["ci_low"], "ci_high": bs["ci_high"],
                                        "cost_per_1k": bs["cost_per_1k"]},
-            "n_validation": int(len(R_eff_val)), "points": points}
+            "n_validation": len(R_eff_val), "points": points}
 
 
 def resolve(target: Target | str | None, path: dict) -> dict:

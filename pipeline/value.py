@@ -132,7 +132,7 @@ def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.
                             "cost_per_1k": bs_cost},
             "oracle": {"quality": float(R_eff_te.max(axis=1).mean()),
                        "cost_per_1k": float(1000.0 * C_te[rows, oracle].mean())},
-            "weak": agents[weak], **{k: rl[k] for k in ("apgr", "cpt50", "cpt80")}, "n_test": int(len(rows))}
+            "weak": agents[weak], **{k: rl[k] for k in ("apgr", "cpt50", "cpt80")}, "n_test": len(rows)}
 
 
 def value_line(value: dict, target: str = "parity", models: dict | None = None) -> str:
@@ -166,7 +166,7 @@ def targets_markdown(value: dict) -> str:
                  "cost ratio": 1.0})
     rows.append({"target": "oracle", "quality": orc["quality"], "$/1k (est.)": orc["cost_per_1k"],
                  "cost ratio": orc["cost_per_1k"] / bs["cost_per_1k"] if bs["cost_per_1k"] else None})
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
     df = pd.DataFrame(rows)
     return (df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4f", missingval="")
             + f"\n\nRouteLLM metrics, {bs['agent']} (strong) vs {value['weak']} (weak): APGR {fmt(value['apgr'])}, "
