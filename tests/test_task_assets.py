@@ -50,6 +50,24 @@ def test_planted_duplicate_fails_the_check(home):
     assert tasks.task_pool_unique_ids(task_pool=pool).passed is True
 
 
+def test_demo_task_pool_is_the_zeroeval_default(tmp_path):
+    """The default profile's task stage: three ZeroEval partitions -> 2,840 tasks, geometry out of distribution."""
+    res = build_resources(str(tmp_path), profile="demo")
+    for key in ["zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"]:
+        assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
+    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res)
+    assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+    pool = pd.read_parquet(tmp_path / "assets" / "task_pool" / "__all__.parquet")
+    assert len(pool) == 2840 and int(pool["ood"].sum()) == 123
+    assert pool["source"].value_counts().to_dict() == {"zeroeval_gsm8k": 1319, "zeroeval_crux": 800,
+                                                       "zeroeval_math_l5": 721}
+    assert pool["domain"].value_counts().to_dict() == {"math": 2040, "reasoning": 800}
+    assert pool["split"].value_counts().to_dict() == {"train": 1630, "test": 666, "validation": 544}
+    assert set(pool.loc[pool["ood"], "category"]) == {"geometry"}
+    card = (tmp_path / "datasets" / "tasks" / "README.md").read_text()
+    assert "yuchenlin/ZeroEval" in card and "CRUXEval-O MIT" in card
+
+
 def test_missing_upstream_partition_is_a_clear_error(tmp_path):
     res = build_resources(str(tmp_path), profile="mmlu_pro")
     result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res, raise_on_error=False)
