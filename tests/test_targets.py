@@ -123,7 +123,8 @@ def _matrix_world(tmp_path):
     path = registry.register(tmp_path, fit.head, fit.guard, fit.best_single,
                              backbone={"id": "synthetic", "key": "synthetic", "dim": d},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points)
+                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points,
+                             cost_scorer=fit.cost_scorer)
     return fit, registry.load(path), X, cluster
 
 
