@@ -101,8 +101,8 @@ def replay_accuracy(official_dir: Path | None, concurrency: int = 64) -> dict:
     from pipeline.prompts import mcq_prompt
     from resources.pool import PoolResource
 
-    res = PoolResource(kind="replay", pool="demo")
-    agents = load_agents(ROOT / "config" / "agents.yaml", "demo")
+    res = PoolResource(kind="replay", pool="mmlu_pro")
+    agents = load_agents(ROOT / "config" / "agents.yaml", "mmlu_pro")
     store = res.store()
     src = pd.read_parquet(ROOT / "data" / "sources" / "mmlu_pro" / "test.parquet")
     src["prompt"] = [mcq_prompt(q, list(o)) for q, o in zip(src.question, src.options)]

@@ -41,11 +41,11 @@ GOAL_P50_MS = 20.0
 
 
 def recorded_prompts(n: int, skip: int = 0) -> list[str]:
-    """MMLU-Pro prompts (bundled source) recorded for every agent of the demo pool, in source order."""
+    """MMLU-Pro prompts (bundled source) recorded for every agent of the mmlu_pro pool, in source order."""
     from pipeline.tasks import load_source
     from resources.pool import PoolResource
 
-    pool = PoolResource(kind="replay", pool="demo")
+    pool = PoolResource(kind="replay", pool="mmlu_pro")
     store, agents = pool.store(), pool.agents()
     out = []
     for p in load_source("mmlu_pro")["prompt"]:
@@ -68,7 +68,7 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128) -> Path:
     from pipeline.train import TrainConfig
     from resources.pool import PoolResource
 
-    pool = PoolResource(kind="replay", pool="demo")
+    pool = PoolResource(kind="replay", pool="mmlu_pro")
     store, agents = pool.store(), pool.agents()
     names = [a.name for a in agents]
     tasks = load_source("mmlu_pro")
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head", default=None, help="registered head dir (default: train one in a temp dir)")
     ap.add_argument("--save-head", default=None, help="register the trained head here (reuse it with --head)")
-    ap.add_argument("--profile", default="demo", help="profile whose pool the server calls (a replay pool)")
+    ap.add_argument("--profile", default="mmlu_pro", help="profile whose pool the server calls (a replay pool)")
     ap.add_argument("--requests", type=int, default=200, help="requests per phase")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--dtype", nargs="+", default=["auto"], help="backbone dtype(s) to compare (auto = float32 on "

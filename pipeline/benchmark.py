@@ -33,7 +33,8 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
         if gold not in LETTERS[:len(options)]:
             raise RouterLiteError(f"{where}: answer {gold!r} is not one of the {len(options)} option letters")
         out.append({"id": str(r.get("id", i)), "prompt": mcq_prompt(r["question"], options), "gold": gold,
-                    "grader": "mcq_letter", "group": str(r.get("group") or r.get("category") or r.get("difficulty") or "all")})
+                    "grader": "mcq_letter",
+                    "group": str(r.get("group") or r.get("category") or r.get("difficulty") or "all")})
     return pd.DataFrame(out)
 
 

@@ -16,7 +16,7 @@ SOURCE_LICENCES = {
     "mmlu": "MIT (hendrycks/test) — via hiyouga/LLaMA-Factory @ 65ea7a0",
     "mmlu_pro": "Apache-2.0 (TIGER-AI-Lab/MMLU-Pro @ f418b11)",
     "rlpr": "Apache-2.0 code (OpenBMB/RLPR); data from the user's own copy",
-    "zeroeval_gsm8k": "Apache-2.0 prompts (yuchenlin/ZeroEval @ 570c626); GSM8K questions MIT (openai/grade-school-math)",
+    "zeroeval_gsm8k": "Apache-2.0 prompts (yuchenlin/ZeroEval @ 570c626); GSM8K MIT (openai/grade-school-math)",
     "zeroeval_math_l5": "Apache-2.0 prompts (yuchenlin/ZeroEval @ 570c626); MATH level-5 problems MIT (hendrycks/math)",
     "zeroeval_crux": "Apache-2.0 prompts (yuchenlin/ZeroEval @ 570c626); CRUXEval-O MIT (facebookresearch/cruxeval)",
 }

@@ -21,7 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--home", default=".router-lite")
     ap.add_argument("--zips", default=str(Path(__file__).resolve().parents[2] / "shared/data/reward-matrices/mmlu-pro-tiger-eval-results"))
-    ap.add_argument("--pool", default="demo")
+    ap.add_argument("--pool", default="mmlu_pro")
     a = ap.parse_args()
     home = Path(a.home)
     pool = pd.read_parquet(home / "assets/task_pool/__all__.parquet")

@@ -84,7 +84,8 @@ def build(source: Path) -> dict:
     if (counts != n_questions).any():
         raise SystemExit(f"{source}: incomplete models {counts[counts != n_questions].to_dict()}")
 
-    tasks = df.drop_duplicates("qid")[["qid", "domain", "prompt", "gold", "question"]].rename(columns={"domain": "task"})
+    tasks = df.drop_duplicates("qid")[["qid", "domain", "prompt", "gold", "question"]]
+    tasks = tasks.rename(columns={"domain": "task"})
     tasks["index"] = tasks["qid"].map(_upstream_index)
     tasks = tasks.sort_values(["task", "index"], key=lambda s: s.map(TASK_ORDER) if s.name == "task" else s)
     tasks = tasks.reset_index(drop=True)
