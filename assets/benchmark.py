@@ -16,7 +16,7 @@ from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
 from pipeline.calls import CallLog
 from pipeline.embed import EmbeddingCache
-from pipeline.frontier import baseline_policies, frontier_points, plot_frontier, policy_table
+from pipeline.frontier import PointSet, baseline_policies, frontier_points, plot_frontier, policy_table
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import KnnRouter
 from pipeline.pool import run_collect
@@ -57,8 +57,13 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     policies = baseline_policies(R[te], C[te], R[tr], agents)
     policies["kNN router"] = KnnRouter(k=knn_k).fit(X[tr], R[tr]).scores(X[te])
     policies["trained head"] = reg.head.scores(X[te])
-    if reg.scorer is not None:  # the operating points' scorer, λ-swept like the others
-        policies["router (value scorer)"] = reg.scorer.scores(X[te])
+    if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
+        rows = np.arange(int(te.sum()))
+        pts = []
+        for p in reg.operating_points["points"]:
+            picks, _ = reg.route(X[te], None if p["lambda"] == 0 else f"lambda={p['lambda']!r}")
+            pts.append((C[te][rows, picks].mean(), R[te][rows, picks].mean()))
+        policies["router (operating points)"] = PointSet(np.array(pts))
     table = policy_table(policies, R[te], C[te])
     table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
     png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)",
@@ -119,8 +124,8 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     aiq = dict(zip(table["policy"], table["aiq"]))
     pool_file = reports / "pool_report.json"
     verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
-    # aiq.head: the cost–quality policy the head ships (its value scorer, λ-swept; the trained head without one)
-    rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (value scorer)", aiq.get("trained head")),
+    # aiq.head: the cost–quality policy the head ships (its operating points on test; the trained head without them)
+    rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (operating points)", aiq.get("trained head")),
                                                   "prior": aiq.get("prior"),
                                                   "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")})
     atomic_write_json(rv, reports / "router_value.json")

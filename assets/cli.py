@@ -81,7 +81,7 @@ def cmd_train(args) -> int:
         agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
         data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
                      "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points)
+        metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
     print(f"registered {path.name} at {path}", file=sys.stderr)
     print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
                       "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}

@@ -1,12 +1,20 @@
 """Lineage stage 3a: the pool report — is this pool complementary or quality-dominated? (pipeline/pool_report.py)"""
 import pandas as pd
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, MetadataValue, Output, asset, \
-    asset_check
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    MetadataValue,
+    Output,
+    asset,
+    asset_check,
+)
 
 from assets.collection import reward_matrix
 from assets.router import prompt_embeddings, reward_embeddings, training_split
 from pipeline.io import atomic_write_json, atomic_write_text
-from pipeline.pool_report import WARNING, domain_column, labels_of, pool_report as build_report, report_markdown
+from pipeline.pool_report import WARNING, domain_column, labels_of, report_markdown
+from pipeline.pool_report import pool_report as build_report
 from pipeline.rewards import to_arrays
 from resources.storage import StorageResource
 

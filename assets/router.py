@@ -85,6 +85,10 @@ def router_head(context: AssetExecutionContext, profile: ProfileResource, storag
     out = storage.path("router_head")
     fit.head.save(out / registry.WEIGHTS)
     fit.scorer.save(out / registry.SCORER)
+    if fit.cost_scorer is not None:
+        fit.cost_scorer.save(out / registry.COST_SCORER)
+    elif (out / registry.COST_SCORER).exists():
+        (out / registry.COST_SCORER).unlink()
     registry.save_guard(fit.guard, out / registry.GUARD)
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
@@ -136,6 +140,8 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
     src = storage.path("router_head")
     head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
     scorer = Head.load(src / registry.SCORER, agents=router_head["agents"])
+    cost_scorer = (Head.load(src / registry.COST_SCORER, agents=router_head["agents"])
+                   if (src / registry.COST_SCORER).exists() else None)
     guard = registry.load_guard(src / registry.GUARD)
     bb = backbone.get_backbone()
     pool = active_pool(context, pool, storage)  # the pool the head was trained on (a wider one after re-collection)
@@ -150,7 +156,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
         agents=agents, training={**router_head["train_config"], "activation": head.activation,
                                  "pool": pool.pool, "pool_kind": pool.kind},
         data_hashes=data_hashes, metrics=router_head["metrics"], scorer=scorer,
-        operating_points=router_head["operating_points"])
+        operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
     entry = json.loads((path / registry.MANIFEST).read_text())
     atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
     context.log.info(f"registered {entry['name']} at {path}")

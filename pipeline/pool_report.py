@@ -78,7 +78,7 @@ def leaders(R: np.ndarray, groups: np.ndarray, agents: list[str]) -> dict[str, d
         tied = [agents[top]]
         for j in range(len(agents)):
             if j != top:
-                d, lo, hi = _paired_ci(R[m, j] - R[m, top])
+                _, _, hi = _paired_ci(R[m, j] - R[m, top])
                 if hi >= 0:
                     tied.append(agents[j])
         out[g] = {"top": agents[top], "tied_leaders": tied, "n": int(m.sum())}
@@ -190,8 +190,8 @@ def report_markdown(rep: dict) -> str:
     lines = [f"**Pool verdict: {rep['verdict']['text']}**", ""]
     if rep["verdict"]["kind"] == "quality-dominated":
         lines += [f"Warning: {WARNING}.", ""]
-    lines += [f"Accuracy with 95 % CI per agent × {rep.get('domain_column') or 'domain'} on {rep['n_rows']} "
-              "development rows (train + validation); cost is estimated USD per 1k queries:", "",
+    lines += [(f"Accuracy with 95 % CI per agent × {rep.get('domain_column') or 'domain'} on {rep['n_rows']} "
+               "development rows (train + validation); cost is estimated USD per 1k queries:"), "",
               _pivot(rep["by_domain"]), ""]
     lines += ["Leaders (top agent, and agents whose paired 95 % CI of the gap to it contains 0): "
               + "; ".join(f"{g}: {', '.join(v['tied_leaders'])}" for g, v in rep["leaders"].items()), ""]

@@ -25,6 +25,7 @@ MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
 GUARD = "guard.npz"
 SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
+COST_SCORER = "cost_scorer.safetensors"  # predicted cost per query and agent (the λ·cost term)
 REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
 
 
@@ -48,6 +49,7 @@ class RegisteredHead:
     guard: OODGuard
     best_single: int
     scorer: Head | None = None
+    cost_scorer: Head | None = None
 
     @property
     def name(self) -> str:
@@ -84,9 +86,10 @@ class RegisteredHead:
         lam = self.resolve_target(target)["lambda"] if target is not None else 0.0
         if lam > 0:
             from pipeline.targets import cost_aware_pick
+            from pipeline.value import pick_costs
 
-            picks = cost_aware_pick(self.scorer.scores(X), np.asarray(self.operating_points["agent_cost"]), lam,
-                                    self.operating_points.get("allowed"))
+            cost = pick_costs(self.cost_scorer, X, self.operating_points["agent_cost"])
+            picks = cost_aware_pick(self.scorer.scores(X), cost, lam, self.operating_points.get("allowed"))
         else:
             picks = self.head.pick(X)
         picks[fired] = self.best_single
@@ -128,7 +131,7 @@ def load_guard(path: Path) -> OODGuard:
 
 def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
-             operating_points: dict | None = None) -> Path:
+             operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
     """Write the head under `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
     if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
         raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
@@ -140,11 +143,15 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
         save_guard(guard, tmp / GUARD)
         if scorer is not None:
             scorer.save(tmp / SCORER)
+        if cost_scorer is not None:
+            cost_scorer.save(tmp / COST_SCORER)
         # hash array contents, not file bytes: zip (npz) entries carry write times
         digest = content_hash(np.ascontiguousarray(head.to_vector(), np.float32).tobytes(),
                               b"" if head.mean is None else head.mean.tobytes() + head.std.tobytes(),
                               guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
                               b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
+                              b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
+                                                                                  np.float32).tobytes(),
                               json.dumps(operating_points, sort_keys=True, default=str),
                               json.dumps([head.activation, head.hidden_dim, agents, backbone, training, data_hashes],
                                          sort_keys=True, default=str))
@@ -156,7 +163,8 @@ def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backb
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
             "files": {"weights": WEIGHTS, "guard": GUARD, "reference": "reference.py",
-                      **({"scorer": SCORER} if scorer is not None else {})},
+                      **({"scorer": SCORER} if scorer is not None else {}),
+                      **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
         }
         if operating_points is not None:
             manifest["operating_points"] = operating_points
@@ -233,4 +241,7 @@ def load(path: str | Path) -> RegisteredHead:
     scorer = None
     if manifest.get("files", {}).get("scorer"):
         scorer = Head.load(path / manifest["files"]["scorer"], d=dim, K=len(names), agents=names)
-    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]), scorer)
+    cost_scorer = None
+    if manifest.get("files", {}).get("cost_scorer"):
+        cost_scorer = Head.load(path / manifest["files"]["cost_scorer"], d=dim, K=len(names), agents=names)
+    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]), scorer, cost_scorer)

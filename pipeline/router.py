@@ -31,6 +31,7 @@ class RouterFit:
     metrics: dict  # held-out metrics (METRIC_KEYS) of the head with its OOD guard
     extra: dict = field(default_factory=dict)  # train fit, unguarded head, guard fire rate, routing report, ...
     scorer: Head | None = None  # value scorer: predicted rewards, for the cost-aware operating points
+    cost_scorer: Head | None = None  # predicted cost per query and agent (None when the matrix has no costs)
     operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.targets)
     value: dict = field(default_factory=dict)  # held-out value report (pipeline.value.held_out_value)
 
@@ -127,24 +128,32 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     }
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
-                     operating_points=value.pop("path"), value=value)
+                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value)
 
 
 def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
                      labels, picks_te, knn_picks_te) -> dict:
     """The value scorer, the λ path on validation (pipeline.targets) and the held-out value report."""
     from pipeline.targets import operating_path
-    from pipeline.value import agent_costs, fit_value_scorer, held_out_value, label_router_metrics
+    from pipeline.value import (agent_costs, fit_cost_scorer, fit_value_scorer, held_out_value, label_router_metrics,
+                                pick_costs)
 
     tr, va, te = m["train"], m["validation"], m["held_out"]
     fit_rows = va if va.any() else tr
     R_eff = effective_rewards(R, B)
     scorer, info = fit_value_scorer(trained, X[tr], R_eff[tr], X[fit_rows], R_eff[fit_rows])
     cost = agent_costs(C[tr])
+    cost_scorer = None
+    if np.any(C[tr] > 0):
+        cost_scorer, cinfo = fit_cost_scorer(trained, X[tr], C[tr], X[fit_rows], C[fit_rows])
+        info = {**info, "cost_alpha": cinfo["alpha"], "cost_val_r2": cinfo["val_r2"]}
     path = operating_path(scorer.scores(X[fit_rows]), guard.route(shipped.pick(X[fit_rows]), X[fit_rows], best),
-                          R_eff[fit_rows], C[fit_rows], cost, best, agents)
+                          R_eff[fit_rows], C[fit_rows], cost, best, agents,
+                          pick_cost_val=pick_costs(cost_scorer, X[fit_rows], cost))
     path["scorer"] = info
-    value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard)
+    path["cost_model"] = "predicted per query" if cost_scorer is not None else "agent mean"
+    value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard,
+                           cost_scorer=cost_scorer)
     rows = np.arange(int(te.sum()))
     value["knn"] = float(R_eff[te][rows, knn_picks_te].mean())
     if labels is not None:
@@ -154,5 +163,5 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
     value["head_minus_knn"] = paired_gain_ci(np.zeros(len(rows), np.int64),
                                              np.column_stack([R_eff[te][rows, picks_te], R_eff[te][rows, knn_picks_te]]),
                                              1)
-    return {"scorer": scorer, "path": path, **value}
+    return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
 

@@ -89,16 +89,17 @@ def parse_target(text: str | None) -> Target:
 
 # ------------------------------------------------------------------------------------------------ picking
 def cost_aware_pick(pred: np.ndarray, agent_cost: np.ndarray, lam: float, allowed=None) -> np.ndarray:
-    """argmax_j pred[i, j] − λ·agent_cost[j] over the `allowed` agents (None: all), ties → the cheaper agent,
-    then the lower index."""
+    """argmax_j pred[i, j] − λ·cost[i, j] over the `allowed` agents (None: all), ties → the cheaper agent, then the
+    lower index. `agent_cost` is (K,) (one cost per agent) or (n, K) (a predicted cost per query and agent)."""
     pred = np.asarray(pred, dtype=np.float64)
     c = np.asarray(agent_cost, dtype=np.float64)
-    v = pred - float(lam) * c[None, :]
+    c = np.broadcast_to(c[None, :] if c.ndim == 1 else c, pred.shape)
+    v = pred - float(lam) * c
     if allowed is not None:
         v = np.where(np.asarray(allowed, dtype=bool)[None, :], v, -np.inf)
     vmax = v.max(axis=1, keepdims=True)
     cand = v >= vmax - 1e-12 * np.maximum(1.0, np.abs(vmax))
-    return np.argmin(np.where(cand, c[None, :], np.inf), axis=1)
+    return np.argmin(np.where(cand, c, np.inf), axis=1)
 
 
 def hull_agents(quality: np.ndarray, agent_cost: np.ndarray) -> np.ndarray:
@@ -116,7 +117,8 @@ def lambda_grid(pred: np.ndarray, agent_cost: np.ndarray, n: int = 120) -> np.nd
     """0 and a log grid from 'cost barely matters' to 'only cost matters', from the spread of the predictions and
     of the agents' costs (the top makes the cheapest agent win every row)."""
     pred = np.asarray(pred, dtype=np.float64)
-    c = np.sort(np.unique(np.asarray(agent_cost, dtype=np.float64)))
+    c = np.asarray(agent_cost, dtype=np.float64)
+    c = np.sort(np.unique(c.mean(axis=0) if c.ndim == 2 else c))
     dc = np.diff(c)
     span = float(np.max(pred.max(axis=1) - pred.min(axis=1))) if pred.size else 0.0
     if dc.size == 0 or span <= 0:
@@ -156,14 +158,16 @@ def point_stats(picks: np.ndarray, R_eff: np.ndarray, C: np.ndarray, best_single
 
 def operating_path(pred_val: np.ndarray, picks0_val: np.ndarray, R_eff_val: np.ndarray, C_val: np.ndarray,
                    agent_cost: np.ndarray, best_single: int, agents: list[str],
-                   lambdas: np.ndarray | None = None, allowed=None) -> dict:
+                   lambdas: np.ndarray | None = None, allowed=None, pick_cost_val: np.ndarray | None = None) -> dict:
     """The λ path on validation: point 0 = max-quality (`picks0_val`, the shipped head), then one point per λ > 0
-    of the cost-aware pick on `pred_val`; consecutive λ with identical picks are merged (the first λ kept)."""
-    lams = lambda_grid(pred_val, agent_cost) if lambdas is None else np.asarray(lambdas, dtype=np.float64)
+    of the cost-aware pick on `pred_val` with the pick-time costs `pick_cost_val` ((n, K) predicted per query;
+    None: `agent_cost`); consecutive λ with identical picks are merged (the first λ kept)."""
+    pick_cost = agent_cost if pick_cost_val is None else pick_cost_val
+    lams = lambda_grid(pred_val, pick_cost) if lambdas is None else np.asarray(lambdas, dtype=np.float64)
     points = [{"lambda": 0.0, **point_stats(picks0_val, R_eff_val, C_val, best_single, agents)}]
     last = None
     for lam in lams[lams > 0]:
-        picks = cost_aware_pick(pred_val, agent_cost, lam, allowed)
+        picks = cost_aware_pick(pred_val, pick_cost, lam, allowed)
         if last is not None and np.array_equal(picks, last):
             continue
         last = picks
@@ -173,7 +177,7 @@ def operating_path(pred_val: np.ndarray, picks0_val: np.ndarray, R_eff_val: np.n
             "allowed": None if allowed is None else [bool(a) for a in allowed],
             "best_single_validation": {"quality": bs["quality"], "ci_low": bs["ci_low"], "ci_high": bs["ci_high"],
                                        "cost_per_1k": bs["cost_per_1k"]},
-            "n_validation": int(len(R_eff_val)), "points": points}
+            "n_validation": len(R_eff_val), "points": points}
 
 
 def resolve(target: Target | str | None, path: dict) -> dict:

@@ -2,7 +2,9 @@
 
 Value scorer: a linear head whose scores are **predicted rewards** (reward units): per-agent ridge regression of the
 (tie-aware) training rewards on the standardised embeddings, the ridge strength chosen by validation mean squared
-error. `pipeline.targets.cost_aware_pick` subtracts λ × each agent's mean training cost per query from these
+error. `pipeline.targets.cost_aware_pick` subtracts λ × the predicted cost of each agent on the query (a second ridge,
+the *cost scorer*, same features, fitted on the training costs; chosen over each agent's mean training cost by the
+validation area under the λ path, docs/training.md) from these
 predictions. (Ridge of ``reward − λ·cost`` is ridge of the reward minus λ × ridge of the cost; with the cost
 predicted by its per-agent mean this is the same pick, so one fit serves every λ.)
 
@@ -26,6 +28,26 @@ VALUE_ALPHAS = tuple(float(a) for a in np.logspace(0, 5, 11))
 def agent_costs(C_train: np.ndarray) -> np.ndarray:
     """Mean cost (USD) per query of each agent on the training rows: the λ·cost term at pick time."""
     return np.asarray(C_train, dtype=np.float64).mean(axis=0)
+
+
+def fit_cost_scorer(head: Head, X_train: np.ndarray, C_train: np.ndarray, X_val: np.ndarray, C_val: np.ndarray,
+                    alphas=VALUE_ALPHAS) -> tuple[Head, dict]:
+    """(head predicting each agent's cost per query in USD, {"alpha", "val_r2"}): the same ridge as the value scorer,
+    on the cost matrix. A reply's length (so its cost) differs by query far more than by agent list price alone."""
+    scorer, info = fit_value_scorer(head, X_train, C_train, X_val, C_val, alphas)
+    pred = pick_costs(scorer, X_val, None)
+    var = np.asarray(C_val, np.float64).var(axis=0)
+    info["val_r2"] = [float(1 - ((pred[:, j] - C_val[:, j]) ** 2).mean() / var[j]) if var[j] > 0 else None
+                      for j in range(pred.shape[1])]
+    return scorer, info
+
+
+def pick_costs(cost_scorer: Head | None, X: np.ndarray, agent_cost) -> np.ndarray:
+    """The cost term at pick time: the cost scorer's prediction per query and agent (floored at 1e-9 USD: a linear
+    prediction can dip below zero), or each agent's mean training cost when there is no cost scorer."""
+    if cost_scorer is None:
+        return np.tile(np.asarray(agent_cost, np.float64), (len(X), 1))
+    return np.maximum(cost_scorer.scores(X).astype(np.float64), 1e-9)
 
 
 def fit_value_scorer(head: Head, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray,
@@ -95,13 +117,15 @@ def routellm_metrics(pred: np.ndarray, R_eff: np.ndarray, strong: int, weak: int
 
 
 def target_picks(target: str, path: dict, X: np.ndarray, head_picks: np.ndarray, scorer: Head,
-                 agent_cost: np.ndarray, guard=None, fallback: int | None = None) -> tuple[np.ndarray, dict]:
+                 agent_cost: np.ndarray, guard=None, fallback: int | None = None,
+                 cost_scorer: Head | None = None) -> tuple[np.ndarray, dict]:
     """Picks of a target on rows X: λ = 0 → the shipped head's picks (given); λ > 0 → the cost-aware scorer pick,
     with the OOD guard sending far-away rows to `fallback`."""
     point = resolve(target, path)
     if point["lambda"] == 0:
         return np.asarray(head_picks), point
-    picks = cost_aware_pick(scorer.scores(X), agent_cost, point["lambda"])
+    picks = cost_aware_pick(scorer.scores(X), pick_costs(cost_scorer, X, agent_cost), point["lambda"],
+                            path.get("allowed"))
     if guard is not None:
         picks = guard.route(picks, X, fallback)
     return picks, point
@@ -109,7 +133,8 @@ def target_picks(target: str, path: dict, X: np.ndarray, head_picks: np.ndarray,
 
 def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.ndarray, head_picks: np.ndarray,
                    scorer: Head, agent_cost: np.ndarray, best_single: int, agents: list[str], guard=None,
-                   targets=REPORT_TARGETS, extra_targets: list[str] | None = None) -> dict:
+                   targets=REPORT_TARGETS, extra_targets: list[str] | None = None,
+                   cost_scorer: Head | None = None) -> dict:
     """Per target on the test rows (see the module docstring) + best single, oracle, APGR/CPT."""
     if len(X_te) != len(R_eff_te):
         raise RouterLiteError(f"{len(X_te)} test embeddings for {len(R_eff_te)} reward rows")
@@ -117,7 +142,8 @@ def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.
     bs_cost = float(1000.0 * C_te[:, best_single].mean())
     out_targets = {}
     for name in list(targets) + list(extra_targets or []):
-        picks, point = target_picks(name, path, X_te, head_picks, scorer, agent_cost, guard, best_single)
+        picks, point = target_picks(name, path, X_te, head_picks, scorer, agent_cost, guard, best_single,
+                                    cost_scorer)
         s = point_stats(picks, R_eff_te, C_te, best_single, agents)
         out_targets[point["target"]] = {
             "quality": s["quality"], "ci_low": s["ci_low"], "ci_high": s["ci_high"], "cost_per_1k": s["cost_per_1k"],
@@ -132,7 +158,7 @@ def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.
                             "cost_per_1k": bs_cost},
             "oracle": {"quality": float(R_eff_te.max(axis=1).mean()),
                        "cost_per_1k": float(1000.0 * C_te[rows, oracle].mean())},
-            "weak": agents[weak], **{k: rl[k] for k in ("apgr", "cpt50", "cpt80")}, "n_test": int(len(rows))}
+            "weak": agents[weak], **{k: rl[k] for k in ("apgr", "cpt50", "cpt80")}, "n_test": len(rows)}
 
 
 def value_line(value: dict, target: str = "parity", models: dict | None = None) -> str:
@@ -166,7 +192,7 @@ def targets_markdown(value: dict) -> str:
                  "cost ratio": 1.0})
     rows.append({"target": "oracle", "quality": orc["quality"], "$/1k (est.)": orc["cost_per_1k"],
                  "cost ratio": orc["cost_per_1k"] / bs["cost_per_1k"] if bs["cost_per_1k"] else None})
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
     df = pd.DataFrame(rows)
     return (df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4f", missingval="")
             + f"\n\nRouteLLM metrics, {bs['agent']} (strong) vs {value['weak']} (weak): APGR {fmt(value['apgr'])}, "

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.router import fit_router  # noqa: E402
-from pipeline.train import TrainConfig  # noqa: E402
-from pipeline.value import targets_markdown, value_line  # noqa: E402
+from pipeline.router import fit_router
+from pipeline.train import TrainConfig
+from pipeline.value import targets_markdown, value_line
 
 LEVERS = {
     "baseline (ridge start, hard fitness)": {},

@@ -17,23 +17,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from router_value import pipeline_data, routerbench_data  # noqa: E402
+from router_value import pipeline_data, routerbench_data
 
-from pipeline.frontier import aiq, upper_hull  # noqa: E402
-from pipeline.knn import KnnRouter  # noqa: E402
-from pipeline.rewards import to_arrays  # noqa: E402
-from pipeline.router import split_masks  # noqa: E402
-from pipeline.targets import (REPORT_TARGETS, cost_aware_pick, hull_agents, operating_path, point_stats,  # noqa: E402
-                              resolve)
-from pipeline.train import TrainConfig, effective_rewards, train_head  # noqa: E402
-from pipeline.value import agent_costs, fit_value_scorer  # noqa: E402
+from pipeline.frontier import aiq, upper_hull
+from pipeline.knn import KnnRouter
+from pipeline.rewards import to_arrays
+from pipeline.router import split_masks
+from pipeline.targets import (
+    REPORT_TARGETS,
+    cost_aware_pick,
+    hull_agents,
+    operating_path,
+    point_stats,
+    resolve,
+)
+from pipeline.train import TrainConfig, effective_rewards, train_head
+from pipeline.value import agent_costs, fit_value_scorer
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", choices=["pipeline", "routerbench"], default="pipeline")
     args = ap.parse_args()
-    X, rewards, split, labels, name = pipeline_data() if args.data == "pipeline" else routerbench_data()
+    X, rewards, split, _labels, name = pipeline_data() if args.data == "pipeline" else routerbench_data()
     agents, R, B, C = to_arrays(rewards)
     m = split_masks(split.reset_index(drop=True), "test", rewards["task_id"].astype(str).tolist())
     tr, va, te = m["train"], m["validation"], m["held_out"]

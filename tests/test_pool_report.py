@@ -6,8 +6,14 @@ import pandas as pd
 import pytest
 
 from pipeline.errors import RouterLiteError
-from pipeline.pool_report import (domain_column, label_router_picks, labels_of, leaders, pool_report,
-                                  report_markdown)
+from pipeline.pool_report import (
+    domain_column,
+    label_router_picks,
+    labels_of,
+    leaders,
+    pool_report,
+    report_markdown,
+)
 
 AGENTS = ["a", "b", "c"]
 
@@ -71,6 +77,6 @@ def test_label_router_and_columns():
 
 
 def test_needs_training_rows():
-    R, C, dom, split, X = _world(False, n=30)
+    R, C, dom, _split, _X = _world(False, n=30)
     with pytest.raises(RouterLiteError, match="no training rows"):
         pool_report(R, C, AGENTS, dom, np.full(30, "test", dtype=object))

@@ -9,7 +9,14 @@ from pipeline import registry
 from pipeline.errors import RouterLiteError
 from pipeline.ood import OODGuard
 from pipeline.router import fit_router
-from pipeline.targets import (Target, cost_aware_pick, operating_path, parse_target, request_target, resolve)
+from pipeline.targets import (
+    Target,
+    cost_aware_pick,
+    operating_path,
+    parse_target,
+    request_target,
+    resolve,
+)
 from pipeline.train import TrainConfig
 from pipeline.value import routellm_metrics
 
@@ -67,7 +74,7 @@ def _path():
 
 
 def test_path_and_named_targets():
-    path, R, C = _path()
+    path, _R, _C = _path()
     pts = path["points"]
     assert pts[0]["lambda"] == 0 and pts[0]["quality"] == 1.0 and pts[0]["cost_per_1k"] == pytest.approx(10.0)
     assert [p["lambda"] for p in pts] == sorted(p["lambda"] for p in pts)
@@ -116,7 +123,8 @@ def _matrix_world(tmp_path):
     path = registry.register(tmp_path, fit.head, fit.guard, fit.best_single,
                              backbone={"id": "synthetic", "key": "synthetic", "dim": d},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points)
+                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points,
+                             cost_scorer=fit.cost_scorer)
     return fit, registry.load(path), X, cluster
 
 
@@ -171,7 +179,7 @@ def test_serve_honours_the_target_per_request(tmp_path):
     from pipeline.pool import AgentSpec
     from pipeline.serve import ServeSettings, build_app, serve_in_thread
 
-    fit, reg, X, cluster = _matrix_world(tmp_path)
+    _fit, reg, X, cluster = _matrix_world(tmp_path)
     fired = reg.guard.fires(X)
     row = int(np.flatnonzero(~cluster & ~fired)[0])          # a cluster-B query: both agents right
     specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),

@@ -106,7 +106,8 @@ def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smok
     meta = {e["label"]: e for e in latest["metadataEntries"]}
     assert {"report", "test_accuracy", "aiq_trained_head", "frontier_plot"} <= set(meta)
     assert 0.0 <= meta["test_accuracy"]["floatValue"] <= 1.0
-    assert meta["report"]["mdStr"].startswith("## Routed benchmark (smoke")
+    assert meta["report"]["mdStr"].startswith("## What the router is worth (smoke")
+    assert "## Routed benchmark (smoke" in meta["report"]["mdStr"] and "value_line" in meta
 
     (repo,) = _gql(webserver, OPERATIONS)["repositoriesOrError"]["nodes"]
     schedules = {s["name"]: s for s in repo["schedules"]}
