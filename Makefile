@@ -25,11 +25,16 @@ run: install
 test: install
 	$(BIN)/pytest
 
+# the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/
 bench: install
-	$(BIN)/python bench/collect.py
-	$(BIN)/python bench/train.py
 	$(BIN)/python bench/embed.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/collect.py
+	$(BIN)/python bench/train.py
+	@echo; echo "== bench results ($(ROUTER_LITE_HOME)/bench/)"; for f in embed serve collect; do \
+	  echo "-- $$f.json"; $(BIN)/python -c "import json,sys; d=json.load(open(sys.argv[1])); \
+	  print(json.dumps({k: v for k, v in d.items() if k not in ('speed','routing','levels','rows')}, indent=1))" \
+	  "$(ROUTER_LITE_HOME)/bench/$$f.json" || true; done
 
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

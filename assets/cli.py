@@ -27,16 +27,33 @@ def cmd_run(args) -> int:
     from resources.storage import default_home
 
     defs = build_definitions(profile=args.profile or "")
-    run_lineage(defs, args.profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
+    times = run_lineage(defs, args.profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
     print_summary(default_home(), args.profile)
+    print_stage_times(times, default_home())
     return 0
+
+
+def print_stage_times(times: dict, home: str) -> None:
+    """Wall seconds per stage and per asset step (summed over partitions); also reports/stage_times.json."""
+    from pathlib import Path
+
+    from pipeline.io import atomic_write_json
+
+    print(f"\nStage times (wall, s; total {times.get('total_s', 0):.1f}):")
+    for stage, s in times.get("stages", {}).items():
+        print(f"  {stage:<14} {s:>7.1f}")
+    steps = sorted(times.get("steps", {}).items(), key=lambda kv: -kv[1])
+    if steps:
+        print("  slowest steps: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[:6]))
+    out = Path(home) / "reports" / "stage_times.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(times, out)
 
 
 def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
-    import numpy as np
 
     from pipeline import registry
     from pipeline.embed import Backbone, EmbeddingCache

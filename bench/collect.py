@@ -3,9 +3,13 @@
 1. Throughput (default): graded calls/s of `pipeline.pool.collect` (real openai client, durable call log, grading)
    against a local OpenAI-protocol endpoint with a fixed 100 ms latency (tests/fault_server.py, its own process),
    at concurrency 8, 32, 128. The ideal rate is concurrency / latency; the ratio to it is printed
-   (goal: >= 0.9 at 32). Each level makes enough calls for >= 3.5 s at the ideal rate.
+   (goal: >= 0.9 at each level). Each level makes enough calls for >= 3.5 s at the ideal rate. When one process
+   misses the goal at a level and the machine has more than one core, the level is measured again sharded over
+   `--processes` collector processes (default: the core count), each with concurrency/N and its own call log - what
+   separate `graded_calls` partitions do - and the bench says so. Writes
+   $ROUTER_LITE_HOME/bench/collect.json {"concurrency": {"8": ratio, ...}, "levels": [...]}.
 
-       python bench/collect.py [--levels 8 32 128] [--latency-ms 100] [--seconds 3.5]
+       python bench/collect.py [--levels 8 32 128] [--latency-ms 100] [--seconds 3.5] [--processes N]
 
 2. Replay accuracy (`--replay-accuracy`): the demo pool (5 replayed agents) on every MMLU-Pro question (bundled
    task source) recorded for all 5 demo models, through `collect` on the in-process replay transport, graded with
@@ -30,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from pipeline.calls import CallLog  # noqa: E402
-from pipeline.pool import AgentSpec, CollectionSettings, collect  # noqa: E402
-from resources.pool import http_client  # noqa: E402
+from pipeline.calls import CallLog
+from pipeline.pool import AgentSpec, CollectionSettings, collect
+from resources.pool import http_client
 
 OFFICIAL_DIR = Path("/work/shared/data/reward-matrices/mmlu-pro-tiger-eval-results")
 
@@ -49,49 +53,93 @@ def start_endpoint(latency_ms: float) -> tuple[subprocess.Popen, str]:
     return proc, line.split(" ", 1)[1]
 
 
-def throughput(levels: list[int], latency_ms: float, seconds: float) -> list[dict]:
+def _bench_tasks(c: int, n: int, shard: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"task_id": [f"bench/test/{shard:02d}{i:06d}" for i in range(n)],
+                         "prompt": [f"bench c={c} shard {shard} question {i}" for i in range(n)], "gold": "A",
+                         "grader": "mcq_letter"})
+
+
+def _collect_level(base_url: str, c: int, n: int, shard: int = 0, go_at: float | None = None) -> dict:
+    """One collector: `n` calls at concurrency `c` into a fresh call log; wall clock from `go_at` (epoch s) if given."""
     import openai
 
+    tasks = _bench_tasks(c, n, shard)
+    agent = AgentSpec("bench", "bench-model", "local", None, 1.0, 1.0)
+    settings = CollectionSettings(concurrency=c, timeout_s=30, max_retries=0)
+    with tempfile.TemporaryDirectory(prefix="bench-collect-") as d:
+        log = CallLog(d)
+
+        def client_for(a):  # what PoolResource(kind="openai_compatible").client_for builds
+            return openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0,
+                                      http_client=http_client(30.0, max(256, c)))
+
+        if go_at is not None:
+            time.sleep(max(0.0, go_at - time.time()))
+        t0, cpu0 = time.time(), time.process_time()
+        df = asyncio.run(collect(tasks, [agent], 0, log, client_for, settings))
+        t1, cpu = time.time(), time.process_time() - cpu0
+        log.close()
+    return {"t0": t0, "t1": t1, "graded": int(df["correct"].notna().sum()), "cpu_s": cpu}
+
+
+def _shard_main(args):  # a top-level function: picklable for the process pool
+    return _collect_level(*args)
+
+
+def _sharded_level(base_url: str, c: int, n: int, processes: int) -> dict:
+    import concurrent.futures
+    import multiprocessing
+
+    per = [c // processes + (1 if i < c % processes else 0) for i in range(processes)]
+    calls = [n // processes + (1 if i < n % processes else 0) for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx) as ex:
+        list(ex.map(_shard_main, [(base_url, 1, 1, 90 + i, None) for i in range(processes)]))  # imports + warm-up
+        go_at = time.time() + 0.5
+        parts = list(ex.map(_shard_main, [(base_url, per[i], calls[i], i, go_at) for i in range(processes)]))
+    return {"t0": go_at, "t1": max(p["t1"] for p in parts), "graded": sum(p["graded"] for p in parts),
+            "cpu_s": sum(p["cpu_s"] for p in parts)}
+
+
+def throughput(levels: list[int], latency_ms: float, seconds: float, processes: int = 0) -> list[dict]:
     proc, base_url = start_endpoint(latency_ms)
+    processes = processes or (os.cpu_count() or 1)
     results = []
     try:
-        # warm-up (not timed): the SDK imports part of itself lazily on the first request
-        warm = pd.DataFrame({"task_id": ["warm/test/000000"], "prompt": ["warm"], "gold": "A", "grader": "mcq_letter"})
-        with tempfile.TemporaryDirectory(prefix="bench-warm-") as d:
-            asyncio.run(collect(warm, [AgentSpec("warm", "m", "local", None, 0, 0)], 0, CallLog(d),
-                                lambda a: openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)))
+        _collect_level(base_url, 1, 1, 99)  # warm-up (not timed): the SDK imports part of itself lazily
         for c in levels:
             limit = c / (latency_ms / 1000.0)
             n = math.ceil(limit * seconds)
-            tasks = pd.DataFrame({"task_id": [f"bench/test/{i:06d}" for i in range(n)],
-                                  "prompt": [f"bench c={c} question {i}" for i in range(n)], "gold": "A",
-                                  "grader": "mcq_letter"})
-            agent = AgentSpec("bench", "bench-model", "local", None, 1.0, 1.0)
-            settings = CollectionSettings(concurrency=c, timeout_s=30, max_retries=0)
-            with tempfile.TemporaryDirectory(prefix="bench-collect-") as d:
-                log = CallLog(d)
-
-                def client_for(a):  # what PoolResource(kind="openai_compatible").client_for builds
-                    return openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0,
-                                              http_client=http_client(30.0, max(256, c)))
-
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                df = asyncio.run(collect(tasks, [agent], 0, log, client_for, settings))
-                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                log.close()
-            graded = int(df["correct"].notna().sum())
-            rate = graded / wall
-            results.append({"concurrency": c, "calls": n, "graded": graded, "wall_s": round(wall, 2),
-                            "calls_per_s": round(rate, 1), "limit_per_s": round(limit, 1),
-                            "ratio": round(rate / limit, 3), "cpu_ms_per_call": round(cpu / n * 1000, 2),
-                            "load_avg_1m": round(os.getloadavg()[0], 2)})
-            print(f"concurrency {c:4d}: {graded}/{n} graded calls in {wall:.2f}s = {rate:7.1f}/s, "
-                  f"limit {limit:.0f}/s, ratio {rate / limit:.3f} (collector CPU {cpu / n * 1000:.2f} ms/call, "
-                  f"load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
+            tries = [(1, _collect_level(base_url, c, n))]
+            ratio1 = tries[0][1]["graded"] / (tries[0][1]["t1"] - tries[0][1]["t0"]) / limit
+            if ratio1 < 0.9 and processes > 1 and c >= processes:
+                tries.append((processes, _sharded_level(base_url, c, n, processes)))
+            for nproc, r in tries:
+                wall = r["t1"] - r["t0"]
+                rate = r["graded"] / wall
+                results.append({"concurrency": c, "processes": nproc, "calls": n, "graded": r["graded"],
+                                "wall_s": round(wall, 2), "calls_per_s": round(rate, 1), "limit_per_s": round(limit, 1),
+                                "ratio": round(rate / limit, 3), "cpu_ms_per_call": round(r["cpu_s"] / n * 1000, 2),
+                                "load_avg_1m": round(os.getloadavg()[0], 2)})
+                how = "1 process" if nproc == 1 else f"sharded over {nproc} processes (concurrency/{nproc} each)"
+                print(f"concurrency {c:4d}, {how}: {r['graded']}/{n} graded calls in {wall:.2f}s = {rate:7.1f}/s, "
+                      f"limit {limit:.0f}/s, ratio {rate / limit:.3f} (collector CPU {r['cpu_s'] / n * 1000:.2f} "
+                      f"ms/call, load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
     finally:
         proc.kill()
         proc.wait()
     return results
+
+
+def summary(results: list[dict]) -> dict:
+    """{"concurrency": {level: best ratio}, "processes": {level: processes of that ratio}, "levels": rows}."""
+    best: dict[str, dict] = {}
+    for r in results:
+        k = str(r["concurrency"])
+        if k not in best or r["ratio"] > best[k]["ratio"]:
+            best[k] = r
+    return {"concurrency": {k: v["ratio"] for k, v in best.items()},
+            "processes": {k: v["processes"] for k, v in best.items()}, "cores": os.cpu_count(), "levels": results}
 
 
 def replay_accuracy(official_dir: Path | None, concurrency: int = 64) -> dict:
@@ -152,13 +200,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=3.5)
     ap.add_argument("--replay-accuracy", action="store_true")
     ap.add_argument("--official-dir", type=Path, default=OFFICIAL_DIR)
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--processes", type=int, default=0, help="collector processes for a sharded retry "
+                    "(default: the core count; 1 = never shard)")
+    ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
     if args.replay_accuracy:
         result = replay_accuracy(args.official_dir)
+        print(json.dumps(result, indent=2))
     else:
-        result = throughput(args.levels, args.latency_ms, args.seconds)
-    print(json.dumps(result, indent=2))
+        result = summary(throughput(args.levels, args.latency_ms, args.seconds, args.processes))
+        print(f"\n{'concurrency':>11} {'ratio':>6} {'processes':>9}   (goal >= 0.9; {args.latency_ms:.0f} ms endpoint)")
+        for k, v in result["concurrency"].items():
+            print(f"{k:>11} {v:>6.3f} {result['processes'][k]:>9}")
+        home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
+        (home / "bench").mkdir(parents=True, exist_ok=True)
+        (home / "bench" / "collect.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"# wrote {home / 'bench' / 'collect.json'}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -1,23 +1,27 @@
-"""Embedding throughput: our `pipeline.embed.Backbone` path vs a raw forward, faster CPU variants, cache re-run.
+"""Embedding backends side by side: speed vs the float32 torch forward, cosine, routing decisions, router quality.
 
-    .venv/bin/python bench/embed.py                      # ~300 MMLU-Pro prompts, all variants it can run
-    .venv/bin/python bench/embed.py --n 64 --only ours,raw --repeats 1
-    .venv/bin/python bench/embed.py --prompts-file my.jsonl --out reports/bench_embed.json
+    python bench/embed.py                         # 256 demo prompts, 3 rounds, every backend it can run
+    python bench/embed.py --n 64 --rounds 1 --only openvino-bf16
+    python bench/embed.py --prompts-file my.jsonl --no-quality
 
-Prompts (first that exists): --prompts-file (JSON list / JSONL of records with question+options or prompt, a
-Parquet with the same columns, or a .txt with one prompt per line), /tmp/mp/model_outputs_gemini-1.5-pro-002_5shots.json,
-data/sources/mmlu_pro/*.parquet, else synthetic MCQ prompts. All MCQ prompts go through `pipeline.prompts.mcq_prompt`.
+Variants (all through `pipeline.embed.Backbone`, the same longest-first batches of --batch-size prompts):
+- torch-fp32     backend="torch", float32: the reference every ratio and cosine is taken against
+- torch-bf16     backend="torch", dtype="bfloat16" (CPU autocast)
+- onnx-fp32      backend="onnx": ONNX Runtime, float32, all graph optimisations
+- onnx-int8      the same export, onnxruntime quantize_dynamic (per-channel QInt8; FFN down-projections kept float)
+- openvino-fp32  backend="openvino", dtype="float32"
+- openvino-bf16  backend="openvino", dtype="bfloat16" (bf16 inference precision: AVX512-BF16 / AMX)
+Speed: round-robin rounds, each round timed on the same prompts; the ratio to torch-fp32 is taken per round (same
+machine state) and the median reported, wall clock and process CPU time.
 
-Variants (each on the same longest-first batches; skipped with a note when its package is missing):
-- raw        tokenizer + transformers AutoModel forward + masked mean pool + L2 norm (the reference cost)
-- ours       Backbone (sentence-transformers path), float32            -> ratio ours/raw (goal >= 0.95)
-- bf16       Backbone(dtype="bfloat16"): CPU autocast (AMX / AVX512-BF16 where the CPU has them)
-- int8       torch.ao.quantization.quantize_dynamic on the Linear layers
-- onnx       ONNX Runtime on a local torch.onnx export of the bundled model (pip: onnxruntime onnx)
-- onnx-int8  the same export, onnxruntime.quantization.quantize_dynamic (QInt8 weights)
-- openvino   OpenVINO CPU on the same ONNX file, fp32 and bf16 inference precision (pip: openvino)
-each at max_seq_length 256 and 128; plus the EmbeddingCache cold run and re-run. Cosine: each variant's row
-vs the float32 max_seq_length 256 baseline, same prompt.
+Routing (unless --no-quality): the demo task pool and reward matrix under $ROUTER_LITE_HOME (materialised with
+`router-lite run --upto reward_matrix` when missing). A head is trained on float32-torch embeddings of the
+train/validation rows (cached in $ROUTER_LITE_HOME/embeddings); each variant embeds the held-out test prompts and
+the same head routes them: decision agreement with the float32 picks, held-out reward, and whether it lies in the
+95 % bootstrap interval of the float32 head's reward (plus the paired interval of the difference).
+
+Criteria for the default CPU backend: speed >= 3x, cosine min >= 0.995, agreement >= 0.99, quality in the CI.
+Writes $ROUTER_LITE_HOME/bench/embed.json {backend, speedup_vs_torch_fp32, cosine_min, decision_agreement, ...}.
 """
 from __future__ import annotations
 
@@ -27,7 +31,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,13 +38,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from pipeline.prompts import mcq_prompt  # noqa: E402
+from pipeline.prompts import mcq_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP_MMLU_PRO = Path("/tmp/mp/model_outputs_gemini-1.5-pro-002_5shots.json")
-VARIANTS = ("raw", "ours", "bf16", "int8", "onnx", "onnx-int8", "openvino", "cache")
+VARIANTS = ("torch-fp32", "torch-bf16", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-bf16")
 
 
 # ------------------------------------------------------------------ prompts
@@ -73,8 +76,7 @@ def _read_file(path: Path) -> list[str]:
 
 def synthetic_prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    words = ("energy mass velocity market price contract enzyme protein court statute integral matrix series "
-             "voltage current torque entropy inflation demand cell membrane gene neuron theorem proof").split()
+    words = ["energy", "mass", "velocity", "market", "price", "contract", "enzyme", "protein", "court", "statute", "integral", "matrix", "series", "voltage", "current", "torque", "entropy", "inflation", "demand", "cell", "membrane", "gene", "neuron", "theorem", "proof"]
     out = []
     for i in range(n):
         q = " ".join(rng.choice(words) for _ in range(rng.randint(15, 120))).capitalize() + "?"
@@ -146,241 +148,206 @@ def cosine(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(c.mean()), float(c.min())
 
 
-class Raw:
-    """The reference: tokenizer + AutoModel + masked mean + normalise, nothing else."""
+def quantize_int8(onnx_path: Path, out: Path) -> Path:
+    """Dynamic int8 (per-channel weights); the FFN down-projections stay float: quantising them too costs the most
+    cosine (their inputs are GELU outputs with a long tail, per-tensor activation scales lose them)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    def __init__(self, model_dir: str, max_len: int):
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        self.torch, self.max_len = torch, max_len
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModel.from_pretrained(model_dir).eval()
-
-    def __call__(self, texts):
-        torch = self.torch
-        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="pt")
-        with torch.inference_mode():
-            h = self.model(**enc).last_hidden_state
-            m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
-            e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(e, dim=-1).numpy()
+    if not out.is_file():
+        names = [n.name for n in onnx.load(str(onnx_path)).graph.node if n.op_type == "MatMul"]
+        keep = [n for n in names if n.endswith("/output/dense/MatMul") and "attention" not in n]
+        quantize_dynamic(str(onnx_path), str(out), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=keep, extra_options={"MatMulConstBOnly": True})
+    return out
 
 
-def export_onnx(model_dir: str, out_dir: Path) -> Path:
-    """torch.onnx export (eager attention: the SDPA path exports a wrong mask) of the bundled BERT encoder."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
+    """{name: Backbone}: variants whose backend could not be used (it fell back to torch) are left out."""
+    import logging
 
-    path = out_dir / "model.onnx"
-    if path.exists():
-        return path
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    from pipeline.embed import Backbone
+    from pipeline.fast_backbone import OrtEncoder
 
-    class Wrap(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask,
-                          token_type_ids=token_type_ids).last_hidden_state
-
-    enc = tok(["an example", "another longer example sentence"], padding=True, return_tensors="pt")
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    torch.onnx.export(Wrap(model), tuple(enc[k] for k in names), str(path), input_names=names,
-                      output_names=["last_hidden_state"], opset_version=17, dynamo=False,
-                      dynamic_axes={k: {0: "batch", 1: "seq"} for k in names + ["last_hidden_state"]})
-    return path
-
-
-class Ort:
-    def __init__(self, onnx_path: Path, tok, max_len: int):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        self.tok, self.max_len = tok, max_len
-        self.inputs = [i.name for i in self.sess.get_inputs()]
-
-    def __call__(self, texts):
-        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="np")
-        h = self.sess.run(None, {k: enc[k].astype(np.int64) for k in self.inputs})[0]
-        return mean_pool_np(h, enc["attention_mask"])
+    logging.getLogger("pipeline.embed").setLevel(logging.ERROR)  # the bench reports skips itself
+    specs = {"torch-fp32": ("torch", "float32"), "torch-bf16": ("torch", "bfloat16"), "onnx-fp32": ("onnx", "auto"),
+             "onnx-int8": ("onnx", "auto"), "openvino-fp32": ("openvino", "float32"),
+             "openvino-bf16": ("openvino", "bfloat16")}
+    out = {}
+    for name, (backend, dtype) in specs.items():
+        if name not in want:
+            continue
+        bb = Backbone(batch_size=bs, backend=backend, dtype=dtype, export_dir=export_dir, log_every=10**9)
+        if bb.backend != backend:
+            log(f"# {name} skipped: backend {backend!r} unavailable here (pip install onnx onnxruntime openvino)")
+            continue
+        if name == "onnx-int8":
+            try:
+                bb._fast = OrtEncoder(quantize_int8(export_dir / bb.key / "model.onnx",
+                                                    export_dir / bb.key / "model.int8.onnx"))
+                bb.precision = "int8"
+            except Exception as e:  # noqa: BLE001
+                log(f"# onnx-int8 skipped ({type(e).__name__}: {e})")
+                continue
+        out[name] = bb
+    return out
 
 
-class OpenVino:
-    def __init__(self, onnx_path: Path, tok, max_len: int, precision: str):
-        import openvino as ov
+def speed(variants: dict, prompts: list[str], rounds: int) -> dict:
+    """Round-robin passes; per variant the fastest pass and the per-round ratio to torch-fp32 (median)."""
+    for bb in variants.values():
+        bb.encode(prompts[:8])  # warm-up: first-call allocations, compiled kernels
+    clocks: dict[str, list[Clock]] = {k: [] for k in variants}
+    embs = {}
+    for r in range(max(1, rounds)):
+        for name, bb in variants.items():
+            with Clock() as c:
+                embs[name] = bb.encode(prompts)
+            clocks[name].append(c)
+        print(f"# speed round {r + 1}/{rounds} done", flush=True)
+    base, n = clocks["torch-fp32"], len(prompts)
+    res = {}
+    for name in variants:
+        cs = clocks[name]
+        cm, cmin = cosine(embs[name], embs["torch-fp32"])
+        res[name] = {"prompts_per_s": round(n / min(c.wall for c in cs), 2),
+                     "prompts_per_cpu_s": round(n / min(c.cpu for c in cs), 2),
+                     "speedup_wall": round(float(np.median([b.wall / c.wall for b, c in zip(base, cs)])), 3),
+                     "speedup_cpu": round(float(np.median([b.cpu / c.cpu for b, c in zip(base, cs)])), 3),
+                     "per_round_wall": [round(b.wall / c.wall, 3) for b, c in zip(base, cs)],
+                     "cosine_mean": round(cm, 6), "cosine_min": round(cmin, 6)}
+    return res
 
-        core = ov.Core()
-        self.compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU",
-                                           {"INFERENCE_PRECISION_HINT": precision})
-        self.tok, self.max_len = tok, max_len
-        self.inputs = [i.get_any_name() for i in self.compiled.inputs]
 
-    def __call__(self, texts):
-        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="np")
-        h = self.compiled({k: enc[k].astype(np.int64) for k in self.inputs})[0]
-        return mean_pool_np(np.asarray(h), enc["attention_mask"])
+def demo_data(home: Path):
+    """(tasks, rewards) of the demo pool from the materialised assets; materialises them when missing."""
+    import subprocess
+
+    import pandas as pd
+
+    files = [home / "assets" / a / "__all__.parquet" for a in ("task_pool", "reward_matrix")]
+    if not all(f.is_file() for f in files):
+        print("# task_pool / reward_matrix not materialised: `router-lite run --upto reward_matrix`", flush=True)
+        subprocess.run([sys.executable, "-c", "from assets.cli import main; raise SystemExit(main())", "run",
+                        "--upto", "reward_matrix"], cwd=ROOT, check=True)
+    return pd.read_parquet(files[0]), pd.read_parquet(files[1])
 
 
-# ------------------------------------------------------------------ main
-def build_variants(want, seqs, model_dir, bs, tmpdir, log=print):
-    """[(name, seq, note, fn)]: fn(prompts) -> embeddings in input order; skipped variants are logged."""
-    import warnings
+def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
+    """Head trained on float32 embeddings; each variant's test embeddings routed by it (see the module doc)."""
+    from assets.router import _train_config
+    from pipeline.config import load_profile
+    from pipeline.embed import EmbeddingCache
+    from pipeline.rewards import to_arrays
+    from pipeline.router import split_masks
+    from pipeline.train import effective_rewards, train_head
+
+    tasks, rewards = demo_data(home)
+    joined = rewards[["task_id"]].merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
+    agents, R, B, _ = to_arrays(rewards)
+    m = split_masks(joined["split"].reset_index(drop=True), "test", joined["task_id"].astype(str).tolist())
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    prompts = joined["prompt"].tolist()
+    fp32 = variants["torch-fp32"]
+    print(f"# routing check: {int(tr.sum())} train / {int(va.sum())} validation rows embedded by torch-fp32 "
+          f"(cached), {int(te.sum())} test rows by every variant", flush=True)
+    X = EmbeddingCache(home / "embeddings").get_or_compute(prompts, fp32)
+    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], _train_config(load_profile("demo")),
+                         agents=agents)
+    U = effective_rewards(R[te], B[te])
+    rows = np.arange(len(U))
+    test_prompts = [p for p, t in zip(prompts, te) if t]
+    ref = head.pick(X[te])
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(U), size=(boot, len(U)))
+    ref_r = U[rows, ref]
+    q_ref = float(ref_r.mean())
+    ci = np.percentile(ref_r[idx].mean(1), [2.5, 97.5])
+    out = {"n_test": len(U), "head_picks_distinct": len(set(ref.tolist())),
+           "fp32_quality": round(q_ref, 4), "fp32_quality_ci95": [round(float(c), 4) for c in ci]}
+    for name, bb in variants.items():
+        Xt = X[te] if name == "torch-fp32" else bb.encode(test_prompts)
+        picks = head.pick(Xt)
+        r = U[rows, picks]
+        diff = (r - ref_r)[idx].mean(1)
+        q = float(r.mean())
+        out[name] = {"decision_agreement": round(float((picks == ref).mean()), 4), "quality": round(q, 4),
+                     "quality_diff_ci95": [round(float(c), 4) for c in np.percentile(diff, [2.5, 97.5])],
+                     "quality_in_fp32_ci": bool(ci[0] <= q <= ci[1])}
+    return out
+
+
+def verdict(sp: dict, rt: dict | None) -> dict:
+    ok = {"speed_3x": sp["speedup_wall"] >= 3.0, "cosine_min_0.995": sp["cosine_min"] >= 0.995}
+    if rt:
+        ok["agreement_0.99"] = rt["decision_agreement"] >= 0.99
+        ok["quality_in_ci"] = rt["quality_in_fp32_ci"]
+    return ok
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=256, help="prompts for the speed and cosine pass (default 256)")
+    ap.add_argument("--prompts-file", default=None, help="speed/cosine prompts from this file instead of the demo")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="round-robin speed passes (default 3)")
+    ap.add_argument("--only", default="", help=f"comma list of {','.join(VARIANTS)} (default: all)")
+    ap.add_argument("--no-quality", action="store_true", help="skip the routing check (needs the demo assets)")
+    ap.add_argument("--out", default=None, help="JSON path (default $ROUTER_LITE_HOME/bench/embed.json)")
+    args = ap.parse_args(argv)
+    want = (set(args.only.split(",")) if args.only else set(VARIANTS)) | {"torch-fp32"}
+    bad = want - set(VARIANTS)
+    if bad:
+        raise SystemExit(f"--only: unknown variant(s) {sorted(bad)}; known: {', '.join(VARIANTS)}")
 
     import torch
 
     from pipeline.embed import Backbone
 
-    out = []
+    home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite")).resolve()
+    default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)
+    chosen = {"torch": "torch-fp32", "onnx": "onnx-fp32"}.get(default.backend) or (
+        "openvino-bf16" if default.precision == "bfloat16" else "openvino-fp32")
+    if args.prompts_file is None and (home / "assets/task_pool/__all__.parquet").is_file():
+        import pandas as pd
 
-    def backbone(seq, **kw):
-        return Backbone(model_dir, batch_size=bs, max_seq_length=seq, log_every=10**9, **kw)
+        pool = pd.read_parquet(home / "assets/task_pool/__all__.parquet")
+        prompts = pool["prompt"].sample(frac=1.0, random_state=0).tolist()[:args.n]
+        source = f"{home}/assets/task_pool (the demo prompts)"
+    else:
+        prompts, source = load_prompts(args.n, args.prompts_file)
+    print(f"# {len(prompts)} prompts from {source}; batch {args.batch_size}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {os.cpu_count()} cores; default CPU backend here: {default.backend} "
+          f"{default.precision}", flush=True)
+    variants = build_variants(want | {chosen}, args.batch_size, home / "backbones", log=lambda m: print(m, flush=True))
+    sp = speed(variants, prompts, args.rounds)
+    rt = None
+    if not args.no_quality:
+        rt = routing(variants, home)
 
-    def batched(fn):
-        return lambda ps: run_batched(fn, ps, bs)[0]
-
-    for seq in seqs:
-        if "ours" in want:
-            out.append(("ours", seq, "Backbone float32", backbone(seq).encode))
-        if "raw" in want and seq == seqs[0]:
-            out.append(("raw", seq, "AutoModel + masked mean", batched(Raw(model_dir, seq))))
-        if "bf16" in want:
-            out.append(("bf16", seq, "Backbone dtype=bfloat16 (CPU autocast)", backbone(seq, dtype="bfloat16").encode))
-        if "int8" in want:
-            b = backbone(seq)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                b._st = torch.ao.quantization.quantize_dynamic(b._st, {torch.nn.Linear}, dtype=torch.qint8)
-            out.append(("int8", seq, "torch quantize_dynamic(Linear, qint8)", b.encode))
-    onnx_path = None
-    if want & {"onnx", "onnx-int8", "openvino"}:
-        try:
-            import onnx  # noqa: F401
-
-            onnx_path = export_onnx(model_dir, tmpdir)
-        except Exception as e:  # noqa: BLE001
-            log(f"# onnx export skipped ({type(e).__name__}: {e}); pip install onnx")
-    tok = Backbone(model_dir).tokenizer if onnx_path else None
-    if onnx_path and want & {"onnx", "onnx-int8"}:
-        try:
-            import onnxruntime  # noqa: F401
-
-            q_path = None
-            if "onnx-int8" in want:
-                from onnxruntime.quantization import QuantType, quantize_dynamic
-
-                q_path = tmpdir / "model.int8.onnx"
-                quantize_dynamic(str(onnx_path), str(q_path), weight_type=QuantType.QInt8)
-            for seq in seqs:
-                if "onnx" in want:
-                    out.append(("onnx", seq, "onnxruntime CPU float32", batched(Ort(onnx_path, tok, seq))))
-                if q_path:
-                    out.append(("onnx-int8", seq, "onnxruntime quantize_dynamic QInt8", batched(Ort(q_path, tok, seq))))
-        except ImportError as e:
-            log(f"# onnx skipped ({e}); pip install onnxruntime onnx")
-    if onnx_path and "openvino" in want:
-        try:
-            import openvino  # noqa: F401
-
-            for precision in ("f32", "bf16"):
-                for seq in seqs:
-                    out.append((f"openvino-{precision}", seq, "OpenVINO CPU, INFERENCE_PRECISION_HINT",
-                                batched(OpenVino(onnx_path, tok, seq, precision))))
-        except ImportError as e:
-            log(f"# openvino skipped ({e}); pip install openvino")
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=300, help="prompts (default 300)")
-    ap.add_argument("--prompts-file", default=None)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="round-robin passes over all variants; each keeps its fastest pass (default 2)")
-    ap.add_argument("--only", default="", help=f"comma list of {','.join(VARIANTS)} (default: all)")
-    ap.add_argument("--seq", default="256,128", help="max_seq_length values (first = the baseline)")
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
-    args = ap.parse_args(argv)
-    want = set(args.only.split(",")) if args.only else set(VARIANTS)
-    want.add("ours")  # the baseline every cosine is taken against
-    seqs = [int(s) for s in args.seq.split(",")]
-
-    import torch
-
-    from pipeline.embed import EmbeddingCache, bundled_model_path
-
-    prompts, source = load_prompts(args.n, args.prompts_file)
-    n = len(prompts)
-    model_dir = str(bundled_model_path())
-    bs = args.batch_size
-    print(f"# {n} prompts from {source}; batch {bs}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} cores; {args.rounds} round-robin rounds, fastest pass kept", flush=True)
-    tmpdir = Path(tempfile.mkdtemp(prefix="bench-embed-"))
-    variants = build_variants(want, seqs, model_dir, bs, tmpdir, log=lambda m: print(m, flush=True))
-
-    warm = prompts[:8]
-    for _, _, _, fn in variants:
-        fn(warm)
-    clocks: dict[tuple[str, int], list[Clock]] = {}
-    embs: dict[tuple[str, int], np.ndarray] = {}
-    for r in range(max(1, args.rounds)):
-        for name, seq, _, fn in variants:
-            with Clock() as c:
-                embs[(name, seq)] = fn(prompts)
-            clocks.setdefault((name, seq), []).append(c)
-        print(f"# round {r + 1} done", flush=True)
-
-    base = embs[("ours", seqs[0])]
-    rows: list[dict] = []
-    print(f"{'variant':<14} {'seq':>4} {'prompts/s':>10} {'per cpu-s':>10} {'cos mean':>9} {'cos min':>9}  note")
-    for name, seq, note, _ in variants:
-        cs = clocks[(name, seq)]
-        wall, cpu = min(c.wall for c in cs), min(c.cpu for c in cs)
-        cm, cmin = cosine(embs[(name, seq)], base)
-        rows.append({"variant": name, "max_seq_length": seq, "prompts_per_s": round(n / wall, 2),
-                     "prompts_per_cpu_s": round(n / cpu, 2), "cos_mean": round(cm, 6), "cos_min": round(cmin, 6),
-                     "note": note})
-        print(f"{name:<14} {seq:>4} {n / wall:>10.2f} {n / cpu:>10.2f} {cm:>9.6f} {cmin:>9.6f}  {note}")
-
-    ratio = None
-    if ("raw", seqs[0]) in clocks:
-        o, w = clocks[("ours", seqs[0])], clocks[("raw", seqs[0])]
-        per_round = [(b.wall / a.wall, b.cpu / a.cpu) for a, b in zip(o, w)]  # raw time / ours time
-        ratio = {"wall_median": round(float(np.median([x for x, _ in per_round])), 3),
-                 "cpu_median": round(float(np.median([y for _, y in per_round])), 3),
-                 "per_round_wall": [round(x, 3) for x, _ in per_round],
-                 "per_round_cpu": [round(y, 3) for _, y in per_round]}
-        print(f"ratio ours/raw prompts/s: median over rounds wall {ratio['wall_median']:.3f}, "
-              f"cpu-time {ratio['cpu_median']:.3f} (per round wall {ratio['per_round_wall']}, "
-              f"cpu {ratio['per_round_cpu']}); goal >= 0.95")
-
-    cache_times = None
-    if "cache" in want:
-        ours = next(fn.__self__ for name, seq, _, fn in variants if name == "ours" and seq == seqs[0])
-        cache = EmbeddingCache(tmpdir / "embeddings")
-        with Clock() as c1:
-            e1 = cache.get_or_compute(prompts, ours)
-        with Clock() as c2:
-            e2 = cache.get_or_compute(prompts, ours)
-        assert np.array_equal(e1, e2) and np.allclose(e1, base, atol=1e-6)
-        cache_times = {"cold_s": round(c1.wall, 3), "cold_prompts_per_cpu_s": round(n / c1.cpu, 2),
-                       "rerun_s": round(c2.wall, 4), "rerun_prompts_per_s": round(n / c2.wall, 1)}
-        print(f"cache: cold {c1.wall:.2f}s ({n / c1.cpu:.2f} prompts/cpu-s), re-run {c2.wall * 1000:.1f} ms "
-              f"({n / c2.wall:.0f} prompts/s), identical rows, nothing re-embedded", flush=True)
-
-    result = {"n_prompts": n, "source": source, "batch_size": bs, "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "rounds": args.rounds, "ratio_ours_over_raw": ratio,
-              "cache": cache_times, "rows": rows}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        print(f"# wrote {args.out}")
+    print(f"\n{'backend':<14} {'prompts/s':>9} {'x fp32 wall':>11} {'x cpu':>6} {'cos min':>8} {'agree':>6} "
+          f"{'quality':>7} {'diff CI95':>17}  criteria")
+    for name in variants:
+        s, r = sp[name], (rt or {}).get(name)
+        ok = verdict(s, r)
+        q = (f"{r['decision_agreement']:>6.3f} {r['quality']:>7.4f} "
+             f"[{r['quality_diff_ci95'][0]:+.4f},{r['quality_diff_ci95'][1]:+.4f}]") if r else f"{'-':>6} {'-':>7} {'-':>17}"
+        mark = "*" if name == chosen else " "
+        print(f"{name + mark:<14} {s['prompts_per_s']:>9.1f} {s['speedup_wall']:>11.2f} {s['speedup_cpu']:>6.2f} "
+              f"{s['cosine_min']:>8.5f} {q}  {'all met' if all(ok.values()) else 'missing ' + ','.join(k for k, v in ok.items() if not v)}")
+    if rt:
+        print(f"fp32 head held-out reward {rt['fp32_quality']:.4f}, 95 % CI {rt['fp32_quality_ci95']} "
+              f"(n={rt['n_test']}, {rt['head_picks_distinct']} distinct agents picked); * = default CPU backend")
+    s, r = sp[chosen], (rt or {}).get(chosen, {})
+    result = {"backend": chosen, "speedup_vs_torch_fp32": s["speedup_wall"], "speedup_cpu_time": s["speedup_cpu"],
+              "cosine_min": s["cosine_min"], "decision_agreement": r.get("decision_agreement"),
+              "quality_in_fp32_ci": r.get("quality_in_fp32_ci"), "criteria": verdict(s, r or None),
+              "n_prompts": len(prompts), "source": source, "batch_size": args.batch_size, "rounds": args.rounds,
+              "cores": os.cpu_count(), "speed": sp, "routing": rt}
+    out = Path(args.out) if args.out else home / "bench" / "embed.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"# wrote {out}")
     return 0
 
 

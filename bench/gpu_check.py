@@ -103,7 +103,7 @@ def main(argv=None) -> int:
           f"BackboneResource device auto -> {auto}", flush=True)
 
     t0 = time.perf_counter()
-    cpu = Backbone(args.model, device="cpu", batch_size=min(args.batch_size, 64))
+    cpu = Backbone(args.model, device="cpu", batch_size=min(args.batch_size, 64), backend="torch")  # the float32 reference
     cpu_e, cpu_rate = timed_encode(cpu, prompts[: args.cpu_n])
     summary["cpu_fp32"] = {"prompts_per_s": round(cpu_rate, 1), "n": len(cpu_e)}
     print(f"cpu  fp32   {cpu_rate:9.1f} prompts/s on {len(cpu_e)} prompts ({time.perf_counter() - t0:.1f}s)", flush=True)

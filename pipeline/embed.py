@@ -392,7 +392,6 @@ class Backbone:
         return emb.cpu().numpy()
 
     def _last_token(self, batch: list[str]):
-        import torch
 
         enc = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_seq_length,
                               return_tensors="pt")

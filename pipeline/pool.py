@@ -6,7 +6,8 @@
 - `call_once(client, agent, prompt, settings)`: one logical call with retries; never raises for provider or
   transport failures (they become `status="error"` fields with an `error_kind`).
 - `collect(...)`: the calls of (tasks x agents x repetition) missing from a `CallLog`, bounded concurrency per
-  provider, each finished call appended (group-committed, fsync'ed) at once, graded rows returned.
+  provider, each finished call appended (group-committed, fsync'ed) at once, graded rows returned; a progress
+  line with rate and ETA every 10 s.
 - `preflight(...)`: 20 calls per agent checking the agent is usable before a paid collection.
 
 Secrets: the client's `api_key` is scrubbed from every error message this module records or logs.
@@ -35,6 +36,7 @@ from pipeline.calls import CallLog, call_key
 from pipeline.secrets import mask
 from pipeline.errors import RouterLiteError
 from pipeline.grading import GRADERS, grade, is_empty
+from pipeline.progress import RateLog
 from pipeline.replay import approx_tokens
 
 log = logging.getLogger(__name__)
@@ -507,6 +509,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     log.info("collect: %d calls wanted, %d already done, %d to make", len(wanted), len(wanted) - n_todo, n_todo)
     counts: collections.Counter = collections.Counter()
     committer = _GroupCommit(call_log)
+    progress = RateLog("collect", "calls", log.info, every_s=10.0)  # rate + ETA, in the Dagster step log too
 
     async def worker(queue: collections.deque) -> None:
         while queue:
@@ -528,6 +531,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
                    "usage_source": fields["usage_source"]}
             await committer.write(row)
             counts[fields["status"]] += 1
+            progress(sum(counts.values()), n_todo)
 
     try:
         async with asyncio.TaskGroup() as tg:

@@ -114,7 +114,7 @@ def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] |
     from pipeline.evaluate import routing_report
     from pipeline.knn import KnnRouter
     from pipeline.ood import OODGuard
-    from pipeline.train import TrainConfig, best_single_agent, effective_rewards, ridge_path, train_head
+    from pipeline.train import TrainConfig, best_single_agent, ridge_path, train_head
 
     best = R == R.max(axis=1, keepdims=True)
     out: dict[str, dict] = {}

@@ -2,7 +2,7 @@
 import json
 
 import pandas as pd
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance
 
 from assets.cli import main
 from assets.definitions import build_definitions
