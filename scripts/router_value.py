@@ -62,6 +62,25 @@ def routerbench_data():
     return X, rewards, pd.Series(s.split), np.asarray(s.meta["per_query"]["eval_name"], dtype=object), "routerbench"
 
 
+def value_setup(data: str):
+    """What the value scripts share: the data, its train/validation/test masks, effective rewards, the ridge-start
+    head and the value scorer fitted on train (alpha chosen on validation)."""
+    from pipeline.rewards import to_arrays
+    from pipeline.router import split_masks
+    from pipeline.train import effective_rewards, train_head
+    from pipeline.value import fit_value_scorer
+
+    X, rewards, split, labels, name = pipeline_data() if data == "pipeline" else routerbench_data()
+    agents, R, B, C = to_arrays(rewards)
+    m = split_masks(split.reset_index(drop=True), "test", rewards["task_id"].astype(str).tolist())
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    Re = effective_rewards(R, B)
+    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], TrainConfig(generations=0, log_every=0))
+    ridge, info = fit_value_scorer(head, X[tr], Re[tr], X[va], Re[va])
+    return dict(X=X, rewards=rewards, labels=labels, name=name, agents=agents, R=R, B=B, C=C, Re=Re,
+                tr=tr, va=va, te=te, head=head, ridge=ridge, info=info)
+
+
 def ci(c: dict) -> str:
     return f"{c['gain']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]"
 

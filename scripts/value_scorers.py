@@ -17,12 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from router_value import pipeline_data, routerbench_data
+from router_value import value_setup
 
 from pipeline.frontier import aiq, upper_hull
 from pipeline.knn import KnnRouter
-from pipeline.rewards import to_arrays
-from pipeline.router import split_masks
 from pipeline.targets import (
     REPORT_TARGETS,
     cost_aware_pick,
@@ -31,21 +29,16 @@ from pipeline.targets import (
     point_stats,
     resolve,
 )
-from pipeline.train import TrainConfig, effective_rewards, train_head
-from pipeline.value import agent_costs, fit_value_scorer
+from pipeline.value import agent_costs
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", choices=["pipeline", "routerbench"], default="pipeline")
     args = ap.parse_args()
-    X, rewards, split, _labels, name = pipeline_data() if args.data == "pipeline" else routerbench_data()
-    agents, R, B, C = to_arrays(rewards)
-    m = split_masks(split.reset_index(drop=True), "test", rewards["task_id"].astype(str).tolist())
-    tr, va, te = m["train"], m["validation"], m["held_out"]
-    Re = effective_rewards(R, B)
-    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], TrainConfig(generations=0, log_every=0))
-    ridge, info = fit_value_scorer(head, X[tr], Re[tr], X[va], Re[va])
+    d = value_setup(args.data)
+    X, name, agents, C, Re = d["X"], d["name"], d["agents"], d["C"], d["Re"]
+    tr, va, te, ridge, info = d["tr"], d["va"], d["te"], d["ridge"], d["info"]
     knn = KnnRouter().fit(X[tr], Re[tr], X[va], Re[va])
     cost = agent_costs(C[tr])
     best = int(np.argmax(Re[tr].mean(axis=0)))
