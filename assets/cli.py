@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # settings read deeper down (assets/run.py, the graded_calls step), for this command only
     flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
              "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None}
