@@ -170,10 +170,14 @@ def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: P
     # checks run inside the step: a check outside it would load every partition of this asset
     graded_errors = calls[(calls["status"] == "error") & calls["correct"].notna()]
     yield AssetCheckResult(check_name="no_error_counted_as_wrong", passed=bool(graded_errors.empty),
-                           metadata={"bad_rows": len(graded_errors)})
+                           metadata={"bad_rows": len(graded_errors)},
+                           description=f"{len(graded_errors)} error call(s) carry a correctness grade"
+                           if len(graded_errors) else None)
     rates = calls.groupby("agent")["status"].apply(lambda s: float((s == "empty").mean()))
-    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=bool((rates < 0.05).all()),
-                           metadata={"empty_rate": MetadataValue.json(rates.to_dict())})
+    high = {a: round(r, 3) for a, r in rates.items() if r >= 0.05}
+    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=not high,
+                           metadata={"empty_rate": MetadataValue.json(rates.to_dict())},
+                           description=f"empty-reply rate of 5 % or more: {high}" if high else None)
     yield Output(calls, metadata={
         "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
@@ -199,9 +203,9 @@ def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:
     return asset(
         name="graded_calls", partitions_def=collection_partitions, deps=[task_pool, preflight],
         group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
-        check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls",
+        check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls", blocking=True,
                                     description="No error is ever graded: error rows carry no correctness."),
-                     AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls",
+                     AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls", blocking=True,
                                     description="Empty replies stay under 5 % per agent.")],
         description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
@@ -239,11 +243,13 @@ def reward_matrix(context: AssetExecutionContext, pool: PoolResource, profile: P
     })
 
 
-@asset_check(asset=reward_matrix, description="Join complete: every pool task of the profile has a reward row.")
+@asset_check(asset=reward_matrix, blocking=True, description="Join complete: every pool task of the profile has a reward row.")
 def reward_join_complete(reward_matrix: pd.DataFrame, storage: StorageResource) -> AssetCheckResult:
     pool_ids = set(storage.read_asset("task_pool")["task_id"])
     missing = pool_ids - set(reward_matrix["task_id"])
-    return AssetCheckResult(passed=not missing, metadata={"missing": len(missing), "tasks": len(pool_ids)})
+    return AssetCheckResult(passed=not missing, metadata={"missing": len(missing), "tasks": len(pool_ids)},
+                            description=(f"{len(missing)} of {len(pool_ids)} pool tasks have no reward row (first: "
+                                         f"{sorted(missing)[0]})") if missing else None)
 
 
 @asset(group_name="rewards", io_manager_key="io_manager",

@@ -64,22 +64,25 @@ def task_pool(context: AssetExecutionContext, profile: ProfileResource, storage:
     })
 
 
-# --- asset checks: each guards the hand-off to collection ------------------------------------------------------
+# --- asset checks: each guards the hand-off to collection; a failing blocking one stops every downstream asset --------
 
-@asset_check(asset=task_pool, description="No task_id appears twice.")
+@asset_check(asset=task_pool, blocking=True, description="No task_id appears twice.")
 def task_pool_unique_ids(task_pool: pd.DataFrame) -> AssetCheckResult:
     dup = task_pool["task_id"][task_pool["task_id"].duplicated()]
     return AssetCheckResult(passed=dup.empty, metadata={"duplicates": len(dup),
-                                                         "first": str(dup.iloc[0]) if len(dup) else ""})
+                                                         "first": str(dup.iloc[0]) if len(dup) else ""},
+                            description=f"{len(dup)} duplicate task_id (first: {dup.iloc[0]})" if len(dup) else None)
 
 
-@asset_check(asset=task_pool, description="Every task has a gold answer and a known grader.")
+@asset_check(asset=task_pool, blocking=True, description="Every task has a gold answer and a known grader.")
 def task_pool_gold_and_grader(task_pool: pd.DataFrame) -> AssetCheckResult:
     from pipeline.grading import GRADERS
 
     bad = task_pool[task_pool["gold"].fillna("").astype(str).str.strip().eq("") | ~task_pool["grader"].isin(GRADERS)]
     return AssetCheckResult(passed=bad.empty, metadata={"bad_rows": len(bad),
-                                                         "first": str(bad["task_id"].iloc[0]) if len(bad) else ""})
+                                                         "first": str(bad["task_id"].iloc[0]) if len(bad) else ""},
+                            description=(f"{len(bad)} task(s) without a gold answer or a known grader (first: "
+                                         f"{bad['task_id'].iloc[0]})") if len(bad) else None)
 
 
 @asset_check(asset=task_pool, description="Domain thirds (domain-balanced pools) and split fractions within ±2 points.")
