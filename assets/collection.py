@@ -3,9 +3,9 @@ import os
 
 import pandas as pd
 from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetsDefinition, MetadataValue,
-                     MultiPartitionsDefinition, Output, StaticPartitionsDefinition, asset, asset_check)
+                     Output, PartitionsDefinition, asset, asset_check)
 
-from assets.partitions import source_partitions
+from assets.partitions import MAX_REPETITIONS, collection_partitions
 from assets.tasks import task_pool
 from pipeline.calls import CallLog, call_key
 from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
@@ -21,9 +21,6 @@ from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
-MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
-repetition_partitions = StaticPartitionsDefinition([str(r) for r in range(MAX_REPETITIONS)])
-collection_partitions = MultiPartitionsDefinition({"source": source_partitions, "repetition": repetition_partitions})
 REGRADE_TAG = "router_lite/regrade"
 COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
@@ -198,10 +195,12 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
     return regrade(stored, tasks)[0].reset_index(drop=True)
 
 
-def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:
-    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`)."""
+def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition = collection_partitions
+                       ) -> AssetsDefinition:
+    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`), one
+    partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
     return asset(
-        name="graded_calls", partitions_def=collection_partitions, deps=[task_pool, preflight],
+        name="graded_calls", partitions_def=partitions_def, deps=[task_pool, preflight],
         group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
         check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls", blocking=True,
                                     description="No error is ever graded: error rows carry no correctness."),

@@ -1,7 +1,8 @@
 """Lineage stage 1: source tasks (one partition per source) → the balanced, split task pool."""
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check)
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetsDefinition, MetadataValue, Output,
+                     PartitionsDefinition, asset, asset_check)
 
 from assets.partitions import source_partitions
 from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
@@ -11,9 +12,7 @@ from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
-@asset(partitions_def=source_partitions, group_name="tasks", io_manager_key="io_manager",
-       description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md).")
-def source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
+def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
     key = context.partition_key
     overrides = profile.get().sources.get(key, {})
     tasks = load_source(key, **{k: overrides[k] for k in ("path", "hub_id", "hub_config", "hub_split") if k in overrides})
@@ -23,6 +22,16 @@ def source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Ou
         "grader": str(tasks["grader"].iloc[0]),
         "preview": MetadataValue.md(tasks.head(5)[["task_id", "gold", "grader", "difficulty"]].to_markdown(index=False)),
     })
+
+
+def source_tasks_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
+    """`source_tasks` with one partition per source of `partitions_def` (the profile's, from the definitions)."""
+    return asset(name="source_tasks", partitions_def=partitions_def, group_name="tasks", io_manager_key="io_manager",
+                 description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md)."
+                 )(_source_tasks)
+
+
+source_tasks = source_tasks_asset(source_partitions)
 
 
 def pool_candidates(prof, storage: StorageResource) -> pd.DataFrame:

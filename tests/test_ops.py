@@ -168,9 +168,23 @@ def test_a_tagged_stage_refuses_a_preflight_of_another_pool(smoke_home_copy):
 
 # --- per-source backfills ---------------------------------------------------------------------------------------
 
+def test_partitions_come_from_the_profile():
+    """One source in the profile: one source_tasks partition in the UI, its 3 repetitions of graded_calls."""
+    smoke = build_definitions(profile="smoke")
+    assert smoke.resolve_assets_def("source_tasks").partitions_def.get_partition_keys() == ["mmlu_pro"]
+    assert smoke.resolve_assets_def("graded_calls").partitions_def.get_partition_keys() == [
+        "0|mmlu_pro", "1|mmlu_pro", "2|mmlu_pro"]
+    pilot = build_definitions(profile="pilot")
+    assert pilot.resolve_assets_def("source_tasks").partitions_def.get_partition_keys() == [
+        "math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro"]
+    assert len(pilot.resolve_assets_def("graded_calls").partitions_def.get_partition_keys()) == 7 * 3
+    with pytest.raises(Exception, match="gsm8k"):  # not a partition of the smoke definitions
+        smoke.resolve_job_def(SOURCE_TASKS_JOB).execute_in_process(partition_key="gsm8k")
+
+
 def test_one_source_backfill_materialises_that_source_only(tmp_path, temp_instance_dir):
     home = tmp_path / "home"
-    defs = build_definitions(home=str(home), profile="smoke")
+    defs = build_definitions(home=str(home), profile="pilot")  # 7 sources; backfill two of them
     job = defs.resolve_job_def(SOURCE_TASKS_JOB)
     inst = DagsterInstance.from_config(str(temp_instance_dir))
     try:
@@ -197,7 +211,7 @@ def test_one_source_backfill_from_the_command_line(tmp_path, temp_instance_dir):
     """The documented command: dagster asset materialize -m assets.definitions --select source_tasks --partition X"""
     home = tmp_path / "home"
     env = {**os.environ, "DAGSTER_HOME": str(temp_instance_dir), "ROUTER_LITE_HOME": str(home),
-           "ROUTER_LITE_PROFILE": "smoke", "PYTHONPATH": str(REPO)}
+           "ROUTER_LITE_PROFILE": "pilot", "PYTHONPATH": str(REPO)}
     dagster = Path(sys.executable).with_name("dagster")
     cmd = [str(dagster), "asset", "materialize", "-m", "assets.definitions", "--select", "source_tasks",
            "--partition", "arc_challenge"]
