@@ -1,7 +1,7 @@
 """Lineage stage 1: source tasks (one partition per source) → the balanced, split task pool."""
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetsDefinition, MetadataValue, Output,
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetsDefinition, MetadataValue, Output,
                      PartitionsDefinition, asset, asset_check)
 
 from assets.partitions import source_partitions
@@ -34,12 +34,6 @@ def source_tasks_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition
 source_tasks = source_tasks_asset(source_partitions)
 
 
-def pool_candidates(prof, storage: StorageResource) -> pd.DataFrame:
-    """The profile's source partitions, restricted to what its pool can answer (see `eligible_tasks`)."""
-    tasks = pd.concat([storage.read_asset("source_tasks", s) for s in prof.sources], ignore_index=True)
-    return eligible_tasks(tasks, prof)
-
-
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     """A replay pool answers only recorded prompts: keep tasks recorded for every agent of the profile's wider
     pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
@@ -56,11 +50,13 @@ def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     return tasks[tasks["prompt"].map(prompt_hash).isin(recorded)]
 
 
-@asset(deps=[source_tasks], group_name="tasks", io_manager_key="io_manager",
+@asset(group_name="tasks", io_manager_key="io_manager",
        description="Balanced task pool with a seeded train/validation/test split; published as the tasks dataset.")
-def task_pool(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
+def task_pool(context: AssetExecutionContext, source_tasks: pd.DataFrame, profile: ProfileResource,
+              storage: StorageResource) -> Output[pd.DataFrame]:
+    """`source_tasks`: the profile's source partitions, concatenated by the IO manager."""
     prof = profile.get()
-    tasks = pool_candidates(prof, storage)
+    tasks = eligible_tasks(source_tasks, prof)
     pool = build_task_pool(tasks, prof.task_pool)
     out = publish_dataset(pool, storage.path("datasets") / "tasks", f"BenchGen Router Lite tasks ({prof.name})",
                           prof.description)
@@ -107,9 +103,11 @@ def task_pool_proportions(task_pool: pd.DataFrame, profile: ProfileResource) -> 
                                                                 "all_points_off": {k: float(round(v, 2)) for k, v in off.items()}})
 
 
-@asset_check(asset=task_pool, description="Same seed and inputs → identical pool (rebuilt and compared).")
-def task_pool_deterministic(task_pool: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> AssetCheckResult:
+@asset_check(asset=task_pool, additional_ins={"source_tasks": AssetIn("source_tasks")},
+             description="Same seed and inputs → identical pool (rebuilt and compared).")
+def task_pool_deterministic(task_pool: pd.DataFrame, source_tasks: pd.DataFrame,
+                            profile: ProfileResource) -> AssetCheckResult:
     prof = profile.get()
-    again = build_task_pool(pool_candidates(prof, storage), prof.task_pool)
+    again = build_task_pool(eligible_tasks(source_tasks, prof), prof.task_pool)
     same = again.reset_index(drop=True).equals(task_pool.reset_index(drop=True))
     return AssetCheckResult(passed=bool(same), metadata={"rows": len(task_pool)})

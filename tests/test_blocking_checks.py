@@ -10,12 +10,14 @@ import pandas as pd
 from dagster import AssetCheckResult, AssetCheckSeverity, DagsterInstance, asset, asset_check, materialize
 
 from assets import collection, pool_report, tasks
-from assets.definitions import build_definitions, build_resources
+from assets.definitions import build_assets, build_definitions, build_resources
 from assets.run import failed_blocking_check
+from resources.storage import asset_path
 
 REPO = Path(__file__).resolve().parents[1]
-TASK_ASSETS = [tasks.source_tasks, tasks.task_pool, tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader,
-               tasks.task_pool_proportions, tasks.task_pool_deterministic, collection.agent_pool, collection.preflight]
+TASK_ASSETS = [a for a in build_assets("smoke") if a.key.to_user_string() in ("source_tasks", "task_pool")] + [
+    tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader, tasks.task_pool_proportions,
+    tasks.task_pool_deterministic, collection.agent_pool, collection.preflight]
 HAND_OFF = {("task_pool", "task_pool_unique_ids"), ("task_pool", "task_pool_gold_and_grader"),
             ("reward_matrix", "reward_join_complete"), ("graded_calls", "no_error_counted_as_wrong"),
             ("graded_calls", "empty_rate_below_5pct")}
@@ -51,7 +53,7 @@ def test_a_failing_blocking_check_stops_downstream_in_process(tmp_path, monkeypa
     done = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()}
     assert done == {"task_pool", "agent_pool"}  # preflight (downstream of task_pool) never ran
     assert not (tmp_path / "assets" / "preflight").exists()
-    first = pd.read_parquet(tmp_path / "assets" / "task_pool" / "__all__.parquet")["task_id"].iloc[3]
+    first = pd.read_parquet(asset_path(tmp_path, "task_pool"))["task_id"].iloc[3]
     assert failed_blocking_check(result) == ("check task_pool:task_pool_gold_and_grader failed: 1 task(s) without a "
                                              f"gold answer or a known grader (first: {first})")
 

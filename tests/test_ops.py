@@ -18,6 +18,7 @@ from assets.collection import POOL_TAG
 from assets.definitions import build_definitions
 from assets.ops import (COLLECT_SENSOR, COLLECTION_JOB, PREFLIGHT_JOB, RECOLLECTION_TAG, REFRESH_JOB,
                         REFRESH_SENSOR, SCHEDULE, SOURCE_TASKS_JOB)
+from resources.storage import asset_path
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
@@ -107,7 +108,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
     defs = build_definitions(home=str(home), profile="smoke")
     before = call_log_rows(home)
     assert {a for (_, _, a) in before} == set(DEMO_AGENTS)
-    n_tasks = len(pd.read_parquet(home / "assets" / "task_pool" / "__all__.parquet"))
+    n_tasks = len(pd.read_parquet(asset_path(home, "task_pool")))
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
         # the schedule's tick: a pre-flight run tagged with the profile's wider pool
@@ -116,7 +117,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
         assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "mmlu_pro_wide"
         pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(instance=inst, tags=requests[0].tags)
         assert pf.success
-        preflight = pd.read_parquet(home / "assets" / "preflight" / "__all__.parquet")
+        preflight = pd.read_parquet(asset_path(home, "preflight"))
         assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"mmlu_pro_wide"}
 
         # pre-flight done -> one collection run per source x repetition of the profile, same pool tag
@@ -146,7 +147,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
         per_agent[agent] += n
         assert n == (n_tasks if agent in WIDE_AGENTS else 0), (rep, agent, n)
     assert new_calls == {f"{r}|mmlu_pro": n_tasks * len(WIDE_AGENTS) for r in range(3)}
-    rewards = pd.read_parquet(home / "assets" / "reward_matrix" / "__all__.parquet")
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
     assert list(rewards["agent_order"].iloc[0]) == DEMO_AGENTS + WIDE_AGENTS
     assert len(rewards) == n_tasks
     with capsys.disabled():
