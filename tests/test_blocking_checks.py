@@ -52,7 +52,7 @@ def test_a_failing_blocking_check_stops_downstream_in_process(tmp_path, monkeypa
     assert not result.success
     done = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()}
     assert done == {"task_pool", "agent_pool"}  # preflight (downstream of task_pool) never ran
-    assert not (tmp_path / "assets" / "preflight").exists()
+    assert not asset_path(tmp_path, "preflight").exists()
     first = pd.read_parquet(asset_path(tmp_path, "task_pool"))["task_id"].iloc[3]
     assert failed_blocking_check(result) == ("check task_pool:task_pool_gold_and_grader failed: 1 task(s) without a "
                                              f"gold answer or a known grader (first: {first})")
@@ -107,5 +107,5 @@ def test_router_lite_run_stops_at_a_failing_blocking_check(tmp_path, temp_instan
     assert len(errors) == 1, lines
     assert errors[0].startswith("router-lite: error: task pool: check task_pool:task_pool_gold_and_grader failed: "
                                 "1 task(s) without a gold answer or a known grader (first: mmlu_pro/"), errors
-    assert (home / "assets" / "task_pool").exists() and not (home / "assets" / "preflight").exists()
+    assert asset_path(home, "task_pool").exists() and not asset_path(home, "preflight").exists()
     assert "[task pool]" not in p.stderr  # the stage never reported done

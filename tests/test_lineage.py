@@ -26,7 +26,7 @@ def test_every_stage_materialised_and_checks_pass(smoke_home):
 
 def test_collection_made_every_call_once_with_no_errors(smoke_home):
     home, _ = smoke_home
-    calls = pd.concat([pd.read_parquet(f) for f in (home / "assets" / "graded_calls").glob("*.parquet")])
+    calls = pd.concat([pd.read_parquet(f) for f in asset_path(home, "graded_calls").parent.glob("*.parquet")])
     assert len(calls) == 300 * 5 * 3
     assert calls["call_key"].is_unique
     assert (calls["status"] == "ok").all()

@@ -190,17 +190,17 @@ def test_one_source_backfill_materialises_that_source_only(tmp_path, temp_instan
     inst = DagsterInstance.from_config(str(temp_instance_dir))
     try:
         assert job.execute_in_process(instance=inst, partition_key="mmlu_pro").success
-        mmlu_pro = home / "assets" / "source_tasks" / "mmlu_pro.parquet"
+        mmlu_pro = asset_path(home, "source_tasks", "mmlu_pro")
         stamp, content = mmlu_pro.stat().st_mtime_ns, mmlu_pro.read_bytes()
         res = job.execute_in_process(instance=inst, partition_key="gsm8k")
         assert res.success
-        assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["gsm8k.parquet",
+        assert sorted(p.name for p in mmlu_pro.parent.iterdir()) == ["gsm8k.parquet",
                                                                                         "mmlu_pro.parquet"]
         assert mmlu_pro.stat().st_mtime_ns == stamp and mmlu_pro.read_bytes() == content
         assert [m.partition for m in res.asset_materializations_for_node("source_tasks")] == ["gsm8k"]
         assert materialized_partitions(inst, "source_tasks") == ["gsm8k", "mmlu_pro"]
         assert inst.get_latest_materialization_event(AssetKey("task_pool")) is None
-        gsm8k = pd.read_parquet(home / "assets" / "source_tasks" / "gsm8k.parquet")
+        gsm8k = pd.read_parquet(asset_path(home, "source_tasks", "gsm8k"))
         assert len(gsm8k) > 0 and set(gsm8k["source"]) == {"gsm8k"}
         print(f"\n[backfill] source_tasks[gsm8k]: {len(gsm8k)} tasks; files {sorted(p.name for p in mmlu_pro.parent.iterdir())}")
     finally:
@@ -219,7 +219,7 @@ def test_one_source_backfill_from_the_command_line(tmp_path, temp_instance_dir):
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["arc_challenge.parquet"]
+    assert sorted(p.name for p in asset_path(home, "source_tasks").parent.iterdir()) == ["arc_challenge.parquet"]
     inst = DagsterInstance.from_config(str(temp_instance_dir))
     try:
         assert materialized_partitions(inst, "source_tasks") == ["arc_challenge"]

@@ -87,4 +87,4 @@ def test_rlpr_partition_fails_with_the_config_key(tmp_path):
     result = materialize([tasks.source_tasks], partition_key="rlpr", resources=res, raise_on_error=False)
     assert not result.success
     assert "sources.rlpr.path" in str(result.all_events)
-    assert not (tmp_path / "assets" / "source_tasks" / "rlpr.parquet").exists()
+    assert not asset_path(tmp_path, "source_tasks", "rlpr").exists()
