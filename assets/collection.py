@@ -125,11 +125,10 @@ def preflight(context: AssetExecutionContext, task_pool: pd.DataFrame, pool: Poo
 def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
     """Agents that passed the latest pre-flight, from the pool it ran on (after a re-collection on a wider pool,
     every later stage routes over the wider pool's agents until pre-flight runs again on another)."""
-    pf = preflight
     ran_on = preflight_pool(preflight)
     if ran_on and ran_on != pool.pool:
         pool = pool_named(pool, ran_on)
-    ok = set(pf.query("passed")["agent"])
+    ok = set(preflight.query("passed")["agent"])
     return [a for a in pool.agents() if a.name in ok]
 
 

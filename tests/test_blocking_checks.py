@@ -109,3 +109,32 @@ def test_router_lite_run_stops_at_a_failing_blocking_check(tmp_path, temp_instan
                                 "1 task(s) without a gold answer or a known grader (first: mmlu_pro/"), errors
     assert asset_path(home, "task_pool").exists() and not asset_path(home, "preflight").exists()
     assert "[task pool]" not in p.stderr  # the stage never reported done
+
+
+def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, monkeypatch):
+    """The in-step blocking check of graded_calls: an error row that carries a grade stops `run_lineage` at the
+    collection stage; the reward matrix is not rebuilt."""
+    import pytest
+
+    from assets.run import run_lineage
+    from pipeline.errors import RouterLiteError
+
+    home = smoke_home_copy()
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    rewards = asset_path(home, "reward_matrix")
+    stamp = rewards.stat().st_mtime_ns
+    real = collection.run_collect
+
+    def planted(*args, **kwargs):
+        calls = real(*args, **kwargs)
+        calls.loc[calls.index[0], ["status", "correct"]] = ["error", False]  # an error graded as wrong
+        return calls
+
+    monkeypatch.setattr(collection, "run_collect", planted)
+    with pytest.raises(RouterLiteError) as exc:
+        run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
+    assert str(exc.value).startswith("collection (partition ")
+    assert str(exc.value).endswith("check graded_calls:no_error_counted_as_wrong failed: 1 error call(s) carry a "
+                                   "correctness grade")
+    assert rewards.stat().st_mtime_ns == stamp
