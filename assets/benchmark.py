@@ -9,9 +9,8 @@ import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
-from assets.collection import _settings, passed_agents, reward_matrix
-from assets.router import _train_config, reward_embeddings, prompt_embeddings, registered_head, training_split
-from assets.tasks import task_pool
+from assets.collection import _settings, passed_agents
+from assets.router import _train_config, reward_embeddings, registered_head, training_split
 from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
 from pipeline.calls import CallLog
@@ -71,17 +70,19 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     return table, png
 
 
-@asset(deps=[registered_head, reward_matrix, prompt_embeddings, task_pool], group_name="report",
+@asset(deps=[registered_head], group_name="report",
        io_manager_key="io_manager",
        description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
                    "pool → letter extracted and scored) on the held-out test split and an out-of-distribution "
                    "variant, plus the RouterBench cost–quality frontier with AIQ against every baseline.")
-def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, pool: PoolResource,
-                     backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
+def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+                     prompt_embeddings: pd.DataFrame, router_head: dict, preflight: pd.DataFrame,
+                     profile: ProfileResource, pool: PoolResource, backbone: BackboneResource,
+                     storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     reg = registry.load(json.loads((storage.path("registry") / "latest.json").read_text())["path"])
     agents = [a["name"] for a in reg.agents]
-    specs = {a.name: a for a in passed_agents(pool, storage)}
+    specs = {a.name: a for a in passed_agents(pool, preflight)}
     missing = [a for a in agents if a not in specs]
     if missing:
         from pipeline.errors import RouterLiteError
@@ -94,7 +95,7 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.get("target")
     point = reg.resolve_target(target)
     md[0] += f", target {point['target']} (λ {point['lambda']:.4g})"
-    for variant, bench in _variants(prof, storage.read_asset("task_pool")).items():
+    for variant, bench in _variants(prof, task_pool).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
         picks, fired = reg.route(X, target)
         tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
@@ -113,10 +114,10 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
                res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
         meta[variant] = s
         per_question.append(res["per_question"].assign(variant=variant))
-    rewards = storage.read_asset("reward_matrix")
-    split = training_split(rewards, storage.read_asset("task_pool"))
-    X = reward_embeddings(storage, rewards)
-    head_summary = json.loads(storage.asset_file("router_head", suffix=".json").read_text())
+    rewards = reward_matrix
+    split = training_split(rewards, task_pool)
+    X = reward_embeddings(prompt_embeddings, rewards)
+    head_summary = router_head
     knn_k = head_summary["knn_k"]
     value = head_summary["value"]
     marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
@@ -150,17 +151,18 @@ def benchmark_report(context: AssetExecutionContext, profile: ProfileResource, p
     })
 
 
-@asset(partitions_def=suite_partitions, deps=[reward_matrix, task_pool], group_name="report",
+@asset(partitions_def=suite_partitions, group_name="report",
        io_manager_key="io_manager",
        description="Seed-002 replication per suite: a head trained on the suite's train split; policy, quality, "
                    "cost per example and AIQ on its test split, with a frontier plot.")
-def routerbench_replication(context: AssetExecutionContext, profile: ProfileResource, backbone: BackboneResource,
+def routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+                            profile: ProfileResource, backbone: BackboneResource,
                             storage: StorageResource) -> Output[pd.DataFrame]:
     suite = context.partition_key
     if suite == "routerbench":
         prof_suite = build_suite("routerbench")
     else:
-        rewards, tasks = storage.read_asset("reward_matrix"), storage.read_asset("task_pool")
+        rewards, tasks = reward_matrix, task_pool
         agents, _, _, C = to_arrays(rewards)
         prices = dict(zip(agents, C.mean(axis=0)))  # list price per question (config/prices.yaml × tokens)
         prof_suite = build_suite(suite, rewards=rewards, tasks=tasks, prices=prices)

@@ -142,12 +142,12 @@ def cmd_regrade(args) -> int:
 
     from pipeline.io import atomic_write_parquet
     from pipeline.regrade import regrade
-    from resources.storage import default_home
+    from resources.storage import asset_path, default_home
 
     root = Path(default_home()).resolve()
-    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
+    pool = pd.read_parquet(asset_path(root, "task_pool"))
     changed = total = 0
-    for f in sorted((root / "assets" / "graded_calls").glob("*.parquet")):
+    for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file
         calls, n = regrade(pd.read_parquet(f), pool)
         atomic_write_parquet(calls, f)
         changed, total = changed + n, total + int((calls["status"] != "error").sum())

@@ -3,10 +3,9 @@ import os
 
 import pandas as pd
 from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetsDefinition, MetadataValue,
-                     MultiPartitionsDefinition, Output, StaticPartitionsDefinition, asset, asset_check)
+                     AssetIn, Output, PartitionsDefinition, asset, asset_check)
 
-from assets.partitions import source_partitions
-from assets.tasks import task_pool
+from assets.partitions import MAX_REPETITIONS, collection_partitions
 from pipeline.calls import CallLog, call_key
 from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
 from pipeline.regrade import regrade
@@ -21,9 +20,6 @@ from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
-MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
-repetition_partitions = StaticPartitionsDefinition([str(r) for r in range(MAX_REPETITIONS)])
-collection_partitions = MultiPartitionsDefinition({"source": source_partitions, "repetition": repetition_partitions})
 REGRADE_TAG = "router_lite/regrade"
 COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
@@ -60,23 +56,19 @@ def pool_named(pool: PoolResource, name: str) -> PoolResource:
     return other
 
 
-def preflight_pool(storage: StorageResource) -> str | None:
-    """The pool the latest pre-flight ran on (None before one ran, or for an older pre-flight without it)."""
-    f = storage.asset_file("preflight")
-    if not f.exists():
-        return None
-    pf = pd.read_parquet(f, columns=None)
-    return str(pf["pool"].iloc[0]) if "pool" in pf.columns and len(pf) else None
+def preflight_pool(preflight: pd.DataFrame) -> str | None:
+    """The pool the latest pre-flight ran on (None for an older pre-flight without it)."""
+    return str(preflight["pool"].iloc[0]) if "pool" in preflight.columns and len(preflight) else None
 
 
-def active_pool(context, pool: PoolResource, storage: StorageResource | None = None) -> PoolResource:
+def active_pool(context, pool: PoolResource, preflight: pd.DataFrame | None = None) -> PoolResource:
     """The pool this run works with: the one named by the run tag `router_lite/pool` (e.g. `demo_wide`), else
-    (stages after pre-flight, given `storage`) the pool the latest pre-flight ran on, else the configured one.
+    (stages after pre-flight, given its table) the pool the latest pre-flight ran on, else the configured one.
     A tagged stage after pre-flight needs the pre-flight of that same pool: a re-collection starts with it."""
     tags = context.run.tags if context is not None else {}
     name = tags.get(POOL_TAG) or None
-    if storage is not None:
-        ran_on = preflight_pool(storage)
+    if preflight is not None:
+        ran_on = preflight_pool(preflight)
         if name and ran_on is not None and ran_on != name:
             raise RouterLiteError(f"run tag {POOL_TAG}={name} but the latest pre-flight ran on pool {ran_on!r}: "
                                   f"materialise `preflight` with the same tag first")
@@ -106,16 +98,15 @@ def agent_pool(context: AssetExecutionContext, pool: PoolResource) -> Output[pd.
     return Output(df, metadata={"pool": pool.pool, "kind": pool.kind, "agents": MetadataValue.md(df.to_markdown(index=False))})
 
 
-@asset(deps=[agent_pool, task_pool], group_name="collection", io_manager_key="io_manager",
+@asset(deps=[agent_pool], group_name="collection", io_manager_key="io_manager",
        description="Pre-flight: 20 calls per agent (valid completion, max_tokens, usage, empty-rate < 5 %).")
-def preflight(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
-              storage: StorageResource) -> Output[pd.DataFrame]:
+def preflight(context: AssetExecutionContext, task_pool: pd.DataFrame, pool: PoolResource,
+              profile: ProfileResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     pool = active_pool(context, pool)
     agents = pool.agents()
     if pool.kind == "replay":  # recorded prompts only: the replay pool answers nothing else
-        tasks = storage.read_asset("task_pool")
-        prompts = tasks[tasks["split"] == "train"]["prompt"].head(20).tolist()
+        prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
     else:
         prompts = [LIVE_PREFLIGHT_PROMPT]
     result = run_preflight(pool.client_for, agents, prompts, _settings(prof)).assign(pool=pool.pool)
@@ -131,30 +122,28 @@ def preflight(context: AssetExecutionContext, pool: PoolResource, profile: Profi
     })
 
 
-def passed_agents(pool: PoolResource, storage: StorageResource):
+def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
     """Agents that passed the latest pre-flight, from the pool it ran on (after a re-collection on a wider pool,
     every later stage routes over the wider pool's agents until pre-flight runs again on another)."""
-    pf = storage.read_asset("preflight")
-    ran_on = preflight_pool(storage)
+    ran_on = preflight_pool(preflight)
     if ran_on and ran_on != pool.pool:
         pool = pool_named(pool, ran_on)
-    ok = set(pf.query("passed")["agent"])
+    ok = set(preflight.query("passed")["agent"])
     return [a for a in pool.agents() if a.name in ok]
 
 
-def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
-                  storage: StorageResource):
+def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, preflight: pd.DataFrame,
+                  pool: PoolResource, profile: ProfileResource, storage: StorageResource):
     prof = profile.get()
-    pool = active_pool(context, pool, storage)
+    pool = active_pool(context, pool, preflight)
     keys = context.partition_key.keys_by_dimension
     source, rep = keys["source"], int(keys["repetition"])
     if source not in prof.sources:
         raise RouterLiteError(f"source {source!r} is not in profile {prof.name!r} (sources: {list(prof.sources)})")
     if rep >= prof.repetitions:
         raise RouterLiteError(f"repetition {rep} is beyond profile {prof.name!r}'s {prof.repetitions} repetitions")
-    tasks = storage.read_asset("task_pool")
-    tasks = tasks[tasks["source"] == source]
-    agents = passed_agents(pool, storage)
+    tasks = task_pool[task_pool["source"] == source]
+    agents = passed_agents(pool, preflight)
     log = CallLog(storage.calls_dir(pool.kind, source, rep))
     # one collection per call log at a time (pipeline/collect_lock.py): a second run fails now, or waits when asked
     wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
@@ -170,10 +159,14 @@ def _graded_calls(context: AssetExecutionContext, pool: PoolResource, profile: P
     # checks run inside the step: a check outside it would load every partition of this asset
     graded_errors = calls[(calls["status"] == "error") & calls["correct"].notna()]
     yield AssetCheckResult(check_name="no_error_counted_as_wrong", passed=bool(graded_errors.empty),
-                           metadata={"bad_rows": len(graded_errors)})
+                           metadata={"bad_rows": len(graded_errors)},
+                           description=f"{len(graded_errors)} error call(s) carry a correctness grade"
+                           if len(graded_errors) else None)
     rates = calls.groupby("agent")["status"].apply(lambda s: float((s == "empty").mean()))
-    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=bool((rates < 0.05).all()),
-                           metadata={"empty_rate": MetadataValue.json(rates.to_dict())})
+    high = {a: round(r, 3) for a, r in rates.items() if r >= 0.05}
+    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=not high,
+                           metadata={"empty_rate": MetadataValue.json(rates.to_dict())},
+                           description=f"empty-reply rate of 5 % or more: {high}" if high else None)
     yield Output(calls, metadata={
         "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
@@ -194,14 +187,16 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
     return regrade(stored, tasks)[0].reset_index(drop=True)
 
 
-def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:
-    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`)."""
+def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition = collection_partitions
+                       ) -> AssetsDefinition:
+    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`), one
+    partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
     return asset(
-        name="graded_calls", partitions_def=collection_partitions, deps=[task_pool, preflight],
+        name="graded_calls", partitions_def=partitions_def,
         group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
-        check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls",
+        check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls", blocking=True,
                                     description="No error is ever graded: error rows carry no correctness."),
-                     AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls",
+                     AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls", blocking=True,
                                     description="Empty replies stay under 5 % per agent.")],
         description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
@@ -210,22 +205,26 @@ def graded_calls_asset(concurrency_pool: str) -> AssetsDefinition:
 graded_calls = graded_calls_asset(provider_pool())
 
 
-def profile_calls(prof, pool: PoolResource, storage: StorageResource) -> pd.DataFrame:
-    parts = [storage.read_asset("graded_calls", f"{r}|{s}") for s in prof.sources for r in range(prof.repetitions)]
-    return pd.concat(parts, ignore_index=True)
+def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:
+    """The profile's graded calls (every partition, concatenated by the IO manager) in source-then-repetition order,
+    the order the rewards were always summed in."""
+    order = {s: i for i, s in enumerate(prof.sources)}
+    key = graded_calls["task_id"].str.split("/", n=1).str[0].map(order) * 1000 + graded_calls["repetition"].astype(int)
+    return graded_calls.iloc[key.argsort(kind="stable")].reset_index(drop=True)
 
 
-@asset(deps=[graded_calls], group_name="rewards", io_manager_key="io_manager",
+@asset(group_name="rewards", io_manager_key="io_manager",
        description="Per task: agent_order, mean_reward, best_agents, is_tie, empty/error counts, mean cost. "
                    "Published as the rewards dataset (no prompt text).")
-def reward_matrix(context: AssetExecutionContext, pool: PoolResource, profile: ProfileResource,
+def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, task_pool: pd.DataFrame,
+                  preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
                   storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    pool = active_pool(context, pool, storage)
-    calls = profile_calls(prof, pool, storage)
-    agents = [a.name for a in passed_agents(pool, storage)]
+    pool = active_pool(context, pool, preflight)
+    calls = profile_calls(prof, graded_calls)
+    agents = [a.name for a in passed_agents(pool, preflight)]
     matrix = build_matrix(calls, agents)
-    tasks = storage.read_asset("task_pool")[["task_id", "source", "split"]]
+    tasks = task_pool[["task_id", "source", "split"]]
     published = matrix.rows.merge(tasks, on="task_id", how="left")
     out = publish_dataset(published, storage.path("datasets") / "rewards",
                           f"BenchGen Router Lite rewards ({prof.name})",
@@ -239,22 +238,24 @@ def reward_matrix(context: AssetExecutionContext, pool: PoolResource, profile: P
     })
 
 
-@asset_check(asset=reward_matrix, description="Join complete: every pool task of the profile has a reward row.")
-def reward_join_complete(reward_matrix: pd.DataFrame, storage: StorageResource) -> AssetCheckResult:
-    pool_ids = set(storage.read_asset("task_pool")["task_id"])
+@asset_check(asset=reward_matrix, blocking=True, additional_ins={"task_pool": AssetIn("task_pool")},
+             description="Join complete: every pool task of the profile has a reward row.")
+def reward_join_complete(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame) -> AssetCheckResult:
+    pool_ids = set(task_pool["task_id"])
     missing = pool_ids - set(reward_matrix["task_id"])
-    return AssetCheckResult(passed=not missing, metadata={"missing": len(missing), "tasks": len(pool_ids)})
+    return AssetCheckResult(passed=not missing, metadata={"missing": len(missing), "tasks": len(pool_ids)},
+                            description=(f"{len(missing)} of {len(pool_ids)} pool tasks have no reward row (first: "
+                                         f"{sorted(missing)[0]})") if missing else None)
 
 
 @asset(group_name="rewards", io_manager_key="io_manager",
        description="Every agent, uniform random, best single, oracle, headroom (overall and held-out test).")
-def baselines(context: AssetExecutionContext, reward_matrix: pd.DataFrame, profile: ProfileResource,
-              pool: PoolResource, storage: StorageResource) -> Output[pd.DataFrame]:
+def baselines(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+              graded_calls: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    pool = active_pool(context, pool, storage)
-    split = reward_matrix[["task_id"]].merge(storage.read_asset("task_pool")[["task_id", "split"]], how="left")["split"]
+    split = reward_matrix[["task_id"]].merge(task_pool[["task_id", "split"]], how="left")["split"]
     table = compute_baselines(reward_matrix, split)
-    calls = profile_calls(prof, pool, storage)
+    calls = profile_calls(prof, graded_calls)
     totals = collection_totals(calls)
     md = (f"## Baselines ({prof.name}: {len(reward_matrix)} tasks, test n={int((split == 'test').sum())})\n\n"
           + f"Cost column: mean USD per task; {cost_basis(calls)}.\n\n"

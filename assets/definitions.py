@@ -10,6 +10,7 @@ from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_as
 
 from assets import benchmark, collection, pool_report, router, tasks
 from assets.ops import build_ops
+from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.config import load_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
@@ -42,14 +43,16 @@ def build_resources(home: str | None = None, profile: str = "") -> dict:
 
 
 def build_assets(profile: str = "") -> list:
-    """Every asset; `graded_calls` in the concurrency pool of the profile's provider (`provider:replay`,
-    `provider:openrouter`, ...: limits in dagster.yaml / `dagster instance concurrency set`)."""
-    assets = load_assets_from_modules(ASSET_MODULES)
-    wanted = collection.provider_pool(profile)
-    if collection.graded_calls.op.pool != wanted:  # module built for another active profile
-        key = collection.graded_calls.key
-        assets = [collection.graded_calls_asset(wanted) if key in a.keys else a for a in assets]
-    return assets
+    """Every asset; `source_tasks` partitioned by the profile's sources and `graded_calls` by its sources ×
+    repetitions, in the concurrency pool of the profile's provider (`provider:replay`, `provider:openrouter`, ...:
+    limits in dagster.yaml / `dagster instance concurrency set`)."""
+    prof = load_profile(profile or None)
+    ours = {
+        tasks.source_tasks.key: tasks.source_tasks_asset(source_partitions_for(prof.sources)),
+        collection.graded_calls.key: collection.graded_calls_asset(
+            collection.provider_pool(profile), collection_partitions_for(prof.sources, prof.repetitions)),
+    }
+    return [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
 
 
 def build_definitions(home: str | None = None, profile: str = "") -> Definitions:

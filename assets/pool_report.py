@@ -10,8 +10,7 @@ from dagster import (
     asset_check,
 )
 
-from assets.collection import reward_matrix
-from assets.router import prompt_embeddings, reward_embeddings, training_split
+from assets.router import reward_embeddings, training_split
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.pool_report import WARNING, domain_column, labels_of, report_markdown
 from pipeline.pool_report import pool_report as build_report
@@ -19,23 +18,18 @@ from pipeline.rewards import to_arrays
 from resources.storage import StorageResource
 
 
-def report_inputs(storage: StorageResource):
-    rewards = storage.read_asset("reward_matrix")
-    tasks = storage.read_asset("task_pool")
-    t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
-    return rewards, tasks, t
-
-
-@asset(deps=[reward_matrix, prompt_embeddings], group_name="router", io_manager_key="io_manager",
+@asset(group_name="router", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
                    "(label router and kNN, 5-fold CV on the training split).")
-def pool_report(context: AssetExecutionContext, storage: StorageResource) -> Output[dict]:
-    rewards, tasks, t = report_inputs(storage)
+def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+                prompt_embeddings: pd.DataFrame, storage: StorageResource) -> Output[dict]:
+    rewards, tasks = reward_matrix, task_pool
+    t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     agents, R, _, C = to_arrays(rewards)
     col = domain_column(t)
     split = training_split(rewards, tasks).to_numpy(dtype=object)
-    rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(storage, rewards),
+    rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col)
     md = report_markdown(rep)
     atomic_write_text(md, storage.path("reports") / "pool_report.md")

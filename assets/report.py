@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from resources.storage import asset_path
+
 
 def _table(counts: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in counts.items())
@@ -17,7 +19,7 @@ def print_summary(home: str, profile: str | None = None) -> None:
 
         v = json.loads(verdict_file.read_text())["verdict"]
         print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
-    pool_file = root / "assets" / "task_pool" / "__all__.parquet"
+    pool_file = asset_path(root, "task_pool")
     if pool_file.exists():
         from pipeline.task_pool import pool_counts
 
@@ -26,7 +28,7 @@ def print_summary(home: str, profile: str | None = None) -> None:
         for col, counts in pool_counts(pool).items():
             print(f"  by {col:<10} {_table(counts)}")
         print(f"  tasks dataset: {root / 'datasets' / 'tasks'}")
-    head = root / "assets" / "router_head" / "__all__.json"
+    head = asset_path(root, "router_head", suffix=".json")
     if head.exists():
         summary = json.loads(head.read_text())
         m, gate = summary["metrics"], summary["extra"].get("gate", {})

@@ -7,8 +7,7 @@ import numpy as np
 import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
-from assets.collection import active_pool, reward_matrix
-from assets.tasks import task_pool
+from assets.collection import active_pool
 from pipeline import registry
 from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
@@ -27,17 +26,17 @@ from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
-def reward_embeddings(storage: StorageResource, rewards: pd.DataFrame) -> np.ndarray:
+def reward_embeddings(prompt_embeddings: pd.DataFrame, rewards: pd.DataFrame) -> np.ndarray:
     """Embeddings of the reward rows' tasks, in reward-row order."""
-    emb = storage.read_asset("prompt_embeddings").set_index("task_id").loc[rewards["task_id"]]
+    emb = prompt_embeddings.set_index("task_id").loc[rewards["task_id"]]
     return np.stack(emb["embedding"].to_numpy()).astype(np.float32)
 
 
-@asset(deps=[task_pool], group_name="router", io_manager_key="io_manager",
+@asset(group_name="router", io_manager_key="io_manager",
        description="Embeddings of every pool task's prompt by the frozen backbone, cached by (backbone, prompt hash).")
-def prompt_embeddings(context: AssetExecutionContext, backbone: BackboneResource,
+def prompt_embeddings(context: AssetExecutionContext, task_pool: pd.DataFrame, backbone: BackboneResource,
                       storage: StorageResource) -> Output[pd.DataFrame]:
-    tasks = storage.read_asset("task_pool")
+    tasks = task_pool
     bb = backbone.get_backbone()
     cache = EmbeddingCache(storage.path("embeddings"))
     before = len(cache.load(bb))
@@ -71,14 +70,15 @@ def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
     return t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
 
 
-@asset(ins={}, deps=[reward_matrix, prompt_embeddings], group_name="router", io_manager_key="io_manager",
+@asset(group_name="router", io_manager_key="io_manager",
        description="Router head trained with separable CMA-ES on the static reward matrix (zero API calls); "
                    "held-out metrics against best single, kNN, random and the oracle.")
-def router_head(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[dict]:
+def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame,
+                task_pool: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> Output[dict]:
     prof = profile.get()
-    rewards = storage.read_asset("reward_matrix")
-    X = reward_embeddings(storage, rewards)
-    tasks = storage.read_asset("task_pool")
+    rewards = reward_matrix
+    X = reward_embeddings(prompt_embeddings, rewards)
+    tasks = task_pool
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     fit = fit_router(X, rewards, split, _train_config(prof), labels=labels_of(t, domain_column(t)))
@@ -135,8 +135,8 @@ def head_beats_random(router_head: dict) -> AssetCheckResult:
 
 @asset(group_name="router", io_manager_key="io_manager",
        description="The head in the registry: stable name head-<backbone>-<hash>, manifest, weights, reference code.")
-def registered_head(context: AssetExecutionContext, router_head: dict, backbone: BackboneResource,
-                    pool: PoolResource, storage: StorageResource) -> Output[dict]:
+def registered_head(context: AssetExecutionContext, router_head: dict, preflight: pd.DataFrame,
+                    backbone: BackboneResource, pool: PoolResource, storage: StorageResource) -> Output[dict]:
     src = storage.path("router_head")
     head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
     scorer = Head.load(src / registry.SCORER, agents=router_head["agents"])
@@ -144,7 +144,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, backbone:
                    if (src / registry.COST_SCORER).exists() else None)
     guard = registry.load_guard(src / registry.GUARD)
     bb = backbone.get_backbone()
-    pool = active_pool(context, pool, storage)  # the pool the head was trained on (a wider one after re-collection)
+    pool = active_pool(context, pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
     models = {a.name: a.model for a in pool.agents()}
     agents = [{"name": a, "model": models.get(a, a)} for a in router_head["agents"]]
     data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]

@@ -55,9 +55,19 @@ def user_error(result) -> str | None:
     return None
 
 
+def failed_blocking_check(result) -> str | None:
+    """The message of the first failed blocking check (ERROR severity) of a run, None when there is none: Dagster
+    skipped the check's downstream assets in the run, and `router-lite run` stops before the next stage."""
+    for e in result.get_asset_check_evaluations():
+        if not e.passed and e.blocking and getattr(e.severity, "value", "ERROR") == "ERROR":
+            why = e.description or ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in e.metadata.items())
+            return f"check {e.asset_key.to_user_string()}:{e.check_name} failed: {why}"
+    return None
+
+
 def _failure(result, stage: str, pk) -> Exception:
     where = f"{stage}" + (f" (partition {pk})" if pk is not None else "")
-    msg = user_error(result)
+    msg = failed_blocking_check(result) or user_error(result)
     if msg is not None:
         return RouterLiteError(f"{where}: {msg}")
     for event in result.all_events:  # not a user error: the whole trace, as Dagster recorded it
@@ -70,7 +80,8 @@ def _failure(result, stage: str, pk) -> Exception:
 def _print_warnings(instance, run_id: str, log) -> None:
     """The warnings user code logged in a run (pre-flight failures, held-back tasks), as the console showed them."""
     for entry in instance.all_logs(run_id):
-        if entry.dagster_event is None and entry.level >= logging.WARNING:
+        if entry.dagster_event is None and entry.level >= logging.WARNING \
+                and not entry.user_message.startswith("Dependencies for step"):  # a skip after a failure: said once
             log(f"  warning: {entry.step_key or ''}: {entry.user_message}")
 
 
@@ -127,11 +138,11 @@ def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, 
             _step_seconds(instance, result.run_id, times["steps"])
             if replay_warnings:
                 _print_warnings(instance, result.run_id, log)
-            if not result.success:
+            if not result.success or failed_blocking_check(result):
                 raise _failure(result, stage, pk)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
-                level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"  # a warning is not a failure
+                level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"  # non-blocking: reported only
                 log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
         times["stages"][stage] = round(time.time() - t0, 1)
         log(f"[{stage}] {', '.join(keys)} done in {time.time() - t0:.1f}s")

@@ -1,7 +1,8 @@
 """Lineage stage 1: source tasks (one partition per source) → the balanced, split task pool."""
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check)
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetsDefinition, MetadataValue, Output,
+                     PartitionsDefinition, asset, asset_check)
 
 from assets.partitions import source_partitions
 from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
@@ -11,9 +12,7 @@ from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
-@asset(partitions_def=source_partitions, group_name="tasks", io_manager_key="io_manager",
-       description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md).")
-def source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
+def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
     key = context.partition_key
     overrides = profile.get().sources.get(key, {})
     tasks = load_source(key, **{k: overrides[k] for k in ("path", "hub_id", "hub_config", "hub_split") if k in overrides})
@@ -25,10 +24,14 @@ def source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Ou
     })
 
 
-def pool_candidates(prof, storage: StorageResource) -> pd.DataFrame:
-    """The profile's source partitions, restricted to what its pool can answer (see `eligible_tasks`)."""
-    tasks = pd.concat([storage.read_asset("source_tasks", s) for s in prof.sources], ignore_index=True)
-    return eligible_tasks(tasks, prof)
+def source_tasks_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
+    """`source_tasks` with one partition per source of `partitions_def` (the profile's, from the definitions)."""
+    return asset(name="source_tasks", partitions_def=partitions_def, group_name="tasks", io_manager_key="io_manager",
+                 description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md)."
+                 )(_source_tasks)
+
+
+source_tasks = source_tasks_asset(source_partitions)
 
 
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
@@ -47,11 +50,13 @@ def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     return tasks[tasks["prompt"].map(prompt_hash).isin(recorded)]
 
 
-@asset(deps=[source_tasks], group_name="tasks", io_manager_key="io_manager",
+@asset(group_name="tasks", io_manager_key="io_manager",
        description="Balanced task pool with a seeded train/validation/test split; published as the tasks dataset.")
-def task_pool(context: AssetExecutionContext, profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
+def task_pool(context: AssetExecutionContext, source_tasks: pd.DataFrame, profile: ProfileResource,
+              storage: StorageResource) -> Output[pd.DataFrame]:
+    """`source_tasks`: the profile's source partitions, concatenated by the IO manager."""
     prof = profile.get()
-    tasks = pool_candidates(prof, storage)
+    tasks = eligible_tasks(source_tasks, prof)
     pool = build_task_pool(tasks, prof.task_pool)
     out = publish_dataset(pool, storage.path("datasets") / "tasks", f"BenchGen Router Lite tasks ({prof.name})",
                           prof.description)
@@ -64,22 +69,25 @@ def task_pool(context: AssetExecutionContext, profile: ProfileResource, storage:
     })
 
 
-# --- asset checks: each guards the hand-off to collection ------------------------------------------------------
+# --- asset checks: each guards the hand-off to collection; a failing blocking one stops every downstream asset --------
 
-@asset_check(asset=task_pool, description="No task_id appears twice.")
+@asset_check(asset=task_pool, blocking=True, description="No task_id appears twice.")
 def task_pool_unique_ids(task_pool: pd.DataFrame) -> AssetCheckResult:
     dup = task_pool["task_id"][task_pool["task_id"].duplicated()]
     return AssetCheckResult(passed=dup.empty, metadata={"duplicates": len(dup),
-                                                         "first": str(dup.iloc[0]) if len(dup) else ""})
+                                                         "first": str(dup.iloc[0]) if len(dup) else ""},
+                            description=f"{len(dup)} duplicate task_id (first: {dup.iloc[0]})" if len(dup) else None)
 
 
-@asset_check(asset=task_pool, description="Every task has a gold answer and a known grader.")
+@asset_check(asset=task_pool, blocking=True, description="Every task has a gold answer and a known grader.")
 def task_pool_gold_and_grader(task_pool: pd.DataFrame) -> AssetCheckResult:
     from pipeline.grading import GRADERS
 
     bad = task_pool[task_pool["gold"].fillna("").astype(str).str.strip().eq("") | ~task_pool["grader"].isin(GRADERS)]
     return AssetCheckResult(passed=bad.empty, metadata={"bad_rows": len(bad),
-                                                         "first": str(bad["task_id"].iloc[0]) if len(bad) else ""})
+                                                         "first": str(bad["task_id"].iloc[0]) if len(bad) else ""},
+                            description=(f"{len(bad)} task(s) without a gold answer or a known grader (first: "
+                                         f"{bad['task_id'].iloc[0]})") if len(bad) else None)
 
 
 @asset_check(asset=task_pool, description="Domain thirds (domain-balanced pools) and split fractions within ±2 points.")
@@ -95,9 +103,11 @@ def task_pool_proportions(task_pool: pd.DataFrame, profile: ProfileResource) -> 
                                                                 "all_points_off": {k: float(round(v, 2)) for k, v in off.items()}})
 
 
-@asset_check(asset=task_pool, description="Same seed and inputs → identical pool (rebuilt and compared).")
-def task_pool_deterministic(task_pool: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> AssetCheckResult:
+@asset_check(asset=task_pool, additional_ins={"source_tasks": AssetIn("source_tasks")},
+             description="Same seed and inputs → identical pool (rebuilt and compared).")
+def task_pool_deterministic(task_pool: pd.DataFrame, source_tasks: pd.DataFrame,
+                            profile: ProfileResource) -> AssetCheckResult:
     prof = profile.get()
-    again = build_task_pool(pool_candidates(prof, storage), prof.task_pool)
+    again = build_task_pool(eligible_tasks(source_tasks, prof), prof.task_pool)
     same = again.reset_index(drop=True).equals(task_pool.reset_index(drop=True))
     return AssetCheckResult(passed=bool(same), metadata={"rows": len(task_pool)})

@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from pipeline.prompts import mcq_prompt
+from resources.storage import asset_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP_MMLU_PRO = Path("/tmp/mp/model_outputs_gemini-1.5-pro-002_5shots.json")
@@ -225,7 +226,7 @@ def demo_data(home: Path):
 
     import pandas as pd
 
-    files = [home / "assets" / a / "__all__.parquet" for a in ("task_pool", "reward_matrix")]
+    files = [asset_path(home, a) for a in ("task_pool", "reward_matrix")]
     if not all(f.is_file() for f in files):
         print("# task_pool / reward_matrix not materialised: `router-lite run --upto reward_matrix`", flush=True)
         subprocess.run([sys.executable, "-c", "from assets.cli import main; raise SystemExit(main())", "run",
@@ -308,10 +309,10 @@ def main(argv=None) -> int:
     default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)
     chosen = {"torch": "torch-fp32", "onnx": "onnx-fp32"}.get(default.backend) or (
         "openvino-bf16" if default.precision == "bfloat16" else "openvino-fp32")
-    if args.prompts_file is None and (home / "assets/task_pool/__all__.parquet").is_file():
+    if args.prompts_file is None and (asset_path(home, "task_pool")).is_file():
         import pandas as pd
 
-        pool = pd.read_parquet(home / "assets/task_pool/__all__.parquet")
+        pool = pd.read_parquet(asset_path(home, "task_pool"))
         prompts = pool["prompt"].sample(frac=1.0, random_state=0).tolist()[:args.n]
         source = f"{home}/assets/task_pool (the demo prompts)"
     else:

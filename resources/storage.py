@@ -27,6 +27,13 @@ def _partition_file(key: str) -> str:
     return key.replace("|", "__").replace("/", "_")
 
 
+def asset_path(home: str | Path, asset: str, partition: str | None = None, suffix: str = ".parquet") -> Path:
+    """The one place that knows where an asset's file lives: `<home>/assets/<asset>/<partition or __all__><suffix>`
+    (the IO manager writes and reads there; the CLI, the report and the tests ask here)."""
+    part = _partition_file(str(partition)) if partition else "__all__"
+    return Path(home).resolve() / "assets" / asset / f"{part}{suffix}"
+
+
 class StorageResource(ConfigurableResource):
     """Paths of everything the pipeline writes: one root, `ROUTER_LITE_HOME` (default ./.router-lite)."""
 
@@ -41,15 +48,7 @@ class StorageResource(ConfigurableResource):
         return p
 
     def asset_file(self, asset: str, partition: str | None = None, suffix: str = ".parquet") -> Path:
-        return self.root() / "assets" / asset / f"{_partition_file(partition) if partition else '__all__'}{suffix}"
-
-    def read_asset(self, asset: str, partition: str | None = None) -> pd.DataFrame:
-        f = self.asset_file(asset, partition)
-        if not f.exists():
-            where = f" partition {partition!r}" if partition else ""
-            raise RouterLiteError(f"asset {asset!r}{where} has not been materialised yet ({f} missing): "
-                                  f"materialise it first (`router-lite run` or the Dagster UI)")
-        return pd.read_parquet(f)
+        return asset_path(self.home, asset, partition, suffix)
 
     def calls_dir(self, pool: str, source: str, repetition: int) -> Path:
         return self.path("calls", pool, source, f"rep{repetition}")
@@ -61,9 +60,7 @@ class ParquetIOManager(ConfigurableIOManager):
     home: str = DEFAULT_HOME
 
     def _file(self, asset_key: list[str], partition: str | None, suffix: str) -> Path:
-        name = "/".join(asset_key)
-        part = _partition_file(partition) if partition else "__all__"
-        return Path(self.home).resolve() / "assets" / name / f"{part}{suffix}"
+        return asset_path(self.home, "/".join(asset_key), partition, suffix)
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:
@@ -82,12 +79,15 @@ class ParquetIOManager(ConfigurableIOManager):
         if js.exists():
             return json.loads(js.read_text())
         where = f" partition {partition!r}" if partition else ""
-        raise RouterLiteError(f"asset {'/'.join(asset_key)!r}{where} has not been materialised yet ({pq} missing)")
+        raise RouterLiteError(f"asset {'/'.join(asset_key)!r}{where} has not been materialised yet ({pq} missing): "
+                              f"materialise it first (`router-lite run` or the Dagster UI)")
 
     def load_input(self, context: InputContext) -> Any:
         key = context.asset_key.path
-        if context.has_asset_partitions:
-            parts = [self._read(key, str(k)) for k in context.asset_partition_keys]
+        if context.has_asset_partitions:  # every partition the input maps to (the profile's), in definition order
+            wanted = {str(k) for k in context.asset_partition_keys}
+            keys = [k for k in map(str, context.asset_partitions_def.get_partition_keys()) if k in wanted]
+            parts = [self._read(key, k) for k in keys]
             if all(isinstance(p, pd.DataFrame) for p in parts):
                 return pd.concat(parts, ignore_index=True)
             return parts

@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from pipeline.rewards import to_arrays
+from resources.storage import asset_path
 
 
 def main() -> None:
@@ -24,8 +25,8 @@ def main() -> None:
     ap.add_argument("--pool", default="mmlu_pro")
     a = ap.parse_args()
     home = Path(a.home)
-    pool = pd.read_parquet(home / "assets/task_pool/__all__.parquet")
-    rewards = pd.read_parquet(home / "assets/reward_matrix/__all__.parquet")
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
     agents, R, _, _ = to_arrays(rewards)
     cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/agents.yaml").read_text())
     model_of = {x["name"]: x["model"] for x in cfg["pools"][a.pool]["agents"]}

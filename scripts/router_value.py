@@ -38,12 +38,12 @@ LEVERS = {
 
 def pipeline_data():
     from pipeline.pool_report import domain_column, labels_of
-    from resources.storage import default_home
+    from resources.storage import asset_path, default_home
 
-    root = Path(default_home()) / "assets"
-    rewards = pd.read_parquet(root / "reward_matrix" / "__all__.parquet")
-    tasks = pd.read_parquet(root / "task_pool" / "__all__.parquet")
-    emb = pd.read_parquet(root / "prompt_embeddings" / "__all__.parquet").set_index("task_id").loc[rewards["task_id"]]
+    root = default_home()
+    rewards = pd.read_parquet(asset_path(root, "reward_matrix"))
+    tasks = pd.read_parquet(asset_path(root, "task_pool"))
+    emb = pd.read_parquet(asset_path(root, "prompt_embeddings")).set_index("task_id").loc[rewards["task_id"]]
     X = np.stack(emb["embedding"].to_numpy()).astype(np.float32)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")

@@ -12,6 +12,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance, MultiPartitionKey, execute_job, reconstructable
 
 from assets.ops import DASK_ADDRESS_ENV, DASK_JOB, dask_cluster_config
+from resources.storage import asset_path
 
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 
@@ -47,7 +48,7 @@ def test_collection_partitions_run_on_dask_workers(smoke_home_copy, tmp_path, mo
     import dagster_dask.executor as dask_exec
 
     home = smoke_home_copy(drop=("calls",))  # task_pool, agent_pool, preflight kept; no call made yet
-    for f in (home / "assets" / "graded_calls").glob("*.parquet"):
+    for f in asset_path(home, "graded_calls").parent.glob("*.parquet"):
         f.unlink()
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
     monkeypatch.delenv(DASK_ADDRESS_ENV, raising=False)
@@ -74,7 +75,7 @@ def test_collection_partitions_run_on_dask_workers(smoke_home_copy, tmp_path, mo
     assert len(ran_on) == 3 and all(steps == ("graded_calls",) for _, steps in ran_on)
     assert all("Dask-Default-Threads" in name for name, _ in ran_on), ran_on  # a Dask worker thread
     for pk in keys:
-        calls = pd.read_parquet(home / "assets" / "graded_calls" / f"{str(pk).replace('|', '__')}.parquet")
+        calls = pd.read_parquet(asset_path(home, "graded_calls", str(pk)))
         assert len(calls) == 300 * 5 and (calls["status"] == "ok").all()
         assert sorted(calls["agent"].unique()) == sorted(AGENTS)
         assert calls["repetition"].eq(int(pk.keys_by_dimension["repetition"])).all()

@@ -6,6 +6,7 @@ import pandas as pd
 from dagster import AssetKey, DagsterInstance
 
 from pipeline import registry
+from resources.storage import asset_path
 
 
 def test_every_stage_materialised_and_checks_pass(smoke_home):
@@ -14,9 +15,9 @@ def test_every_stage_materialised_and_checks_pass(smoke_home):
     for key in ["task_pool", "agent_pool", "preflight", "reward_matrix", "baselines", "prompt_embeddings",
                 "pool_report", "router_head", "registered_head", "benchmark_report"]:
         assert inst.get_latest_materialization_event(AssetKey(key)) is not None, key
-    pool = pd.read_parquet(home / "assets" / "task_pool" / "__all__.parquet")
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
     assert len(pool) == 300
-    rewards = pd.read_parquet(home / "assets" / "reward_matrix" / "__all__.parquet")
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
     assert set(rewards["task_id"]) == set(pool["task_id"])  # replay answers every pool task: nothing held back
     assert "prompt" not in rewards.columns
     dd = datasets.load_from_disk(str(home / "datasets" / "rewards" / "hf"))
@@ -25,7 +26,7 @@ def test_every_stage_materialised_and_checks_pass(smoke_home):
 
 def test_collection_made_every_call_once_with_no_errors(smoke_home):
     home, _ = smoke_home
-    calls = pd.concat([pd.read_parquet(f) for f in (home / "assets" / "graded_calls").glob("*.parquet")])
+    calls = pd.concat([pd.read_parquet(f) for f in asset_path(home, "graded_calls").parent.glob("*.parquet")])
     assert len(calls) == 300 * 5 * 3
     assert calls["call_key"].is_unique
     assert (calls["status"] == "ok").all()
@@ -39,7 +40,7 @@ def test_registered_head_loads_and_routes_like_the_asset(smoke_home):
     assert [a["name"] for a in reg.agents] == ["frontier_a", "frontier_b", "frontier_c", "open_mid",
                                               "open_cheap_reasoning"]
     assert reg.agents[0]["model"] == "gemini-1.5-pro-002"
-    summary = json.loads((home / "assets" / "router_head" / "__all__.json").read_text())
+    summary = json.loads((asset_path(home, "router_head", suffix=".json")).read_text())
     assert set(summary["metrics"]) == {"head", "best_single", "oracle", "random", "knn", "headroom_captured",
                                        "distribution", "n_train", "n_test"}
     assert summary["metrics"]["head"] > summary["metrics"]["random"]

@@ -18,6 +18,7 @@ from assets.collection import POOL_TAG
 from assets.definitions import build_definitions
 from assets.ops import (COLLECT_SENSOR, COLLECTION_JOB, PREFLIGHT_JOB, RECOLLECTION_TAG, REFRESH_JOB,
                         REFRESH_SENSOR, SCHEDULE, SOURCE_TASKS_JOB)
+from resources.storage import asset_path
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
@@ -107,7 +108,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
     defs = build_definitions(home=str(home), profile="smoke")
     before = call_log_rows(home)
     assert {a for (_, _, a) in before} == set(DEMO_AGENTS)
-    n_tasks = len(pd.read_parquet(home / "assets" / "task_pool" / "__all__.parquet"))
+    n_tasks = len(pd.read_parquet(asset_path(home, "task_pool")))
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
         # the schedule's tick: a pre-flight run tagged with the profile's wider pool
@@ -116,7 +117,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
         assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "mmlu_pro_wide"
         pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(instance=inst, tags=requests[0].tags)
         assert pf.success
-        preflight = pd.read_parquet(home / "assets" / "preflight" / "__all__.parquet")
+        preflight = pd.read_parquet(asset_path(home, "preflight"))
         assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"mmlu_pro_wide"}
 
         # pre-flight done -> one collection run per source x repetition of the profile, same pool tag
@@ -146,7 +147,7 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
         per_agent[agent] += n
         assert n == (n_tasks if agent in WIDE_AGENTS else 0), (rep, agent, n)
     assert new_calls == {f"{r}|mmlu_pro": n_tasks * len(WIDE_AGENTS) for r in range(3)}
-    rewards = pd.read_parquet(home / "assets" / "reward_matrix" / "__all__.parquet")
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
     assert list(rewards["agent_order"].iloc[0]) == DEMO_AGENTS + WIDE_AGENTS
     assert len(rewards) == n_tasks
     with capsys.disabled():
@@ -168,24 +169,38 @@ def test_a_tagged_stage_refuses_a_preflight_of_another_pool(smoke_home_copy):
 
 # --- per-source backfills ---------------------------------------------------------------------------------------
 
+def test_partitions_come_from_the_profile():
+    """One source in the profile: one source_tasks partition in the UI, its 3 repetitions of graded_calls."""
+    smoke = build_definitions(profile="smoke")
+    assert smoke.resolve_assets_def("source_tasks").partitions_def.get_partition_keys() == ["mmlu_pro"]
+    assert smoke.resolve_assets_def("graded_calls").partitions_def.get_partition_keys() == [
+        "0|mmlu_pro", "1|mmlu_pro", "2|mmlu_pro"]
+    pilot = build_definitions(profile="pilot")
+    assert pilot.resolve_assets_def("source_tasks").partitions_def.get_partition_keys() == [
+        "math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro"]
+    assert len(pilot.resolve_assets_def("graded_calls").partitions_def.get_partition_keys()) == 7 * 3
+    with pytest.raises(Exception, match="gsm8k"):  # not a partition of the smoke definitions
+        smoke.resolve_job_def(SOURCE_TASKS_JOB).execute_in_process(partition_key="gsm8k")
+
+
 def test_one_source_backfill_materialises_that_source_only(tmp_path, temp_instance_dir):
     home = tmp_path / "home"
-    defs = build_definitions(home=str(home), profile="smoke")
+    defs = build_definitions(home=str(home), profile="pilot")  # 7 sources; backfill two of them
     job = defs.resolve_job_def(SOURCE_TASKS_JOB)
     inst = DagsterInstance.from_config(str(temp_instance_dir))
     try:
         assert job.execute_in_process(instance=inst, partition_key="mmlu_pro").success
-        mmlu_pro = home / "assets" / "source_tasks" / "mmlu_pro.parquet"
+        mmlu_pro = asset_path(home, "source_tasks", "mmlu_pro")
         stamp, content = mmlu_pro.stat().st_mtime_ns, mmlu_pro.read_bytes()
         res = job.execute_in_process(instance=inst, partition_key="gsm8k")
         assert res.success
-        assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["gsm8k.parquet",
+        assert sorted(p.name for p in mmlu_pro.parent.iterdir()) == ["gsm8k.parquet",
                                                                                         "mmlu_pro.parquet"]
         assert mmlu_pro.stat().st_mtime_ns == stamp and mmlu_pro.read_bytes() == content
         assert [m.partition for m in res.asset_materializations_for_node("source_tasks")] == ["gsm8k"]
         assert materialized_partitions(inst, "source_tasks") == ["gsm8k", "mmlu_pro"]
         assert inst.get_latest_materialization_event(AssetKey("task_pool")) is None
-        gsm8k = pd.read_parquet(home / "assets" / "source_tasks" / "gsm8k.parquet")
+        gsm8k = pd.read_parquet(asset_path(home, "source_tasks", "gsm8k"))
         assert len(gsm8k) > 0 and set(gsm8k["source"]) == {"gsm8k"}
         print(f"\n[backfill] source_tasks[gsm8k]: {len(gsm8k)} tasks; files {sorted(p.name for p in mmlu_pro.parent.iterdir())}")
     finally:
@@ -197,14 +212,14 @@ def test_one_source_backfill_from_the_command_line(tmp_path, temp_instance_dir):
     """The documented command: dagster asset materialize -m assets.definitions --select source_tasks --partition X"""
     home = tmp_path / "home"
     env = {**os.environ, "DAGSTER_HOME": str(temp_instance_dir), "ROUTER_LITE_HOME": str(home),
-           "ROUTER_LITE_PROFILE": "smoke", "PYTHONPATH": str(REPO)}
+           "ROUTER_LITE_PROFILE": "pilot", "PYTHONPATH": str(REPO)}
     dagster = Path(sys.executable).with_name("dagster")
     cmd = [str(dagster), "asset", "materialize", "-m", "assets.definitions", "--select", "source_tasks",
            "--partition", "arc_challenge"]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in (home / "assets" / "source_tasks").iterdir()) == ["arc_challenge.parquet"]
+    assert sorted(p.name for p in asset_path(home, "source_tasks").parent.iterdir()) == ["arc_challenge.parquet"]
     inst = DagsterInstance.from_config(str(temp_instance_dir))
     try:
         assert materialized_partitions(inst, "source_tasks") == ["arc_challenge"]

@@ -9,6 +9,8 @@ import uuid
 import pytest
 from dagster import AssetKey, DagsterInstance, materialize
 
+from resources.storage import asset_path
+
 PG_URL = os.environ.get("ROUTER_LITE_PG_URL", "")
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
@@ -78,7 +80,7 @@ def test_materialisations_are_stored_in_postgres(pg_database, tmp_path, monkeypa
         assert latest is not None and latest.run_id == r2.run_id
     finally:
         inst.dispose()
-    assert (home / "assets" / "task_pool" / "__all__.parquet").exists()
+    assert (asset_path(home, "task_pool")).exists()
 
     # straight from PostgreSQL: the runs and their materialisation events
     engine = sa.create_engine(pg_database)

@@ -7,6 +7,7 @@ from dagster import DagsterInstance
 from assets.cli import main
 from assets.definitions import build_definitions
 from pipeline.regrade import regrade
+from resources.storage import asset_path
 
 
 def _calls():
@@ -27,7 +28,7 @@ def test_regrade_recomputes_ok_rows_only():
 
 def test_regrade_cli_rewrites_stored_grades(smoke_home_copy, monkeypatch, capsys):
     home = smoke_home_copy("regrade-cli")
-    f = sorted((home / "assets" / "graded_calls").glob("*.parquet"))[0]
+    f = sorted(asset_path(home, "graded_calls").parent.glob("*.parquet"))[0]
     calls = pd.read_parquet(f)
     truth = calls["correct"].copy()
     calls["correct"] = ~calls["correct"].astype(bool)  # plant wrong grades

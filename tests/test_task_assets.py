@@ -5,19 +5,25 @@ import pytest
 from dagster import materialize
 
 from assets import tasks
-from assets.definitions import build_resources
+from assets.definitions import build_assets, build_resources
+from resources.storage import asset_path
 
-TASK_ASSETS = [tasks.source_tasks, tasks.task_pool, tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader,
-               tasks.task_pool_proportions, tasks.task_pool_deterministic]
+CHECKS = [tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader, tasks.task_pool_proportions,
+          tasks.task_pool_deterministic]
+
+
+def task_assets(profile: str) -> list:
+    """source_tasks (partitioned by the profile's sources, as the definitions build it), task_pool, its checks."""
+    return [a for a in build_assets(profile) if a.key.to_user_string() in ("source_tasks", "task_pool")] + CHECKS
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
-    res = build_resources(str(home), profile="pilot")  # the 8-source seed pool: no key needed for task assets
+    res = build_resources(str(home), profile="pilot")  # the 7-source seed pool: no key needed for task assets
     for key in ["math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro"]:
         assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
-    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res)
+    result = materialize(task_assets("pilot"), selection=[tasks.task_pool], resources=res)
     assert result.success
     return home, result
 
@@ -27,7 +33,7 @@ def test_task_pool_materialises_with_passing_checks(home):
     evals = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evals == {"task_pool_unique_ids": True, "task_pool_gold_and_grader": True,
                      "task_pool_proportions": True, "task_pool_deterministic": True}
-    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
+    pool = pd.read_parquet(asset_path(root, "task_pool"))
     assert len(pool) == 1110
     md = result.asset_materializations_for_node("task_pool")[0].metadata
     assert md["count_by_domain"].data == {"knowledge": 370, "math": 370, "reasoning": 370}
@@ -44,7 +50,7 @@ def test_tasks_dataset_loads_with_load_from_disk(home):
 
 def test_planted_duplicate_fails_the_check(home):
     root, _ = home
-    pool = pd.read_parquet(root / "assets" / "task_pool" / "__all__.parquet")
+    pool = pd.read_parquet(asset_path(root, "task_pool"))
     planted = pd.concat([pool, pool.iloc[[3]]], ignore_index=True)
     assert tasks.task_pool_unique_ids(task_pool=planted).passed is False
     assert tasks.task_pool_unique_ids(task_pool=pool).passed is True
@@ -55,9 +61,9 @@ def test_demo_task_pool_is_the_zeroeval_default(tmp_path):
     res = build_resources(str(tmp_path), profile="demo")
     for key in ["zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"]:
         assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
-    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res)
+    result = materialize(task_assets("demo"), selection=[tasks.task_pool], resources=res)
     assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
-    pool = pd.read_parquet(tmp_path / "assets" / "task_pool" / "__all__.parquet")
+    pool = pd.read_parquet(asset_path(tmp_path, "task_pool"))
     assert len(pool) == 2840 and int(pool["ood"].sum()) == 123
     assert pool["source"].value_counts().to_dict() == {"zeroeval_gsm8k": 1319, "zeroeval_crux": 800,
                                                        "zeroeval_math_l5": 721}
@@ -70,7 +76,7 @@ def test_demo_task_pool_is_the_zeroeval_default(tmp_path):
 
 def test_missing_upstream_partition_is_a_clear_error(tmp_path):
     res = build_resources(str(tmp_path), profile="mmlu_pro")
-    result = materialize(TASK_ASSETS, selection=[tasks.task_pool], resources=res, raise_on_error=False)
+    result = materialize(task_assets("mmlu_pro"), selection=[tasks.task_pool], resources=res, raise_on_error=False)
     assert not result.success
     err = str(result.all_events)
     assert "source_tasks" in err and "mmlu_pro" in err and "has not been materialised yet" in err
@@ -81,4 +87,4 @@ def test_rlpr_partition_fails_with_the_config_key(tmp_path):
     result = materialize([tasks.source_tasks], partition_key="rlpr", resources=res, raise_on_error=False)
     assert not result.success
     assert "sources.rlpr.path" in str(result.all_events)
-    assert not (tmp_path / "assets" / "source_tasks" / "rlpr.parquet").exists()
+    assert not asset_path(tmp_path, "source_tasks", "rlpr").exists()
