@@ -179,13 +179,13 @@ def cmd_replicate(args) -> int:
 def cmd_publish(args) -> int:
     """Push the tasks and rewards datasets and the registered head to the Hub (`--dry-run`: list the commits)."""
     from pipeline.hub_release import build_release, check_repo_id, latest_head
-    from resources.hub import HF_TOKEN_ENV, push_release
+    from resources.hub import HF_TOKEN_ENV, push_release, require_token
     from resources.storage import StorageResource, default_home
 
     check_repo_id(args.repo_id)
     token = os.environ.get(HF_TOKEN_ENV) or None
-    if not token and not args.dry_run:  # before any work: the one thing the user has to provide
-        push_release([], token)
+    if not args.dry_run:  # before any work: the one thing the user has to provide
+        require_token(token)
     storage = StorageResource(home=default_home())
     releases = build_release(args.repo_id, storage.root() / "datasets",
                              args.head or latest_head(storage.root() / "registry"))

@@ -68,7 +68,8 @@ def _license(sources) -> dict:
     ids = {SOURCE_LICENSE_IDS.get(s, "other") for s in sources}
     if len(ids) == 1 and "other" not in ids:
         return {"license": ids.pop()}
-    return {"license": "other", "license_name": "mixed-per-source", "license_link": "LICENSE"}
+    # the card's "Sources and licences" section lists each source's licence and attribution
+    return {"license": "other", "license_name": "mixed-per-source", "license_link": "README.md#sources-and-licences"}
 
 
 def _splits(folder: Path) -> dict[str, Path]:

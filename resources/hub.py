@@ -8,12 +8,17 @@ from pipeline.errors import RouterLiteError
 HF_TOKEN_ENV = "HF_TOKEN"
 
 
-def push_release(releases, token: str | None) -> list[str]:
-    """Create each repository (if missing) and commit its files in one commit; the commit URLs. The token goes to
-    huggingface_hub only: never logged, printed or stored."""
+def require_token(token: str | None) -> str:
     if not token:
         raise RouterLiteError(f"{HF_TOKEN_ENV} is not set: export a Hugging Face write token as {HF_TOKEN_ENV} "
                               f"(or use --dry-run to list what would be pushed)")
+    return token
+
+
+def push_release(releases, token: str | None) -> list[str]:
+    """Create each repository (if missing) and commit its files in one commit; the commit URLs. The token goes to
+    huggingface_hub only: never logged, printed or stored."""
+    require_token(token)
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 

@@ -11,7 +11,7 @@ from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
 
 from assets.cli import main
 from pipeline.errors import RouterLiteError
-from pipeline.hub_release import build_release, latest_head
+from pipeline.hub_release import _license, build_release, latest_head
 
 TASK_FILES = ["README.md", "data/test.parquet", "data/train.parquet", "data/validation.parquet"]
 HEAD_FILES = ["README.md", "cost_scorer.safetensors", "guard.npz", "head.safetensors", "manifest.json",
@@ -126,3 +126,10 @@ def test_hub_release_asset_is_opt_in_and_dry_runs_in_dagster(published, monkeypa
     assert [o["path_in_repo"] for o in out["repos"][2]["operations"]] == HEAD_FILES
     mat = result.asset_materializations_for_node("hub_release")[0]
     assert "hf_NotARealToken" not in repr(mat.metadata) + repr([e.message for e in result.all_events])
+
+
+def test_a_card_licence_is_one_hub_id_only_when_every_source_shares_it():
+    assert _license(["mmlu", "gsm8k"]) == {"license": "mit"}
+    mixed = _license(["mmlu_pro", "gsm8k"])
+    assert mixed["license"] == "other" and mixed["license_link"] == "README.md#sources-and-licences"
+    assert _license(["aime2025_i"])["license"] == "other"  # no licence stated by the redistributor
