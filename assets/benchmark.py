@@ -11,6 +11,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitio
 
 from assets.collection import _settings, passed_agents
 from assets.router import _train_config, reward_embeddings, registered_head, training_split
+from assets.shown import rounded
 from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
 from pipeline.calls import CallLog
@@ -140,7 +141,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     atomic_write_text(text, reports / "benchmark_report.md")
     atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
     context.log.info("\n" + text)
-    return Output(pd.concat(per_question, ignore_index=True), metadata={
+    return Output(pd.concat(per_question, ignore_index=True), metadata=rounded({
         "pool_verdict": verdict or "", "value_line": line,
         "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
@@ -148,7 +149,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         **{f"{v}_accuracy": s["accuracy"] for v, s in meta.items()},
         "aiq_trained_head": aiq.get("trained head"), "aiq_prior": aiq.get("prior"),
         "aiq_individual_hull": aiq.get("individual hull"), "report_dir": str(reports),
-    })
+    }))
 
 
 @asset(partitions_def=suite_partitions, group_name="report",

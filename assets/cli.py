@@ -176,6 +176,30 @@ def cmd_replicate(args) -> int:
     return 0
 
 
+def cmd_publish(args) -> int:
+    """Push the tasks and rewards datasets and the registered head to the Hub (`--dry-run`: list the commits)."""
+    from pipeline.hub_release import build_release, check_repo_id, latest_head
+    from resources.hub import HF_TOKEN_ENV, push_release, require_token
+    from resources.storage import StorageResource, default_home
+
+    check_repo_id(args.repo_id)
+    token = os.environ.get(HF_TOKEN_ENV) or None
+    if not args.dry_run:  # before any work: the one thing the user has to provide
+        require_token(token)
+    storage = StorageResource(home=default_home())
+    releases = build_release(args.repo_id, storage.root() / "datasets",
+                             args.head or latest_head(storage.root() / "registry"))
+    plan = [r.describe() for r in releases]
+    for r in plan:
+        print(f"{r['repo_type']} {r['repo_id']}: create_repo(exist_ok=True), create_commit with "
+              f"{len(r['operations'])} operations", file=sys.stderr)
+        for o in r["operations"]:
+            print(f"  CommitOperationAdd(path_in_repo={o['path_in_repo']!r})  {o['bytes']} bytes", file=sys.stderr)
+    urls = [] if args.dry_run else push_release(releases, token)
+    print(json.dumps({"dry_run": args.dry_run, "repos": plan, "commits": urls}))
+    return 0
+
+
 def cmd_serve(args) -> int:
     """OpenAI-compatible router endpoint (pipeline/serve.py) for a registered head over a profile's pool."""
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
@@ -276,6 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.set_defaults(fn=cmd_replicate)
+
+    p = sub.add_parser("publish", help="push the tasks and rewards datasets and the registered head to the "
+                                       "Hugging Face Hub (token: env HF_TOKEN)")
+    p.add_argument("--repo-id", required=True, help="OWNER/NAME: datasets OWNER/NAME-tasks and OWNER/NAME-rewards, "
+                                                    "model OWNER/NAME")
+    p.add_argument("--head", default=None, help="registry/<name> directory (default: the latest registered head)")
+    p.add_argument("--dry-run", action="store_true", help="build the cards and list every file and commit "
+                                                          "operation; push nothing (no token needed)")
+    p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("serve", help="OpenAI-compatible router endpoint for a registered head (docs/serving.md)")
     p.add_argument("--head", required=True, help="registry/<name> directory")

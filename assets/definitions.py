@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import benchmark, collection, pool_report, router, tasks
+from assets import benchmark, collection, pool_report, publish, router, tasks
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.config import load_profile
@@ -17,7 +17,7 @@ from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks, collection, router, pool_report, benchmark]
+ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # publish: opt-in, not in run
 
 
 def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
@@ -39,6 +39,7 @@ def build_resources(home: str | None = None, profile: str = "") -> dict:
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=profile),
+        "hub": publish.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }
 
 

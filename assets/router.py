@@ -8,6 +8,8 @@ import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
 from assets.collection import active_pool
+from assets.shown import rounded
+from assets.shown import table as shown_table
 from pipeline import registry
 from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
@@ -103,7 +105,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     table = pd.DataFrame([{"policy": k, "held_out_reward": m[k],
                            "vs best single (95% paired bootstrap CI)": _gain_text(ci[k]) if k in ci else ""}
                           for k in ("head", "best_single", "knn", "random", "oracle")])
-    return Output(summary, metadata={
+    return Output(summary, metadata=rounded({
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
         "n_test": m["n_test"], "n_params": fit.head.n_params, "ood_fire_rate_test": fit.extra["ood_fire_rate"],
@@ -115,11 +117,11 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
         "operating_points_validation": MetadataValue.md(pd.DataFrame(path_table(fit.operating_points)).to_markdown(
             index=False, floatfmt=".4f")),
         "distribution": MetadataValue.json(m["distribution"]),
-        "held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".4f")),
+        "held_out": shown_table(table),
         "routing": MetadataValue.md(pd.DataFrame(fit.extra["routing"]).to_markdown(index=False, floatfmt=".3f")),
         "training_curve": MetadataValue.md(curve[[c for c in ("generation", "best_reward_so_far", "mean_train_reward",
                                                               "val_reward") if c in curve]].iloc[::5].to_markdown(index=False, floatfmt=".4f")),
-    })
+    }))
 
 
 def _gain_text(ci: dict) -> str:

@@ -1,0 +1,41 @@
+"""Opt-in stage: publish the tasks and rewards datasets and the registered head to the Hugging Face Hub.
+
+Not one of `router-lite run`'s stages (assets/run.py): materialise `hub_release` in the UI with run config
+`repo_id` (and `dry_run: true` to only list the commit), or use `router-lite publish`.
+"""
+from dagster import AssetExecutionContext, Config, EnvVar, MetadataValue, Output, asset
+
+from assets.collection import reward_matrix
+from assets.tasks import task_pool
+from pipeline.hub_release import build_release
+from resources.hub import HF_TOKEN_ENV, HubResource
+from resources.storage import StorageResource
+
+
+def hub_resource() -> HubResource:
+    """The token as an EnvVar: resolved when a run that publishes launches, shown in the UI by name only."""
+    return HubResource(token=EnvVar(HF_TOKEN_ENV))
+
+
+class PublishConfig(Config):
+    repo_id: str  # OWNER/NAME: datasets OWNER/NAME-tasks, OWNER/NAME-rewards, model OWNER/NAME
+    dry_run: bool = False
+
+
+@asset(deps=[task_pool, reward_matrix], group_name="publish", io_manager_key="io_manager",
+       description="The tasks dataset, the rewards dataset (no prompt text) and the registered head with their "
+                   "cards, pushed to the Hub (token: env HF_TOKEN). Opt-in: not part of `router-lite run`.")
+def hub_release(context: AssetExecutionContext, config: PublishConfig, registered_head: dict, hub: HubResource,
+                storage: StorageResource) -> Output[dict]:
+    releases = build_release(config.repo_id, storage.path("datasets"), registered_head["path"])
+    plan = [r.describe() for r in releases]
+    urls = [] if config.dry_run else hub.push(releases)
+    for r, url in zip(plan, urls or [None] * len(plan)):
+        context.log.info(f"{r['repo_type']} {r['repo_id']}: {len(r['operations'])} files"
+                         + (f" → {url}" if url else " (dry run)"))
+    return Output({"repo_id": config.repo_id, "dry_run": config.dry_run, "repos": plan, "commits": urls},
+                  metadata={"repo_id": config.repo_id, "dry_run": config.dry_run,
+                            "repositories": MetadataValue.md("\n".join(
+                                f"- {r['repo_type']} `{r['repo_id']}`: " + ", ".join(
+                                    f"`{o['path_in_repo']}`" for o in r["operations"]) for r in plan)),
+                            "commits": MetadataValue.json(urls)})

@@ -1,0 +1,135 @@
+"""Publishing to the Hub, up to the network: cards parsed by huggingface_hub, the exact commit operations of
+`router-lite publish --dry-run`, the rewards dataset without prompt text, and one error line without a token."""
+import hashlib
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import yaml
+from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
+
+from assets.cli import main
+from pipeline.errors import RouterLiteError
+from pipeline.hub_release import _license, build_release, latest_head
+
+TASK_FILES = ["README.md", "data/test.parquet", "data/train.parquet", "data/validation.parquet"]
+HEAD_FILES = ["README.md", "cost_scorer.safetensors", "guard.npz", "head.safetensors", "manifest.json",
+              "reference.py", "scorer.safetensors"]
+
+
+@pytest.fixture
+def published(smoke_home, monkeypatch):
+    home = smoke_home[0]
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return home
+
+
+def test_dry_run_lists_the_exact_files_and_commit_operations(published, capsys):
+    assert main(["publish", "--repo-id", "me/router-lite", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    plan = {r["repo_id"]: r for r in json.loads(out)["repos"]}
+    assert {k: v["repo_type"] for k, v in plan.items()} == {
+        "me/router-lite-tasks": "dataset", "me/router-lite-rewards": "dataset", "me/router-lite": "model"}
+    assert [o["path_in_repo"] for o in plan["me/router-lite-tasks"]["operations"]] == TASK_FILES
+    assert [o["path_in_repo"] for o in plan["me/router-lite-rewards"]["operations"]] == TASK_FILES
+    assert [o["path_in_repo"] for o in plan["me/router-lite"]["operations"]] == HEAD_FILES
+    assert "CommitOperationAdd(path_in_repo='data/train.parquet')" in err
+    # the operations are huggingface_hub's own, over the very files on disk
+    head_dir = latest_head(published / "registry")
+    releases = build_release("me/router-lite", published / "datasets", head_dir)
+    ops = releases[2].operations()
+    assert all(isinstance(o, CommitOperationAdd) for o in ops)
+    weights = next(o for o in ops if o.path_in_repo == "head.safetensors")
+    assert weights.upload_info.sha256.hex() == hashlib.sha256((head_dir / "head.safetensors").read_bytes()).hexdigest()
+    listed = {o["path_in_repo"]: o["sha256"] for o in plan["me/router-lite"]["operations"]}
+    assert listed["head.safetensors"] == weights.upload_info.sha256.hex()
+    train = next(o for o in plan["me/router-lite-tasks"]["operations"] if o["path_in_repo"] == "data/train.parquet")
+    assert train["bytes"] == (published / "datasets" / "tasks" / "train.parquet").stat().st_size
+
+
+def test_cards_parse_with_huggingface_hub(published):
+    tasks, rewards, head = build_release("me/router-lite", published / "datasets",
+                                         latest_head(published / "registry"))
+    for r in (tasks, rewards):
+        text = r.files["README.md"].decode()
+        yaml.safe_load(text.split("---")[1])  # the front matter is plain YAML
+        card = DatasetCard(text)
+        assert card.data.license == "apache-2.0"  # smoke: MMLU-Pro only
+        assert card.data.size_categories == "n<1K" and card.data.language == ["en"]
+        splits = {f["split"]: f["path"] for f in card.data.configs[0]["data_files"]}
+        assert splits == {s: f"data/{s}.parquet" for s in ("test", "train", "validation")}
+        assert set(splits.values()) <= set(r.files)
+    assert DatasetCard(tasks.files["README.md"].decode()).data.task_categories == ["question-answering",
+                                                                                 "text-generation"]
+    assert "no prompt text" in DatasetCard(rewards.files["README.md"].decode()).text
+    model = ModelCard(head.files["README.md"].decode())
+    manifest = json.loads((latest_head(published / "registry") / "manifest.json").read_text())
+    assert model.data.base_model == manifest["backbone"]["id"]
+    assert model.data.datasets == ["me/router-lite-tasks", "me/router-lite-rewards"]
+    assert model.data.license == "apache-2.0" and "llm-routing" in model.data.tags
+    assert manifest["name"] in model.text and "reference.py" in model.text
+    assert isinstance(RepoCard(head.files["README.md"].decode()).data.to_dict(), dict)
+
+
+def test_rewards_dataset_carries_no_prompt_text(published, tmp_path):
+    tasks = pd.concat([pd.read_parquet(p) for p in (published / "datasets" / "tasks").glob("*.parquet")])
+    for s in ("train", "validation", "test"):
+        rows = pd.read_parquet(published / "datasets" / "rewards" / f"{s}.parquet")
+        assert "prompt" not in rows
+        for col in rows.columns:
+            if rows[col].dtype == object:
+                assert not rows[col].map(lambda v: isinstance(v, str) and v in set(tasks["prompt"])).any()
+    # a rewards dataset that leaks prompts is refused, by column name and by content
+    bad = tmp_path / "datasets"
+    shutil.copytree(published / "datasets", bad, ignore=shutil.ignore_patterns("hf"))
+    f = bad / "rewards" / "train.parquet"
+    rows = pd.read_parquet(f)
+    rows.assign(note=tasks["prompt"].iloc[0]).to_parquet(f)
+    with pytest.raises(RouterLiteError, match=r"column 'note' \(task \S+\) holds a task's prompt"):
+        build_release("me/rl", bad, latest_head(published / "registry"))
+    rows.assign(prompt="x").to_parquet(f)
+    with pytest.raises(RouterLiteError, match=r"text column\(s\) \['prompt'\]"):
+        build_release("me/rl", bad, latest_head(published / "registry"))
+
+
+def test_missing_token_is_one_error_line_and_a_token_is_never_printed(published, capsys, monkeypatch):
+    assert main(["publish", "--repo-id", "me/router-lite"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        ("router-lite: error: HF_TOKEN is not set: export a Hugging Face write token as HF_TOKEN (or use --dry-run "
+         "to list what would be pushed)")]
+    assert main(["publish", "--repo-id", "not-a-repo-id", "--dry-run"]) == 2
+    assert "--repo-id 'not-a-repo-id' must be OWNER/NAME" in capsys.readouterr().err
+    # with a token, the push stops at huggingface_hub's offline switch: no request leaves, the token is not shown
+    monkeypatch.setenv("HF_TOKEN", "hf_NotARealToken0123456789")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["publish", "--repo-id", "me/router-lite"]) == 2
+    out, err = capsys.readouterr()
+    assert "HF_HUB_OFFLINE is set" in err and "hf_NotARealToken" not in out + err
+
+
+def test_hub_release_asset_is_opt_in_and_dry_runs_in_dagster(published, monkeypatch):
+    from dagster import DagsterInstance, materialize
+
+    from assets.definitions import build_assets, build_resources
+    from assets.run import STAGES
+
+    assert "hub_release" not in {k for _, keys, _ in STAGES for k in keys}  # not one of `router-lite run`'s stages
+    monkeypatch.setenv("HF_TOKEN", "hf_NotARealToken0123456789")  # the asset's EnvVar resolves at launch
+    result = materialize(build_assets("smoke"), selection=["hub_release"],
+                         resources=build_resources(str(published), "smoke"), instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"hub_release": {"config": {"repo_id": "me/rl", "dry_run": True}}}})
+    out = result.output_for_node("hub_release")
+    assert out["commits"] == [] and [r["repo_id"] for r in out["repos"]] == ["me/rl-tasks", "me/rl-rewards", "me/rl"]
+    assert [o["path_in_repo"] for o in out["repos"][2]["operations"]] == HEAD_FILES
+    mat = result.asset_materializations_for_node("hub_release")[0]
+    assert "hf_NotARealToken" not in repr(mat.metadata) + repr([e.message for e in result.all_events])
+
+
+def test_a_card_licence_is_one_hub_id_only_when_every_source_shares_it():
+    assert _license(["mmlu", "gsm8k"]) == {"license": "mit"}
+    mixed = _license(["mmlu_pro", "gsm8k"])
+    assert mixed["license"] == "other" and mixed["license_link"] == "README.md#sources-and-licences"
+    assert _license(["aime2025_i"])["license"] == "other"  # no licence stated by the redistributor
