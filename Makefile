@@ -23,6 +23,7 @@ run: install
 	$(BIN)/router-lite run
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/pytest
 
 # the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/

@@ -10,7 +10,7 @@ import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
 from assets.collection import _settings, passed_agents
-from assets.router import _train_config, reward_embeddings, registered_head, training_split
+from assets.router import _train_config, registered_head, reward_embeddings, training_split
 from assets.shown import rounded
 from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
@@ -21,8 +21,7 @@ from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import KnnRouter
 from pipeline.pool import run_collect
 from pipeline.replication import replicate, table_markdown
-from pipeline.rewards import cost_basis
-from pipeline.rewards import to_arrays
+from pipeline.rewards import cost_basis, to_arrays
 from pipeline.suites import build_suite
 from pipeline.value import router_value, targets_markdown, value_line
 from resources.backbone import BackboneResource

@@ -54,7 +54,6 @@ def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
-
     from pipeline import registry
     from pipeline.embed import Backbone, EmbeddingCache
     from pipeline.router import fit_router
@@ -158,12 +157,13 @@ def cmd_regrade(args) -> int:
 
 
 def cmd_replicate(args) -> int:
+    from pathlib import Path
+
     from pipeline.embed import Backbone, EmbeddingCache
     from pipeline.replication import replicate, table_markdown
     from pipeline.suites import build_suite
     from resources.backbone import resolve_device
     from resources.storage import default_home
-    from pathlib import Path
 
     if args.suite != "routerbench":
         raise RouterLiteError(f"`router-lite replicate` builds the bundled suite 'routerbench'; suite {args.suite!r} "

@@ -2,19 +2,31 @@
 import os
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, AssetsDefinition, MetadataValue,
-                     AssetIn, Output, PartitionsDefinition, asset, asset_check)
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetIn,
+    AssetsDefinition,
+    MetadataValue,
+    Output,
+    PartitionsDefinition,
+    asset,
+    asset_check,
+)
 
 from assets.partitions import MAX_REPETITIONS, collection_partitions
 from pipeline.calls import CallLog, call_key
 from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
-from pipeline.regrade import regrade
 from pipeline.config import load_profile
 from pipeline.errors import RouterLiteError
 from pipeline.io import atomic_write_text
-from pipeline.pool import CollectionSettings, load_agents, preflight as run_preflight, run_collect
+from pipeline.pool import CollectionSettings, load_agents, run_collect
+from pipeline.pool import preflight as run_preflight
 from pipeline.publish import publish_dataset
-from pipeline.rewards import baselines as compute_baselines, collection_totals, cost_basis
+from pipeline.regrade import regrade
+from pipeline.rewards import baselines as compute_baselines
+from pipeline.rewards import collection_totals, cost_basis
 from pipeline.rewards import reward_matrix as build_matrix
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource

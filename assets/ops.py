@@ -17,9 +17,22 @@ from __future__ import annotations
 
 import os
 
-from dagster import (AssetSelection, DagsterEvent, DagsterRunStatus, DefaultScheduleStatus, DefaultSensorStatus,
-                     MultiPartitionKey, RunRequest, RunsFilter, SkipReason, define_asset_job, executor,
-                     multiple_process_executor_requirements, run_status_sensor, schedule)
+from dagster import (
+    AssetSelection,
+    DagsterEvent,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    MultiPartitionKey,
+    RunRequest,
+    RunsFilter,
+    SkipReason,
+    define_asset_job,
+    executor,
+    multiple_process_executor_requirements,
+    run_status_sensor,
+    schedule,
+)
 from dagster_dask import dask_executor
 from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements
 

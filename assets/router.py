@@ -15,10 +15,10 @@ from pipeline.embed import EmbeddingCache
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.io import atomic_write_json
+from pipeline.pool_report import domain_column, labels_of
 from pipeline.progress import RateLog
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
-from pipeline.pool_report import domain_column, labels_of
 from pipeline.targets import path_table
 from pipeline.train import TrainConfig
 from pipeline.value import targets_markdown, value_line

@@ -9,8 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, materialize
-from dagster import MultiPartitionKey
+from dagster import AssetKey, DagsterInstance, MultiPartitionKey, materialize
 
 from pipeline.config import load_profile
 from pipeline.errors import RouterLiteError, debug_enabled

@@ -1,12 +1,21 @@
 """Lineage stage 1: source tasks (one partition per source) → the balanced, split task pool."""
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetsDefinition, MetadataValue, Output,
-                     PartitionsDefinition, asset, asset_check)
+from dagster import (
+    AssetCheckResult,
+    AssetExecutionContext,
+    AssetIn,
+    AssetsDefinition,
+    MetadataValue,
+    Output,
+    PartitionsDefinition,
+    asset,
+    asset_check,
+)
 
 from assets.partitions import source_partitions
-from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
 from pipeline.publish import publish_dataset
+from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
 from pipeline.tasks import load_source
 from resources.profile import ProfileResource
 from resources.storage import StorageResource

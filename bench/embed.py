@@ -95,7 +95,7 @@ def load_prompts(n: int, prompts_file: str | None, seed: int = 0) -> tuple[list[
                 prompts = list(dict.fromkeys(_read_file(path)))  # distinct, first occurrence order
             except Exception as e:  # noqa: BLE001 - e.g. no pandas/pyarrow for a parquet: try the next source
                 if prompts_file and path == Path(prompts_file):
-                    raise SystemExit(f"--prompts-file {prompts_file}: {type(e).__name__}: {e}")
+                    raise SystemExit(f"--prompts-file {prompts_file}: {type(e).__name__}: {e}") from e
                 print(f"# prompts from {path} skipped: {type(e).__name__}: {e}", file=sys.stderr)
                 continue
             if prompts:

@@ -20,8 +20,9 @@ import math
 import os
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -136,7 +137,7 @@ class CallLog:
                 fh.close()
             self._handles.clear()
 
-    def __enter__(self) -> "CallLog":
+    def __enter__(self) -> CallLog:
         return self
 
     def __exit__(self, *exc: Any) -> None:

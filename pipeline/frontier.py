@@ -33,9 +33,9 @@ Baselines: individual models (`individual_points`, `individual_hull`), the unifo
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import pandas as pd

@@ -111,7 +111,7 @@ class Head:
     @classmethod
     def from_vector(cls, theta: np.ndarray, d: int, K: int, hidden_dim: int = 0, activation: str = "tanh",
                     mean: np.ndarray | None = None, std: np.ndarray | None = None,
-                    agents: list[str] | None = None) -> "Head":
+                    agents: list[str] | None = None) -> Head:
         theta = np.asarray(theta, dtype=np.float64).ravel()
         n = n_params(d, K, hidden_dim)
         if theta.size != n:
@@ -179,7 +179,7 @@ class Head:
 
     @classmethod
     def load(cls, path: str | Path, d: int | None = None, K: int | None = None,
-             agents: list[str] | None = None) -> "Head":
+             agents: list[str] | None = None) -> Head:
         """Read a head written by `save`; `d`, `K`, `agents` (optional) are checked against the file."""
         f = _file_of(path, for_write=False)
         if not f.is_file():

@@ -50,7 +50,7 @@ class KnnRouter:
 
     def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
             R_val: np.ndarray | None = None, best_train: np.ndarray | None = None,
-            best_val: np.ndarray | None = None) -> "KnnRouter":
+            best_val: np.ndarray | None = None) -> KnnRouter:
         from pipeline.train import effective_rewards
 
         X_train = np.asarray(X_train, dtype=np.float32)

@@ -20,7 +20,7 @@ class OODGuard:
         self.k, self.quantile = int(k), float(quantile)
         self.threshold: float | None = None
 
-    def fit(self, X_train: np.ndarray, X_val: np.ndarray) -> "OODGuard":
+    def fit(self, X_train: np.ndarray, X_val: np.ndarray) -> OODGuard:
         X_train = np.asarray(X_train, dtype=np.float32)
         if X_train.ndim != 2 or len(X_train) == 0 or np.asarray(X_val).ndim != 2 or len(X_val) == 0:
             raise RouterLiteError("OODGuard.fit needs non-empty (n, d) training and validation embeddings")

@@ -25,19 +25,20 @@ import logging
 import random
 import re
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from pipeline.calls import CallLog, call_key
-from pipeline.secrets import mask
 from pipeline.errors import RouterLiteError
 from pipeline.grading import GRADERS, grade, is_empty
 from pipeline.progress import RateLog
 from pipeline.replay import approx_tokens
+from pipeline.secrets import mask
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ class CollectionSettings:
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "CollectionSettings":
+    def from_dict(cls, d: dict | None) -> CollectionSettings:
         """From a profile's `collection:` section (`repetitions` is ignored: it is not a call setting)."""
         d = {k: v for k, v in (d or {}).items() if k != "repetitions"}
         fields = {f.name for f in dataclasses.fields(cls)}
@@ -237,8 +238,8 @@ def _retry_after_s(headers: Any) -> float | None:
     if when is None:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _classify(exc: BaseException) -> tuple[str, float | None]:
@@ -526,7 +527,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
                    "extracted": extracted, "correct": correct, "prompt_tokens": fields["prompt_tokens"],
                    "completion_tokens": fields["completion_tokens"], "cost_usd": fields["cost_usd"],
                    "latency_ms": fields["latency_ms"], "finish_reason": fields["finish_reason"],
-                   "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                   "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
                    "attempts": fields["attempts"], "error_message": fields["error_message"],
                    "usage_source": fields["usage_source"]}
             await committer.write(row)

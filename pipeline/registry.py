@@ -75,7 +75,7 @@ class RegisteredHead:
                                   f"only target max-quality is available")
         return resolve(t, self.operating_points)
 
-    def at(self, target) -> "TargetedHead":
+    def at(self, target) -> TargetedHead:
         """This head at one operating point: an object with `.name` and `.route(X)` (what the server's Router uses)."""
         return TargetedHead(self, self.resolve_target(target))
 

@@ -87,7 +87,7 @@ class ReplayStore:
         self.source = source
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "ReplayStore":
+    def load(cls, path: str | Path | None = None) -> ReplayStore:
         """Load one recordings Parquet, or (no path) every bundled one under `data_dir()` (`RECORDING_FILES`)."""
         if path is None:
             stores = [cls._load_one(p) for p in default_recordings_paths()]
@@ -96,7 +96,7 @@ class ReplayStore:
         return cls._load_one(Path(path))
 
     @classmethod
-    def _load_one(cls, path: Path) -> "ReplayStore":
+    def _load_one(cls, path: Path) -> ReplayStore:
         import pyarrow.parquet as pq
 
         if not path.exists():
@@ -117,7 +117,7 @@ class ReplayStore:
         return cls(records, source=str(path))
 
     @classmethod
-    def from_frame(cls, df) -> "ReplayStore":
+    def from_frame(cls, df) -> ReplayStore:
         """From a DataFrame with columns model, prompt_hash, text (tests, other recordings)."""
         missing = {"model", "prompt_hash", "text"} - set(df.columns)
         if missing:

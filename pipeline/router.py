@@ -135,8 +135,14 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
                      labels, picks_te, knn_picks_te) -> dict:
     """The value scorer, the λ path on validation (pipeline.targets) and the held-out value report."""
     from pipeline.targets import operating_path
-    from pipeline.value import (agent_costs, fit_cost_scorer, fit_value_scorer, held_out_value, label_router_metrics,
-                                pick_costs)
+    from pipeline.value import (
+        agent_costs,
+        fit_cost_scorer,
+        fit_value_scorer,
+        held_out_value,
+        label_router_metrics,
+        pick_costs,
+    )
 
     tr, va, te = m["train"], m["validation"], m["held_out"]
     fit_rows = va if va.any() else tr

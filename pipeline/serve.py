@@ -54,7 +54,8 @@ import json
 import logging
 import re
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,7 @@ class ServeSettings:
                                   f"{', '.join(FORWARDED_PARAMS + ('reasoning',))}")
 
     @classmethod
-    def from_collection(cls, collection, **kw) -> "ServeSettings":
+    def from_collection(cls, collection, **kw) -> ServeSettings:
         """Defaults from a `pipeline.pool.CollectionSettings` (max_tokens, temperature, top_p, reasoning effort,
         timeout): agents answer under the settings their rewards were measured with."""
         defaults = {"max_tokens": int(collection.max_tokens), "temperature": collection.temperature,

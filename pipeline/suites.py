@@ -15,9 +15,10 @@ import ast
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -92,7 +93,7 @@ class Profile:
     def k(self) -> int:
         return len(self.models)
 
-    def select(self, split: str) -> "Profile":
+    def select(self, split: str) -> Profile:
         """The queries of one split (a new Profile)."""
         if split not in SPLITS:
             raise RouterLiteError(f"unknown split {split!r} (allowed: {list(SPLITS)})")

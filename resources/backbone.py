@@ -8,7 +8,7 @@ The loaded `pipeline.embed.Backbone` is built once per resource instance and reu
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
@@ -46,10 +46,10 @@ class BackboneResource(ConfigurableResource):
     dtype: str = "auto"  # auto (fp16 on CUDA, fp32 on CPU) | float32 | float16 | bfloat16
     batch_size: int = 64
     max_seq_length: int = 256
-    revision: Optional[str] = None
+    revision: str | None = None
     log_every: int = 10  # progress log line every N batches
     backend: str = "auto"  # auto (openvino on CPU for mean pooling, torch on CUDA) | torch | openvino | onnx
-    export_dir: Optional[str] = None  # ONNX export + compiled blobs; default $ROUTER_LITE_HOME/backbones
+    export_dir: str | None = None  # ONNX export + compiled blobs; default $ROUTER_LITE_HOME/backbones
 
     _backbone: Any = PrivateAttr(default=None)
 

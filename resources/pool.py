@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 from dagster import ConfigurableResource
@@ -112,11 +112,11 @@ class PoolResource(ConfigurableResource):
     kind: str = "replay"
     pool: str = "demo"
     agents_file: str = ""  # default: config/agents.yaml ($ROUTER_LITE_CONFIG/agents.yaml when set)
-    base_url: Optional[str] = None
-    api_key: Optional[str] = Field(default=None, repr=False)
+    base_url: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
     api_key_env: str = OPENROUTER_KEY_ENV  # fallback when api_key is not set (openrouter / openai_compatible)
     key_hosts: list[str] = Field(default_factory=list)  # hosts (host or host:port) besides openrouter.ai that may receive the key
-    replay_path: Optional[str] = None  # default: data/replay/mmlu_pro_outputs.parquet under $ROUTER_LITE_DATA|data/
+    replay_path: str | None = None  # default: data/replay/mmlu_pro_outputs.parquet under $ROUTER_LITE_DATA|data/
     timeout_s: float = 180.0
     app_title: str = "BenchGen Router Lite"  # OpenRouter attribution header (X-Title)
     max_connections: int = 256  # per client (= per agent); collection concurrency is bounded per provider anyway
@@ -130,7 +130,7 @@ class PoolResource(ConfigurableResource):
     __str__ = __repr__
 
     # ------------------------------------------------------------------------------------------------- agents
-    def agents(self, only: Optional[list[str]] = None) -> list[AgentSpec]:
+    def agents(self, only: list[str] | None = None) -> list[AgentSpec]:
         path = Path(self.agents_file) if self.agents_file else default_agents_file()
         return load_agents(path, self.pool, only=only)
 
@@ -138,14 +138,14 @@ class PoolResource(ConfigurableResource):
         self.check()
 
     # ------------------------------------------------------------------------------------------------- checks
-    def _key(self) -> Optional[str]:
+    def _key(self) -> str | None:
         if self.api_key:
             return self.api_key
         if self.api_key_env:
             return os.environ.get(self.api_key_env) or None
         return None
 
-    def key_allowed(self, base_url: Optional[str]) -> bool:
+    def key_allowed(self, base_url: str | None) -> bool:
         """May a request to `base_url` carry the key? OpenRouter over https, or a host the profile lists."""
         try:
             url = httpx.URL(base_url or "")
@@ -157,12 +157,12 @@ class PoolResource(ConfigurableResource):
         listed = {h.strip().lower() for h in self.key_hosts if h and h.strip()}
         return bool(host) and (host in listed or (url.port is not None and f"{host}:{url.port}" in listed))
 
-    def _base_url(self, agent: Optional[AgentSpec]) -> Optional[str]:
+    def _base_url(self, agent: AgentSpec | None) -> str | None:
         if self.kind == "openrouter":
             return self.base_url or (agent.base_url if agent else None) or OPENROUTER_URL
         return self.base_url or (agent.base_url if agent else None)
 
-    def check(self, agents: Optional[list[AgentSpec]] = None) -> None:
+    def check(self, agents: list[AgentSpec] | None = None) -> None:
         """Fail before any call: unknown kind, missing OpenRouter key, missing base_url, unrecorded replay model."""
         if self.kind not in KINDS:
             raise RouterLiteError(f"unknown pool kind {self.kind!r}; expected one of {', '.join(KINDS)}")
@@ -180,7 +180,7 @@ class PoolResource(ConfigurableResource):
                 raise RouterLiteError(f"pool {self.pool!r}: agent(s) {missing} have no replay recordings in "
                                       f"{store.source}; recorded models: {', '.join(store.models())}")
 
-    def check_key_hosts(self, agents: Optional[list[AgentSpec]] = None) -> None:
+    def check_key_hosts(self, agents: list[AgentSpec] | None = None) -> None:
         """An `openrouter` pool sends its key with every request: each base URL must be one that may see it."""
         if self.kind == "openrouter":
             for a in agents or [None]:

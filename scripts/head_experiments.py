@@ -133,9 +133,9 @@ def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] |
         for name, std in (("ridge (alpha on val)", True), ("ridge raw features", False)):
             t = time.perf_counter()
             mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6
-            f = (lambda Z: (Z - mu) / sd) if std else (lambda Z: Z)
+            f = (lambda Z, mu=mu, sd=sd: (Z - mu) / sd) if std else (lambda Z: Z)
             path = ridge_path(f(X[tr]), Rt, TrainConfig().ridge_alphas)
-            sc = lambda th, Z: f(Z) @ th[:-1] + th[-1]
+            sc = lambda th, Z, f=f: f(Z) @ th[:-1] + th[-1]
             vals = [reward_of(Rv, sc(th, X[va]).argmax(1)) for _, th in path]
             i = max(range(len(path)), key=lambda i: (vals[i], path[i][0]))
             rows[name] = (vals[i], reward_of(Rs, sc(path[i][1], X[te]).argmax(1)), time.perf_counter() - t,

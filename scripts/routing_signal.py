@@ -38,7 +38,6 @@ from pipeline.router import ship_gate  # noqa: E402
 from pipeline.tasks import load_source  # noqa: E402
 from pipeline.train import TrainConfig, train_head  # noqa: E402
 
-
 GATE_CONFIDENCES = (0.0, 0.9, 0.95)
 
 

@@ -29,7 +29,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 FAULTS = ("rate_limit", "rate_limit_date", "server_error", "timeout", "reset", "empty", "null_content", "length",
           "malformed", "no_usage", "cost", "not_found", "auth_echo")
@@ -208,7 +208,7 @@ class FaultServer:
         self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    def start(self) -> "FaultServer":
+    def start(self) -> FaultServer:
         ready = threading.Event()
         error: list = []
 
@@ -250,7 +250,7 @@ class FaultServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def __enter__(self) -> "FaultServer":
+    def __enter__(self) -> FaultServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

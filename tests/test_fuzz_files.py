@@ -81,7 +81,7 @@ def broken_rewards(draw):
                                               st.just([-1.0, 0.0, 0.0]), st.just(["x", 0.0, 0.0])))
     elif kind == "best":
         rows[i]["best_agents"] = draw(st.sampled_from([["z"], [], ["a", "nobody"]]))
-        for k, r in enumerate(rows):
+        for r in rows:
             r.setdefault("best_agents", ["a"])
     elif kind == "drop_col":
         col = draw(st.sampled_from(["task_id", "agent_order", "mean_reward"]))

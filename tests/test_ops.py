@@ -11,13 +11,28 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from dagster import (AssetKey, DagsterInstance, DefaultScheduleStatus, DefaultSensorStatus, SkipReason,
-                     build_run_status_sensor_context, build_schedule_context)
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_schedule_context,
+)
 
 from assets.collection import POOL_TAG
 from assets.definitions import build_definitions
-from assets.ops import (COLLECT_SENSOR, COLLECTION_JOB, PREFLIGHT_JOB, RECOLLECTION_TAG, REFRESH_JOB,
-                        REFRESH_SENSOR, SCHEDULE, SOURCE_TASKS_JOB)
+from assets.ops import (
+    COLLECT_SENSOR,
+    COLLECTION_JOB,
+    PREFLIGHT_JOB,
+    RECOLLECTION_TAG,
+    REFRESH_JOB,
+    REFRESH_SENSOR,
+    SCHEDULE,
+    SOURCE_TASKS_JOB,
+)
 from resources.storage import asset_path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,8 +15,16 @@ import pytest
 
 from pipeline.calls import CallLog
 from pipeline.errors import RouterLiteError
-from pipeline.pool import (AgentSpec, CollectionSettings, _retry_after_s, call_once, collect, load_agents, preflight,
-                           scrub)
+from pipeline.pool import (
+    AgentSpec,
+    CollectionSettings,
+    _retry_after_s,
+    call_once,
+    collect,
+    load_agents,
+    preflight,
+    scrub,
+)
 from pipeline.prompts import mcq_prompt
 from pipeline.replay import default_recordings_path
 

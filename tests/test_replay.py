@@ -15,8 +15,15 @@ from pipeline.calls import CallLog
 from pipeline.errors import RouterLiteError
 from pipeline.pool import AgentSpec, CollectionSettings, call_once, collect
 from pipeline.prompts import mcq_prompt, prompt_hash
-from pipeline.replay import (REPLAY_BASE_URL, ReplayStore, approx_tokens, default_recordings_path, replay_transport,
-                             replay_sync_transport, serve)
+from pipeline.replay import (
+    REPLAY_BASE_URL,
+    ReplayStore,
+    approx_tokens,
+    default_recordings_path,
+    replay_sync_transport,
+    replay_transport,
+    serve,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "gemini-1.5-pro-002"

@@ -457,7 +457,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
         return sock.recv(1024) == b""
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
 
 

@@ -146,7 +146,7 @@ def test_seed_pool_balanced_and_split(all_tasks):
     assert len(pool) == 1110 and pool["task_id"].is_unique
     counts = pool_counts(pool)
     assert counts["domain"] == {"knowledge": 370, "math": 370, "reasoning": 370}
-    for d, g in pool.groupby("domain"):  # equal thirds of difficulty inside each domain
+    for _, g in pool.groupby("domain"):  # equal thirds of difficulty inside each domain
         assert g["difficulty"].value_counts().max() - g["difficulty"].value_counts().min() <= 1
     shares = pool["split"].value_counts(normalize=True)
     assert abs(shares["train"] - 0.58) < 0.02 and abs(shares["validation"] - 0.20) < 0.02

@@ -9,8 +9,7 @@ from pipeline.evaluate import METRIC_KEYS, held_out_metrics, routing_report
 from pipeline.head import Head, n_params
 from pipeline.knn import KnnRouter
 from pipeline.ood import OODGuard
-from pipeline.train import (TrainConfig, _Objective, best_single_agent, effective_rewards, population_scores,
-                            train_head)
+from pipeline.train import TrainConfig, _Objective, best_single_agent, effective_rewards, population_scores, train_head
 
 
 def planted(n=2400, d=16, K=4, seed=0):
