@@ -21,7 +21,7 @@ from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import KnnRouter
 from pipeline.pool import run_collect
 from pipeline.replication import replicate, table_markdown
-from pipeline.rewards import cost_basis, to_arrays
+from pipeline.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.suites import build_suite
 from pipeline.value import router_value, targets_markdown, value_line
 from resources.backbone import BackboneResource
@@ -50,7 +50,7 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
-              marks: dict | None = None):
+              marks: dict | None = None, estimated: bool = False):
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
@@ -65,8 +65,9 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
         policies["router (operating points)"] = PointSet(np.array(pts))
     table = policy_table(policies, R[te], C[te])
     table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
+    label = "estimated cost per example (USD)" if estimated else "cost per example (USD)"
     png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)",
-                        marks=marks)
+                        marks=marks, cost_label=label)
     return table, png
 
 
@@ -95,6 +96,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.get("target")
     point = reg.resolve_target(target)
     md[0] += f", target {point['target']} (λ {point['lambda']:.4g})"
+    estimated = False  # set from the test variant's calls: replayed token counts are estimates
     for variant, bench in _variants(prof, task_pool).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
         picks, fired = reg.route(X, target)
@@ -104,6 +106,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         res = score(bench, picks, fired, calls, agents)
         if variant == "test":
             md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]
+            estimated = costs_estimated(calls)
         res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
         s = res["summary"]
         md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
@@ -121,7 +124,8 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     knn_k = head_summary["knn_k"]
     value = head_summary["value"]
     marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
-    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks)
+    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks,
+                           estimated)
     aiq = dict(zip(table["policy"], table["aiq"]))
     pool_file = reports / "pool_report.json"
     verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
@@ -132,7 +136,8 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     atomic_write_json(rv, reports / "router_value.json")
     models = {a["name"]: a["model"] for a in reg.agents}
     line = value_line(value, "parity", models)
-    md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}; costs estimated)", "",
+    md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
+          f"{'; costs estimated' if estimated else ''})", "",
           f"Pool verdict: {verdict}", "", line, "", targets_markdown(value), ""] + md
     md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
            table_markdown(prof.name, table), f"![frontier]({png.name})", ""]

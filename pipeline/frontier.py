@@ -314,7 +314,8 @@ def baseline_policies(quality, cost, quality_train, models: list[str] | None = N
 
 
 def plot_frontier(table_points: Mapping[str, object], path, title: str | None = None,
-                  marks: Mapping[str, tuple[float, float]] | None = None) -> Path:
+                  marks: Mapping[str, tuple[float, float]] | None = None,
+                  cost_label: str = "cost per example (USD)") -> Path:
     """PNG of each policy's points and upper hull (cost on a log axis when all costs are positive); `marks` names
     single (cost, quality) points to annotate, e.g. the router's named targets."""
     import matplotlib
@@ -346,7 +347,7 @@ def plot_frontier(table_points: Mapping[str, object], path, title: str | None = 
         costs = np.concatenate(all_costs) if all_costs else np.array([1.0])
         if np.all(costs > 0):
             ax.set_xscale("log")
-        ax.set_xlabel("cost per example (USD)")
+        ax.set_xlabel(cost_label)
         ax.set_ylabel("quality per example")
         if title:
             ax.set_title(title)
