@@ -450,15 +450,41 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     """A starlette app serving `registered` (a `pipeline.registry.RegisteredHead`) with `backbone` (a
     `pipeline.embed.Backbone` of the head's model, pooling and max_seq_length), calling the pool `agents` through
     `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before serving;
-    the clients are closed when the app shuts down)."""
-    import httpx
-    import openai
+    the clients are closed when the app shuts down). The handlers below are module-level and read what they
+    serve from `request.app.state`."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     settings = settings or ServeSettings()
+    _check_backbone(registered, backbone)
+    specs = resolve_agents(registered, agents)
+    clients = [client_for(a) for a in specs]
+    default_point = registered.resolve_target(settings.default_target) if hasattr(registered, "resolve_target") \
+        else {"target": "max-quality", "lambda": 0.0}
+    router = Router(registered.at(settings.default_target) if hasattr(registered, "at") else registered, backbone,
+                    settings)
+    routes = [
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/v1/models/{model:path}", _model_one, methods=["GET"]),
+        Route("/v1/chat/completions", _chat, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found}, lifespan=_lifespan)
+    state = app.state
+    state.registered, state.backbone, state.settings = registered, backbone, settings
+    state.specs, state.clients = specs, clients
+    state.router, state.default_point = router, default_point
+    # one Router (own batching and decision cache) per operating point a request asks for; the default's is `router`
+    state.routers = {default_point["target"]: (router, default_point)}
+    state.head_name = registered.name
+    state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
+    state.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
+    return app
+
+
+def _check_backbone(registered, backbone) -> None:
+    """Refuse a backbone of the wrong width; warn when it is not the one the head was trained on."""
     dim = int(registered.manifest.get("dim", registered.head.d))
     if int(getattr(backbone, "dim", dim)) != dim:
         raise RouterLiteError(f"backbone {getattr(backbone, 'model_id', backbone)!r} embeds {backbone.dim} dims but "
@@ -466,174 +492,199 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     want_key = (registered.manifest.get("backbone") or {}).get("key")
     if want_key and getattr(backbone, "key", want_key) != want_key:
         log.warning("head %s was trained on backbone %s; serving with %s", registered.name, want_key, backbone.key)
-    specs = resolve_agents(registered, agents)
-    clients = [client_for(a) for a in specs]
-    default_point = registered.resolve_target(settings.default_target) if hasattr(registered, "resolve_target") \
-        else {"target": "max-quality", "lambda": 0.0}
-    router = Router(registered.at(settings.default_target) if hasattr(registered, "at") else registered, backbone,
-                    settings)
-    # one Router (own batching and decision cache) per operating point a request asks for; the default's is `router`
-    routers = {default_point["target"]: (router, default_point)}
 
-    def router_for(target: str | None):
-        name = default_point["target"] if target is None else target
-        if name not in routers:
-            if len(routers) >= MAX_TARGETS:
-                raise RequestError(400, f"too many distinct targets in use (max {MAX_TARGETS})", "invalid_target",
-                                   TARGET_FIELD)
-            view = registered.at(name)
-            routers[name] = (Router(view, backbone, settings), view.point)
-        return routers[name]
-    head_name = registered.name
-    model_obj = {"id": head_name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
-    upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
 
-    async def healthz(request):
-        return JSONResponse({"status": "ok", "head": head_name, "agents": [a.name for a in specs],
-                             "backbone": getattr(backbone, "model_id", str(backbone)),
-                             "device": getattr(backbone, "device", "")})
+def _router_for(state, target: str | None):
+    """(Router, point) of operating point `target` (None: the default), made on first use."""
+    name = state.default_point["target"] if target is None else target
+    routers = state.routers
+    if name not in routers:
+        if len(routers) >= MAX_TARGETS:
+            raise RequestError(400, f"too many distinct targets in use (max {MAX_TARGETS})", "invalid_target",
+                               TARGET_FIELD)
+        view = state.registered.at(name)
+        routers[name] = (Router(view, state.backbone, state.settings), view.point)
+    return routers[name]
 
-    async def models(request):
-        return JSONResponse({"object": "list", "data": [model_obj]})
 
-    async def model_one(request):
-        if request.path_params["model"] != head_name:
-            return _error_response(RequestError(404, f"The model `{request.path_params['model']}` does not exist",
-                                                "model_not_found", "model"))
-        return JSONResponse(model_obj)
+async def _healthz(request):
+    from starlette.responses import JSONResponse
 
-    def upstream_error(spec: AgentSpec, client: Any, exc: BaseException) -> RequestError:
-        if isinstance(exc, openai.APIStatusError):
-            body = exc.body if isinstance(exc.body, dict) else {}
-            up_code = body.get("code") or body.get("type")
-            up_msg = body.get("message") if isinstance(body.get("message"), str) else exc.message
-            detail = f"HTTP {exc.status_code}" + (f" {up_code}" if isinstance(up_code, str) else "") + f": {up_msg}"
-            code = "upstream_error"
-        elif isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException, asyncio.TimeoutError)):
-            detail, code = "timed out", "upstream_timeout"
-        elif isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
-            detail, code = f"connection failed ({type(exc).__name__})", "upstream_connection"
-        else:
-            detail, code = f"{type(exc).__name__}: {exc}", "upstream_error"
-        msg = scrub(f"agent {spec.name} (model {spec.model}) failed: {detail}", [getattr(client, "api_key", None)])
-        return RequestError(502, msg[:1000], code, type_="upstream_error")
+    state = request.app.state
+    return JSONResponse({"status": "ok", "head": state.head_name, "agents": [a.name for a in state.specs],
+                         "backbone": getattr(state.backbone, "model_id", str(state.backbone)),
+                         "device": getattr(state.backbone, "device", "")})
 
-    async def chat(request):
-        t0 = time.perf_counter()
+
+async def _models(request):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"object": "list", "data": [request.app.state.model_obj]})
+
+
+async def _model_one(request):
+    from starlette.responses import JSONResponse
+
+    state = request.app.state
+    if request.path_params["model"] != state.head_name:
+        return _error_response(RequestError(404, f"The model `{request.path_params['model']}` does not exist",
+                                            "model_not_found", "model"))
+    return JSONResponse(state.model_obj)
+
+
+def _upstream_error(spec: AgentSpec, client: Any, exc: BaseException) -> RequestError:
+    """The 502 for agent `spec` failing with `exc`, its message scrubbed of the client's key."""
+    import httpx
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        up_code = body.get("code") or body.get("type")
+        up_msg = body.get("message") if isinstance(body.get("message"), str) else exc.message
+        detail = f"HTTP {exc.status_code}" + (f" {up_code}" if isinstance(up_code, str) else "") + f": {up_msg}"
+        code = "upstream_error"
+    elif isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException, asyncio.TimeoutError)):
+        detail, code = "timed out", "upstream_timeout"
+    elif isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+        detail, code = f"connection failed ({type(exc).__name__})", "upstream_connection"
+    else:
+        detail, code = f"{type(exc).__name__}: {exc}", "upstream_error"
+    msg = scrub(f"agent {spec.name} (model {spec.model}) failed: {detail}", [getattr(client, "api_key", None)])
+    return RequestError(502, msg[:1000], code, type_="upstream_error")
+
+
+async def _route(request, state):
+    """(request, decision, point, t0) for a chat request, or the error response to send instead."""
+    router = state.router
+    settings = state.settings
+    t0 = time.perf_counter()
+    try:
+        router.arriving += 1  # the micro-batcher may wait a moment for this request
         try:
-            router.arriving += 1  # the micro-batcher may wait a moment for this request
+            body = await _read_body(request, settings.max_body_bytes)
+            t0 = time.perf_counter()
+            req = parse_chat_request(body, state.head_name, settings)
             try:
-                body = await _read_body(request, settings.max_body_bytes)
-                t0 = time.perf_counter()
-                req = parse_chat_request(body, head_name, settings)
-                try:
-                    chosen, point = router_for(request_target(request.headers, body, settings.default_target))
-                except RouterLiteError as exc:
-                    raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
-            finally:
-                router.arriving -= 1
-            decision = await chosen.decide(req.text)
-        except RequestError as err:
-            return _error_response(err)
-        except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
-            return _error_response(RequestError(400, f"the last user message cannot be embedded: {exc}",
-                                                "invalid_text", "messages"))
-        except Exception as exc:  # noqa: BLE001 - the embedder failed: a router error, not the client's
-            log.exception("routing failed")
-            return _error_response(RequestError(500, f"routing failed: {type(exc).__name__}", "router_error",
-                                                type_="server_error"))
-        spec, client = specs[decision.index], clients[decision.index]
-        overhead_ms = (time.perf_counter() - t0) * 1000.0
-        info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
-                "target": point["target"], "lambda": point["lambda"]}
-        headers = {"X-Router-Head": head_name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
-                   "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
-                   "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
-        payload = {"model": spec.model, **req.upstream}
-        try:
-            resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
-                                     options=upstream_opts, stream=True)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
-            return _error_response(upstream_error(spec, client, exc), headers)
-        ctype = resp.headers.get("content-type", "")
-        if req.stream and ctype.startswith("text/event-stream"):
-            async def relay():
-                buf, injected = b"", False
-                try:
-                    async for chunk in resp.aiter_bytes():
-                        if injected:
-                            yield chunk
-                            continue
-                        buf += chunk
-                        while not injected:
-                            m = _EVENT_END.search(buf)
-                            if m is None:
-                                break
-                            event, sep, buf = buf[:m.start()], buf[m.start():m.end()], buf[m.end():]
-                            new = _inject_router(event, info)
-                            injected = new is not None
-                            yield (new if injected else event) + sep
-                        if injected and buf:
-                            yield buf
-                            buf = b""
-                    if buf:
-                        yield buf
-                except Exception as exc:  # noqa: BLE001 - the stream broke after the headers went out
-                    err = upstream_error(spec, client, exc)
-                    yield b"data: " + json.dumps({**err.body(), "router": info}).encode() + b"\n\n"
-                finally:
-                    await resp.aclose()
-
-            return StreamingResponse(relay(), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
-                                     media_type="text/event-stream")
-        try:
-            raw = await resp.aread()
-        except Exception as exc:  # noqa: BLE001
-            return _error_response(upstream_error(spec, client, exc), headers)
+                chosen, point = _router_for(state, request_target(request.headers, body, settings.default_target))
+            except RouterLiteError as exc:
+                raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
         finally:
-            await resp.aclose()
-        try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-                raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
-                                                  and data.get("error") else ""))
-        except ValueError as exc:
-            return _error_response(upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
-        data["router"] = info
-        return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
-                        media_type="application/json")
+            router.arriving -= 1
+        decision = await chosen.decide(req.text)
+    except RequestError as err:
+        return _error_response(err)
+    except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
+        return _error_response(RequestError(400, f"the last user message cannot be embedded: {exc}",
+                                            "invalid_text", "messages"))
+    except Exception as exc:  # noqa: BLE001 - the embedder failed: a router error, not the client's
+        log.exception("routing failed")
+        return _error_response(RequestError(500, f"routing failed: {type(exc).__name__}", "router_error",
+                                            type_="server_error"))
+    return req, decision, point, t0
 
-    async def not_found(request, exc: HTTPException):
-        code = "method_not_allowed" if exc.status_code == 405 else "unknown_url"
-        return _error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                            code))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        try:
-            yield
-        finally:
-            for c in clients:
-                try:
-                    await c.close()
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    pass
-            for r, _ in routers.values():
-                r.close()
+async def _chat(request):
+    import httpx
+    from starlette.responses import StreamingResponse
 
-    routes = [
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model_one, methods=["GET"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
-    app.state.router = router
-    app.state.head_name = head_name
-    app.state.settings = settings
-    return app
+    state = request.app.state
+    routed = await _route(request, state)
+    if not isinstance(routed, tuple):
+        return routed
+    req, decision, point, t0 = routed
+    spec, client = state.specs[decision.index], state.clients[decision.index]
+    overhead_ms = (time.perf_counter() - t0) * 1000.0
+    head_name = state.head_name
+    info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
+            "target": point["target"], "lambda": point["lambda"]}
+    headers = {"X-Router-Head": head_name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
+               "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
+               "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
+    payload = {"model": spec.model, **req.upstream}
+    try:
+        resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
+                                 options=state.upstream_opts, stream=True)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
+        return _error_response(_upstream_error(spec, client, exc), headers)
+    ctype = resp.headers.get("content-type", "")
+    if req.stream and ctype.startswith("text/event-stream"):
+        return StreamingResponse(_relay(resp, spec, client, info), status_code=200,
+                                 headers={**headers, "Cache-Control": "no-cache"}, media_type="text/event-stream")
+    return await _whole_reply(resp, spec, client, info, headers)
+
+
+async def _relay(resp, spec: AgentSpec, client: Any, info: dict):
+    """The agent's SSE stream byte for byte, with `router` added to the first JSON event."""
+    buf, injected = b"", False
+    try:
+        async for chunk in resp.aiter_bytes():
+            if injected:
+                yield chunk
+                continue
+            buf += chunk
+            while not injected:
+                m = _EVENT_END.search(buf)
+                if m is None:
+                    break
+                event, sep, buf = buf[:m.start()], buf[m.start():m.end()], buf[m.end():]
+                new = _inject_router(event, info)
+                injected = new is not None
+                yield (new if injected else event) + sep
+            if injected and buf:
+                yield buf
+                buf = b""
+        if buf:
+            yield buf
+    except Exception as exc:  # noqa: BLE001 - the stream broke after the headers went out
+        err = _upstream_error(spec, client, exc)
+        yield b"data: " + json.dumps({**err.body(), "router": info}).encode() + b"\n\n"
+    finally:
+        await resp.aclose()
+
+
+async def _whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict):
+    """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices."""
+    from starlette.responses import Response
+
+    try:
+        raw = await resp.aread()
+    except Exception as exc:  # noqa: BLE001
+        return _error_response(_upstream_error(spec, client, exc), headers)
+    finally:
+        await resp.aclose()
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
+                                              and data.get("error") else ""))
+    except ValueError as exc:
+        return _error_response(_upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
+    data["router"] = info
+    return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
+                    media_type="application/json")
+
+
+async def _not_found(request, exc):
+    code = "method_not_allowed" if exc.status_code == 405 else "unknown_url"
+    return _error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                        code))
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app):
+    """Close the agents' clients and the routers' embedding workers when the app shuts down."""
+    try:
+        yield
+    finally:
+        for c in app.state.clients:
+            try:
+                await c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        for r, _ in app.state.routers.values():
+            r.close()
 
 
 # ------------------------------------------------------------------------------------------------------- server
