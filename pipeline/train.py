@@ -326,14 +326,13 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     (hard train reward of the distribution mean), val_reward / best_val_reward (of the mean; None without
     validation), seconds.  The first entry also carries ``ridge_alpha`` when init="ridge".
     """
-    import cma
-
     cfg = cfg or TrainConfig()
     cfg.validate()
     if not cfg.cost_lambda:          # costs only matter for the cost-aware objective
         cost_train = cost_val = None
     X_train, Rt, cost_train = _check_inputs(X_train, R_train, best_mask_train, cost_train, "training rows")
     has_val = X_val is not None and R_val is not None
+    Rv = None
     if has_val:
         X_val, Rv, cost_val = _check_inputs(X_val, R_val, best_val, cost_val, "validation rows")
         if X_val.shape[1] != X_train.shape[1] or Rv.shape[1] != Rt.shape[1]:
@@ -350,25 +349,60 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     rng = np.random.default_rng(cfg.seed)
 
     # features
-    if cfg.standardize:
-        mean = X_train.mean(axis=0)
-        std = X_train.std(axis=0)
-        std = np.where(std > 1e-6, std, 1.0).astype(np.float32)
-    else:
-        mean = std = None
+    mean, std = _standardizer(X_train, cfg.standardize)
     Zt = X_train if mean is None else (X_train - mean) / std
     Zv = (X_val if mean is None else (X_val - mean) / std) if has_val else None
     Zt1 = _with_bias(Zt)
     Zv1 = _with_bias(Zv) if has_val else None
     U_train = Rt if cost_train is None or not lam else Rt - lam * cost_train
 
-    # starting point x0
+    x0, feats_t, first = _start_point(cfg, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val, K)
+    n = n_params(d, K, H)
+    scales = _search_scales(x0, feats_t, d, K, H) if cfg.sigma0_relative and np.any(x0 != 0) else np.ones(n)
+    soft = cfg.fitness == "soft"
+    tau = None
+    if soft:
+        s0 = population_scores(Zt1, x0[None], K, H, cfg.activation)[0]
+        tau = cfg.temperature * max(float(s0.std()), 1e-6)
+    obj_t = _Objective(Zt1, Rt, cost_train, K, H, cfg.activation, lam, tau)
+    obj_v = _Objective(Zv1, Rv, cost_val, K, H, cfg.activation, lam) if has_val else None
+
+    def objective(thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        fit, reward = obj_t(thetas, soft=soft)
+        if cfg.l2:
+            fit = fit - cfg.l2 * np.mean(((thetas - x0) / scales) ** 2, axis=1)
+        return fit, reward
+
+    def val_reward(theta: np.ndarray) -> float | None:
+        return float(obj_v(theta[None])[0][0]) if has_val else None
+
+    best_theta, curve = _evolve(cfg, x0, scales, objective, val_reward, has_val, first)
+    head = Head.from_vector(best_theta, d, K, H, activation=cfg.activation, mean=mean, std=std, agents=agents)
+    if cfg.prune_unearned and has_val:
+        _prune_after_training(head, curve, U_train, X_val, Rv, cost_val, lam, agents)
+    return head, curve
+
+
+def _standardizer(X_train: np.ndarray, standardize: bool):
+    """(mean, std) of the training features (std floored to 1 where a feature is constant), or (None, None)."""
+    if not standardize:
+        return None, None
+    mean = X_train.mean(axis=0)
+    std = X_train.std(axis=0)
+    return mean, np.where(std > 1e-6, std, 1.0).astype(np.float32)
+
+
+def _start_point(cfg: TrainConfig, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val, K: int):
+    """(x0, first-layer features of the training rows, extra keys for curve entry 0): a random first layer
+    (unit-variance pre-activations for standardised inputs) and the output layer by ridge when init="ridge"."""
+    has_val = Zv is not None
+    d, H, lam = Zt.shape[1], cfg.hidden_dim, cfg.cost_lambda
     n = n_params(d, K, H)
     first: dict = {}
     if H == 0:
         feats_t, feats_v = Zt, Zv
         layer1 = np.zeros(0)
-    else:  # random first layer (unit-variance pre-activations for standardised inputs), output layer by ridge
+    else:
         W1 = rng.standard_normal((d, H)) / math.sqrt(max(float(Zt.var(axis=0).sum()), 1e-12))
         layer1 = np.vstack([W1, np.zeros((1, H))]).astype(np.float64)
         def act(Z1):
@@ -390,24 +424,13 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     else:
         x0 = np.zeros(n) if H == 0 else np.concatenate([layer1.ravel(), np.zeros((H + 1) * K)])
     assert x0.size == n
+    return x0, feats_t, first
 
-    scales = _search_scales(x0, feats_t, d, K, H) if cfg.sigma0_relative and np.any(x0 != 0) else np.ones(n)
-    soft = cfg.fitness == "soft"
-    tau = None
-    if soft:
-        s0 = population_scores(Zt1, x0[None], K, H, cfg.activation)[0]
-        tau = cfg.temperature * max(float(s0.std()), 1e-6)
-    obj_t = _Objective(Zt1, Rt, cost_train, K, H, cfg.activation, lam, tau)
-    obj_v = _Objective(Zv1, Rv, cost_val, K, H, cfg.activation, lam) if has_val else None
 
-    def objective(thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        fit, reward = obj_t(thetas, soft=soft)
-        if cfg.l2:
-            fit = fit - cfg.l2 * np.mean(((thetas - x0) / scales) ** 2, axis=1)
-        return fit, reward
-
-    def val_reward(theta: np.ndarray) -> float | None:
-        return float(obj_v(theta[None])[0][0]) if has_val else None
+def _evolve(cfg: TrainConfig, x0: np.ndarray, scales: np.ndarray, objective, val_reward, has_val: bool,
+            first: dict) -> tuple[np.ndarray, list[dict]]:
+    """Run sep-CMA-ES from x0: (the chosen parameter vector, the training curve)."""
+    import cma
 
     t0 = time.perf_counter()
     fit0, rew0 = objective(x0[None])
@@ -439,27 +462,35 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
                           best_fitness_so_far=best_fit, mean_train_reward=float(objective(mean_theta[None])[1][0]),
                           val_reward=val, best_val_reward=best_val, seconds=time.perf_counter() - t0))
         if cfg.log_every and (g % cfg.log_every == 0 or g == cfg.generations):
-            per_gen = curve[-1]["seconds"] / g
-            log.info("gen %d/%d best_reward_so_far=%.4f mean_train=%.4f val=%s best_val=%s sigma=%.3g "
-                     "(%.1f gen/s, ETA %.0f s)", g, cfg.generations, best_reward, curve[-1]["mean_train_reward"],
-                     "-" if val is None else f"{val:.4f}", "-" if best_val is None else f"{best_val:.4f}",
-                     es.sigma, 1 / per_gen if per_gen > 0 else float("inf"), (cfg.generations - g) * per_gen)
+            _log_progress(cfg, g, curve[-1], es.sigma)
         if has_val and cfg.patience is not None and since >= cfg.patience:
             log.info("early stop at generation %d: no validation gain for %d generations", g, cfg.patience)
             break
     if not (cfg.early_stopping and has_val):
         best_theta = np.asarray(es.mean, dtype=np.float64)
-    head = Head.from_vector(best_theta, d, K, H, activation=cfg.activation, mean=mean, std=std, agents=agents)
-    if cfg.prune_unearned and has_val:
-        bs = int(np.argmax(U_train.mean(axis=0)))
-        Uv = Rv if cost_val is None or not lam else Rv - lam * cost_val
-        pruned = prune_unearned(head, X_val, Uv, bs)
-        curve[-1]["pruned_agents"] = [agents[j] if agents else j for j in pruned]
-        if pruned:
-            log.info("pruned agents %s: on validation they earn less than the best single agent on their rows",
-                     curve[-1]["pruned_agents"])
-            curve[-1]["val_reward_after_pruning"] = _pick_reward(head.scores(X_val), Rv, cost_val, lam)
-    return head, curve
+    return best_theta, curve
+
+
+def _log_progress(cfg: TrainConfig, g: int, entry: dict, sigma: float) -> None:
+    per_gen = entry["seconds"] / g
+    val, best_val = entry["val_reward"], entry["best_val_reward"]
+    log.info("gen %d/%d best_reward_so_far=%.4f mean_train=%.4f val=%s best_val=%s sigma=%.3g "
+             "(%.1f gen/s, ETA %.0f s)", g, cfg.generations, entry["best_reward_so_far"], entry["mean_train_reward"],
+             "-" if val is None else f"{val:.4f}", "-" if best_val is None else f"{best_val:.4f}",
+             sigma, 1 / per_gen if per_gen > 0 else float("inf"), (cfg.generations - g) * per_gen)
+
+
+def _prune_after_training(head: Head, curve: list[dict], U_train, X_val, Rv, cost_val, lam: float,
+                          agents: list[str] | None) -> None:
+    """Prune the agents that did not earn their share on validation (in place), noting it in the last curve entry."""
+    bs = int(np.argmax(U_train.mean(axis=0)))
+    Uv = Rv if cost_val is None or not lam else Rv - lam * cost_val
+    pruned = prune_unearned(head, X_val, Uv, bs)
+    curve[-1]["pruned_agents"] = [agents[j] if agents else j for j in pruned]
+    if pruned:
+        log.info("pruned agents %s: on validation they earn less than the best single agent on their rows",
+                 curve[-1]["pruned_agents"])
+        curve[-1]["val_reward_after_pruning"] = _pick_reward(head.scores(X_val), Rv, cost_val, lam)
 
 
 PRUNED_BIAS = -1.0e4
