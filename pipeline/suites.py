@@ -326,6 +326,32 @@ def profile_from_rewards(
       is empty (`meta["query_text"] = "absent"`), and without a split column a stable hash of task_id puts about
       `test_fraction` of the rows in test.
     """
+    models = _check_reward_table(rewards, prices, test_fraction)
+    price_vec = None if prices is None else _price_vector(prices, models)
+    n = len(rewards)
+    quality, cost = _reward_arrays(rewards, models, price_vec)
+
+    task_ids = rewards["task_id"].astype(str).to_numpy()
+    keep = np.isfinite(quality).all(axis=1) & np.isfinite(cost).all(axis=1)
+    dropped_ids = task_ids[~keep].tolist()
+    quality, cost, task_ids = quality[keep], cost[keep], task_ids[keep]
+
+    meta: dict[str, Any] = {
+        "source": "reward matrix",
+        "quality": "mean reward over repetitions",
+        "cost_unit": "USD per question (prices)" if prices is not None else "USD per call (mean_cost)",
+        "rows_raw": int(n),
+        "dropped_missing": len(dropped_ids),
+        "dropped_missing_ids": dropped_ids,
+    }
+    texts, split = _texts_and_split(tasks, task_ids, test_fraction, meta)
+    meta["query_text"] = "tasks.prompt" if tasks is not None and "prompt" in tasks.columns else "absent"
+    meta["rows_by_split"] = {str(k): int(v) for k, v in pd.Series(split).value_counts().sort_index().items()}
+    return Profile(name, models, task_ids.tolist(), texts, quality, cost, split, meta)
+
+
+def _check_reward_table(rewards: pd.DataFrame, prices: Mapping[str, float] | None, test_fraction: float) -> list[str]:
+    """The agents (first row's agent_order) of a well-formed reward matrix; one clear error otherwise."""
     if not isinstance(rewards, pd.DataFrame):
         raise RouterLiteError(f"rewards must be a pandas DataFrame, got {type(rewards).__name__}")
     need = {"task_id", "agent_order", "mean_reward"} | (set() if prices is not None else {"mean_cost"})
@@ -342,18 +368,25 @@ def profile_from_rewards(
     models = [str(a) for a in _list(rewards["agent_order"].iloc[0], "agent_order of the first row")]
     if not models or len(set(models)) != len(models):
         raise RouterLiteError(f"agent_order of the first row is empty or repeats an agent: {models}")
-    price_vec = None
-    if prices is not None:
-        missing_prices = [m for m in models if m not in prices]
-        if missing_prices:
-            raise RouterLiteError(f"prices lack agents {missing_prices} (have: {sorted(prices)})")
-        try:
-            price_vec = np.array([float(prices[m]) for m in models])
-        except (TypeError, ValueError):
-            raise RouterLiteError(f"prices must map agent -> USD per question (a number): {dict(prices)}") from None
-        if not np.all(np.isfinite(price_vec)) or np.any(price_vec < 0):
-            raise RouterLiteError(f"prices must be finite and >= 0: {dict(zip(models, price_vec))}")
+    return models
 
+
+def _price_vector(prices: Mapping[str, float], models: list[str]) -> np.ndarray:
+    """USD per question of each agent of `models`, in that order."""
+    missing_prices = [m for m in models if m not in prices]
+    if missing_prices:
+        raise RouterLiteError(f"prices lack agents {missing_prices} (have: {sorted(prices)})")
+    try:
+        price_vec = np.array([float(prices[m]) for m in models])
+    except (TypeError, ValueError):
+        raise RouterLiteError(f"prices must map agent -> USD per question (a number): {dict(prices)}") from None
+    if not np.all(np.isfinite(price_vec)) or np.any(price_vec < 0):
+        raise RouterLiteError(f"prices must be finite and >= 0: {dict(zip(models, price_vec))}")
+    return price_vec
+
+
+def _reward_arrays(rewards: pd.DataFrame, models: list[str], price_vec: np.ndarray | None):
+    """(quality, cost), each (rows, agents) with columns in `models` order; NaN where a value is missing."""
     n, k = len(rewards), len(models)
     quality = np.empty((n, k))
     cost = np.empty((n, k))
@@ -374,20 +407,12 @@ def profile_from_rewards(
             if len(cvals) != len(order):
                 raise RouterLiteError(f"task {tid}: {len(cvals)} mean_cost values for {len(order)} agents")
             cost[i] = [np.nan if cvals[p] is None else float(cvals[p]) for p in pos]
+    return quality, cost
 
-    task_ids = rewards["task_id"].astype(str).to_numpy()
-    keep = np.isfinite(quality).all(axis=1) & np.isfinite(cost).all(axis=1)
-    dropped_ids = task_ids[~keep].tolist()
-    quality, cost, task_ids = quality[keep], cost[keep], task_ids[keep]
 
-    meta: dict[str, Any] = {
-        "source": "reward matrix",
-        "quality": "mean reward over repetitions",
-        "cost_unit": "USD per question (prices)" if prices is not None else "USD per call (mean_cost)",
-        "rows_raw": int(n),
-        "dropped_missing": len(dropped_ids),
-        "dropped_missing_ids": dropped_ids,
-    }
+def _texts_and_split(tasks: pd.DataFrame | None, task_ids: np.ndarray, test_fraction: float, meta: dict):
+    """(query texts, split) of `task_ids` from the tasks table, else empty texts and a hash split; notes the
+    split rule in `meta`."""
     texts = [""] * len(task_ids)
     split = None
     if tasks is not None:
@@ -406,9 +431,7 @@ def profile_from_rewards(
         meta["split_rule"] = f"sha256(task_id) < {test_fraction} -> test"
     else:
         meta["split_rule"] = "tasks table"
-    meta["query_text"] = "tasks.prompt" if tasks is not None and "prompt" in tasks.columns else "absent"
-    meta["rows_by_split"] = {str(k): int(v) for k, v in pd.Series(split).value_counts().sort_index().items()}
-    return Profile(name, models, task_ids.tolist(), texts, quality, cost, split, meta)
+    return texts, split
 
 
 def build_own(rewards: pd.DataFrame, tasks: pd.DataFrame | None = None, *, test_fraction: float = 0.3) -> Profile:
