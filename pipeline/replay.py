@@ -186,18 +186,61 @@ def _model_obj(model: str) -> dict:
 def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> ReplayResponse:
     """The whole replay API as a pure function of the request (shared by the transports and the server)."""
     path = path.rstrip("/")
-    if method == "GET" and path.endswith("/models"):
+    if method == "GET":
+        routed = _models_route(store, path)
+        if routed is not None:
+            return routed
+    if not path.endswith("/chat/completions"):
+        return _error(404, f"no route {method} {path} in the replay API", "invalid_request_error", "unknown_url")
+    if method != "POST":
+        return _error(405, f"{method} not allowed on {path}", "invalid_request_error", "method_not_allowed")
+    parsed = _parse_chat(body)
+    if isinstance(parsed, ReplayResponse):
+        return parsed
+    req, model, user_text, prompt_tokens, max_tokens = parsed
+    if not store.has_model(model):
+        return _error(404, f"The model `{model}` has no replay recordings", "invalid_request_error",
+                      "model_not_found", "model")
+    h = prompt_hash(user_text)
+    text = store.lookup(model, h)
+    if text is None:
+        return _error(404, f"no recorded response of model `{model}` for prompt {h}", "invalid_request_error",
+                      "prompt_not_recorded", "messages")
+    finish = "stop"
+    if max_tokens is not None and approx_tokens(text) > max_tokens:
+        text, finish = truncate_to_tokens(text, max_tokens), "length"
+    completion_tokens = approx_tokens(text)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens, "token_count_method": TOKEN_COUNT_METHOD}
+    cid = "chatcmpl-replay-" + hashlib.sha256(f"{model}\n{h}".encode()).hexdigest()[:24]
+    created = int(time.time())
+    if not req.get("stream"):
+        return _json({
+            "id": cid, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": "replay",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": usage,
+        })
+    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+    return _stream(cid, created, model, text, finish, usage, include_usage)
+
+
+def _models_route(store: ReplayStore, path: str) -> ReplayResponse | None:
+    """GET .../models and .../models/{id}; None for any other path."""
+    if path.endswith("/models"):
         return _json({"object": "list", "data": [_model_obj(m) for m in store.models()]})
-    if method == "GET" and "/models/" in path:
+    if "/models/" in path:
         model = path.split("/models/", 1)[1]
         if not store.has_model(model):
             return _error(404, f"The model `{model}` has no replay recordings", "invalid_request_error",
                           "model_not_found", "model")
         return _json(_model_obj(model))
-    if not path.endswith("/chat/completions"):
-        return _error(404, f"no route {method} {path} in the replay API", "invalid_request_error", "unknown_url")
-    if method != "POST":
-        return _error(405, f"{method} not allowed on {path}", "invalid_request_error", "method_not_allowed")
+    return None
+
+
+def _parse_chat(body: bytes):
+    """(request, model, last user text, prompt tokens, max_tokens) of a chat request, or the 400 to answer."""
     try:
         req = json.loads(body or b"{}")
     except ValueError:
@@ -226,32 +269,12 @@ def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> R
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         return _error(400, f"max_tokens must be a positive integer, got {max_tokens!r}", "invalid_request_error",
                       "invalid_max_tokens", "max_tokens")
-    if not store.has_model(model):
-        return _error(404, f"The model `{model}` has no replay recordings", "invalid_request_error",
-                      "model_not_found", "model")
-    h = prompt_hash(user_text)
-    text = store.lookup(model, h)
-    if text is None:
-        return _error(404, f"no recorded response of model `{model}` for prompt {h}", "invalid_request_error",
-                      "prompt_not_recorded", "messages")
-    finish = "stop"
-    if max_tokens is not None and approx_tokens(text) > max_tokens:
-        text, finish = truncate_to_tokens(text, max_tokens), "length"
-    completion_tokens = approx_tokens(text)
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens, "token_count_method": TOKEN_COUNT_METHOD}
-    cid = "chatcmpl-replay-" + hashlib.sha256(f"{model}\n{h}".encode()).hexdigest()[:24]
-    created = int(time.time())
-    if not req.get("stream"):
-        return _json({
-            "id": cid, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": "replay",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}],
-            "usage": usage,
-        })
-    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+    return req, model, user_text, prompt_tokens, max_tokens
 
+
+def _stream(cid: str, created: int, model: str, text: str, finish: str, usage: dict,
+            include_usage: bool) -> ReplayResponse:
+    """The reply as an SSE stream: a role chunk, the text in pieces, the finish chunk, [usage], [DONE]."""
     def event(delta: dict, finish_reason: str | None = None, with_usage: bool = False) -> bytes:
         chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                  "system_fingerprint": "replay",
