@@ -329,17 +329,8 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
     import httpx
 
     secrets = [getattr(client, "api_key", None)]
-    # The body `client.chat.completions.create(..., extra_body={"reasoning": {"effort": ...}})` would send, posted
-    # through the client's documented low-level `post` (same auth, headers, base_url, status-error mapping) and
-    # read as JSON here: this skips the SDK's per-call TypedDict transform and model construction (~25 % of the
-    # client CPU per call) and lets odd bodies (200 + `error`, missing usage, extra `usage.cost`) be judged as
-    # data. max_retries=0 per request: our loop owns retries.
-    body: dict[str, Any] = {
-        "model": agent.model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": int(settings.max_tokens), "temperature": settings.temperature, "top_p": settings.top_p,
-    }
-    if settings.reasoning_effort:
-        body["reasoning"] = {"effort": settings.reasoning_effort}
+    body = _request_body(agent, prompt, settings)
+    # max_retries=0 per request: our loop owns retries.
     options = {"timeout": settings.timeout_s, "max_retries": 0}
     attempts = 0
     latency_ms = 0.0
@@ -364,36 +355,62 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
             kind, retry_after = _classify(exc)
             message = scrub(f"{type(exc).__name__}: {exc}", secrets)[:500]
         else:
-            text = fields["text"]
-            usage = fields["usage"]
-            pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
-            source = "provider_estimate" if usage.get("token_count_method") else "provider"  # replay: estimates
-            if pt is None or ct is None:
-                source = "estimated"
-                pt = approx_tokens(prompt) if pt is None else pt
-                ct = approx_tokens(text) if ct is None else ct
-            cost = _usage_cost(usage)
-            if cost is None:
-                cost = agent.cost(pt, ct)
-            return {
-                "model": agent.model, "status": "empty" if is_empty(text) else "ok", "error_kind": "",
-                "error_message": "", "response_text": text or "", "finish_reason": fields["finish_reason"] or "",
-                "prompt_tokens": pt, "completion_tokens": ct, "usage_source": source, "cost_usd": float(cost),
-                "latency_ms": round(latency_ms, 1), "attempts": attempts,
-            }
+            return _answered_row(agent, prompt, fields, latency_ms, attempts)
         retryable = kind in RETRYABLE_KINDS and attempts <= settings.max_retries
         if retryable and retry_after is not None and retry_after > settings.max_retry_after_s:
             message += f" (Retry-After {retry_after:.0f}s > {settings.max_retry_after_s:.0f}s: not waited)"
             retryable = False
         if not retryable:
-            return {
-                "model": agent.model, "status": "error", "error_kind": kind, "error_message": message,
-                "response_text": None, "finish_reason": "", "prompt_tokens": None, "completion_tokens": None,
-                "usage_source": "", "cost_usd": None, "latency_ms": round(latency_ms, 1), "attempts": attempts,
-            }
+            return _error_row(agent, kind, message, latency_ms, attempts)
         delay = retry_after if retry_after is not None else _backoff(settings, attempts - 1)
         log.debug("agent %s: %s on attempt %d, retrying in %.2fs", agent.name, kind, attempts, delay)
         await asyncio.sleep(delay)
+
+
+def _request_body(agent: AgentSpec, prompt: str, settings: CollectionSettings) -> dict[str, Any]:
+    """The body `client.chat.completions.create(..., extra_body={"reasoning": {"effort": ...}})` would send.
+
+    call_once posts it through the client's documented low-level `post` (same auth, headers, base_url,
+    status-error mapping) and reads the reply as JSON: this skips the SDK's per-call TypedDict transform and model
+    construction (~25 % of the client CPU per call) and lets odd bodies (200 + `error`, missing usage, extra
+    `usage.cost`) be judged as data."""
+    body: dict[str, Any] = {
+        "model": agent.model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": int(settings.max_tokens), "temperature": settings.temperature, "top_p": settings.top_p,
+    }
+    if settings.reasoning_effort:
+        body["reasoning"] = {"effort": settings.reasoning_effort}
+    return body
+
+
+def _answered_row(agent: AgentSpec, prompt: str, fields: dict, latency_ms: float, attempts: int) -> dict:
+    """The call fields of an answered call: tokens from the provider's usage (else estimated), cost from
+    `usage.cost` (else the agent's prices)."""
+    text = fields["text"]
+    usage = fields["usage"]
+    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    source = "provider_estimate" if usage.get("token_count_method") else "provider"  # replay: estimates
+    if pt is None or ct is None:
+        source = "estimated"
+        pt = approx_tokens(prompt) if pt is None else pt
+        ct = approx_tokens(text) if ct is None else ct
+    cost = _usage_cost(usage)
+    if cost is None:
+        cost = agent.cost(pt, ct)
+    return {
+        "model": agent.model, "status": "empty" if is_empty(text) else "ok", "error_kind": "",
+        "error_message": "", "response_text": text or "", "finish_reason": fields["finish_reason"] or "",
+        "prompt_tokens": pt, "completion_tokens": ct, "usage_source": source, "cost_usd": float(cost),
+        "latency_ms": round(latency_ms, 1), "attempts": attempts,
+    }
+
+
+def _error_row(agent: AgentSpec, kind: str, message: str, latency_ms: float, attempts: int) -> dict:
+    return {
+        "model": agent.model, "status": "error", "error_kind": kind, "error_message": message,
+        "response_text": None, "finish_reason": "", "prompt_tokens": None, "completion_tokens": None,
+        "usage_source": "", "cost_usd": None, "latency_ms": round(latency_ms, 1), "attempts": attempts,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- collection
