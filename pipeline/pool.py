@@ -515,14 +515,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     clients = {a.name: client_for(a) for a in agents}
     done = call_log.keys()
     tasks = tasks_df[list(TASK_COLUMNS)].to_dict("records")
-    wanted: list[str] = []
-    queues: dict[str, collections.deque] = collections.defaultdict(collections.deque)
-    for t in tasks:
-        for a in agents:
-            k = call_key(a.name, str(t["task_id"]), repetition, sh)
-            wanted.append(k)
-            if k not in done:
-                queues[a.provider].append((k, a, t))
+    wanted, queues = _call_queues(tasks, agents, repetition, sh, done)
     n_todo = sum(len(q) for q in queues.values())
     log.info("collect: %d calls wanted, %d already done, %d to make", len(wanted), len(wanted) - n_todo, n_todo)
     counts: collections.Counter = collections.Counter()
@@ -533,21 +526,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
         while queue:
             k, a, t = queue.popleft()
             fields = await call_once(clients[a.name], a, t["prompt"], settings)
-            if fields["status"] == "error":
-                extracted, correct = None, None
-            else:
-                extracted, correct = grade_fn(fields["response_text"], str(t["gold"]), t["grader"])
-                correct = bool(correct) if fields["status"] == "ok" else False
-            row = {"call_key": k, "agent": a.name, "model": a.model, "task_id": str(t["task_id"]),
-                   "repetition": int(repetition), "settings_hash": sh, "status": fields["status"],
-                   "error_kind": fields["error_kind"], "response_text": fields["response_text"],
-                   "extracted": extracted, "correct": correct, "prompt_tokens": fields["prompt_tokens"],
-                   "completion_tokens": fields["completion_tokens"], "cost_usd": fields["cost_usd"],
-                   "latency_ms": fields["latency_ms"], "finish_reason": fields["finish_reason"],
-                   "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
-                   "attempts": fields["attempts"], "error_message": fields["error_message"],
-                   "usage_source": fields["usage_source"]}
-            await committer.write(row)
+            await committer.write(_graded_row(k, a, t, repetition, sh, fields, grade_fn))
             counts[fields["status"]] += 1
             progress(sum(counts.values()), n_todo)
 
@@ -568,6 +547,37 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     out = latest[latest["call_key"].isin(order)].copy()
     out["_order"] = out["call_key"].map(order)
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _call_queues(tasks: list[dict], agents: list[AgentSpec], repetition: int, sh: str, done):
+    """(every wanted call key in task x agent order, per provider a queue of the (key, agent, task) not done)."""
+    wanted: list[str] = []
+    queues: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    for t in tasks:
+        for a in agents:
+            k = call_key(a.name, str(t["task_id"]), repetition, sh)
+            wanted.append(k)
+            if k not in done:
+                queues[a.provider].append((k, a, t))
+    return wanted, queues
+
+
+def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields: dict, grade_fn: GradeFn) -> dict:
+    """The call-log row of one finished call, graded (errors are not graded; an empty reply is not correct)."""
+    if fields["status"] == "error":
+        extracted, correct = None, None
+    else:
+        extracted, correct = grade_fn(fields["response_text"], str(t["gold"]), t["grader"])
+        correct = bool(correct) if fields["status"] == "ok" else False
+    return {"call_key": k, "agent": a.name, "model": a.model, "task_id": str(t["task_id"]),
+            "repetition": int(repetition), "settings_hash": sh, "status": fields["status"],
+            "error_kind": fields["error_kind"], "response_text": fields["response_text"],
+            "extracted": extracted, "correct": correct, "prompt_tokens": fields["prompt_tokens"],
+            "completion_tokens": fields["completion_tokens"], "cost_usd": fields["cost_usd"],
+            "latency_ms": fields["latency_ms"], "finish_reason": fields["finish_reason"],
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "attempts": fields["attempts"], "error_message": fields["error_message"],
+            "usage_source": fields["usage_source"]}
 
 
 # -------------------------------------------------------------------------------------------------- preflight
