@@ -71,6 +71,39 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     return table, png
 
 
+def _routed_variants(prof, task_pool: pd.DataFrame, reg, target, specs: list, pool: PoolResource,
+                     backbone: BackboneResource, storage: StorageResource):
+    """Route each benchmark variant, really call the picked agents and score them: (markdown lines, per-question
+    frames, summary per variant, whether the test variant's costs are estimates)."""
+    agents = [a.name for a in specs]
+    bb = backbone.get_backbone()
+    cache = EmbeddingCache(storage.path("embeddings"))
+    reports = storage.path("reports")
+    md, per_question, meta = [], [], {}
+    estimated = False  # set from the test variant's calls: replayed token counts are estimates
+    for variant, bench in _variants(prof, task_pool).items():
+        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
+        picks, fired = reg.route(X, target)
+        tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
+        log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
+        calls = run_collect(tasks, specs, 0, log, pool.client_for, _settings(prof))
+        res = score(bench, picks, fired, calls, agents)
+        if variant == "test":
+            md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]
+            estimated = costs_estimated(calls)
+        res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
+        s = res["summary"]
+        md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
+               f"{s['ood_guard_fired']:.1%}, empty {s['empty_responses']}, errors {s['errors']}", "",
+               res["comparison"].to_markdown(index=False, floatfmt=".4f"), "",
+               f"Routing distribution: {s['distribution']}", "",
+               "<details><summary>by group</summary>", "",
+               res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
+        meta[variant] = s
+        per_question.append(res["per_question"].assign(variant=variant))
+    return md, per_question, meta, estimated
+
+
 @asset(deps=[registered_head], group_name="report",
        io_manager_key="io_manager",
        description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
@@ -88,35 +121,14 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     if missing:
         from pipeline.errors import RouterLiteError
         raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
-    bb = backbone.get_backbone()
-    cache = EmbeddingCache(storage.path("embeddings"))
     reports = storage.path("reports")
-    md = [f"## Routed benchmark ({prof.name}, head {reg.name})", ""]
-    per_question, meta = [], {}
     target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.get("target")
     point = reg.resolve_target(target)
-    md[0] += f", target {point['target']} (λ {point['lambda']:.4g})"
-    estimated = False  # set from the test variant's calls: replayed token counts are estimates
-    for variant, bench in _variants(prof, task_pool).items():
-        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
-        picks, fired = reg.route(X, target)
-        tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
-        log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
-        calls = run_collect(tasks, [specs[a] for a in agents], 0, log, pool.client_for, _settings(prof))
-        res = score(bench, picks, fired, calls, agents)
-        if variant == "test":
-            md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]
-            estimated = costs_estimated(calls)
-        res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
-        s = res["summary"]
-        md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
-               f"{s['ood_guard_fired']:.1%}, empty {s['empty_responses']}, errors {s['errors']}", "",
-               res["comparison"].to_markdown(index=False, floatfmt=".4f"), "",
-               f"Routing distribution: {s['distribution']}", "",
-               "<details><summary>by group</summary>", "",
-               res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
-        meta[variant] = s
-        per_question.append(res["per_question"].assign(variant=variant))
+    md = [f"## Routed benchmark ({prof.name}, head {reg.name}), target {point['target']} "
+          f"(λ {point['lambda']:.4g})", ""]
+    variant_md, per_question, meta, estimated = _routed_variants(
+        prof, task_pool, reg, target, [specs[a] for a in agents], pool, backbone, storage)
+    md += variant_md
     rewards = reward_matrix
     split = training_split(rewards, task_pool)
     X = reward_embeddings(prompt_embeddings, rewards)
