@@ -257,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true",
                     help="show the stack trace of a user error (default: one error line, exit code 2)")
     sub = ap.add_subparsers(dest="command", required=True)
+    _add_run_command(sub)
+    _add_train_command(sub)
+    _add_route_command(sub)
+    _add_regrade_command(sub)
+    _add_replicate_command(sub)
+    _add_publish_command(sub)
+    _add_serve_command(sub)
+    return ap
+
+
+def _add_run_command(sub) -> None:
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
@@ -265,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
+
+def _add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
     p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
     p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
@@ -284,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
     p.set_defaults(fn=cmd_train)
 
+
+def _add_route_command(sub) -> None:
     p = sub.add_parser("route", help="print the agent a registered head picks for each prompt")
     p.add_argument("--head", required=True, help="registry/<name> directory")
     p.add_argument("--device", default="auto")
@@ -291,9 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="+")
     p.set_defaults(fn=cmd_route)
 
+
+def _add_regrade_command(sub) -> None:
     p = sub.add_parser("regrade", help="recompute grades of stored calls from their completions (zero calls)")
     p.set_defaults(fn=cmd_regrade)
 
+
+def _add_replicate_command(sub) -> None:
     p = sub.add_parser("replicate", help="RouterBench-style replication table on a bundled suite")
     p.add_argument("--suite", default="routerbench")
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
@@ -301,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.set_defaults(fn=cmd_replicate)
 
+
+def _add_publish_command(sub) -> None:
     p = sub.add_parser("publish", help="push the tasks and rewards datasets and the registered head to the "
                                        "Hugging Face Hub (token: env HF_TOKEN)")
     p.add_argument("--repo-id", required=True, help="OWNER/NAME: datasets OWNER/NAME-tasks and OWNER/NAME-rewards, "
@@ -310,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "operation; push nothing (no token needed)")
     p.set_defaults(fn=cmd_publish)
 
+
+def _add_serve_command(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible router endpoint for a registered head (docs/serving.md)")
     p.add_argument("--head", required=True, help="registry/<name> directory")
     p.add_argument("--profile", default=None, help="profile whose pool and collection settings are used "
@@ -327,7 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a new prompt waits for others to batch with (0: no wait)")
     p.set_defaults(fn=cmd_serve)
-    return ap
 
 
 def main(argv=None) -> int:
