@@ -273,6 +273,9 @@ class Router:
     """Embed-and-pick through a micro-batcher: one worker thread, batches of up to `max_batch` distinct prompts
     collected for at most `batch_wait_ms`, an LRU of decisions (one per app).
 
+    Every operating point shares it: a request may name its own head view (`decide(text, head, tag)`); a prompt is
+    embedded once per batch whatever the targets asking for it, and each target's view picks from that embedding.
+
     The wait applies only while other requests are `arriving` (counted by the app from the start of a request
     until it asks for its decision): a lone client never waits for a batch that nobody else will join.
 
@@ -283,45 +286,61 @@ class Router:
     def __init__(self, registered, backbone, settings: ServeSettings):
         self.registered, self.backbone, self.settings = registered, backbone, settings
         self._cache: collections.OrderedDict[bytes, tuple[int, bool]] = collections.OrderedDict()
-        self._pending: list[tuple[bytes, str, asyncio.Future]] = []
+        self._pending: list[tuple[bytes, str, Any, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._joined: asyncio.Event | None = None  # set whenever a prompt is queued
         self.arriving = 0  # requests being read or validated (the app counts them): they may join the next batch
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-embed")
         self.batches: collections.Counter[int] = collections.Counter()  # batch size -> count (tests, benchmarks)
 
-    def route_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Blocking: embed `texts` and pick (after the OOD guard); (agent indices, guard fired)."""
-        X = self.backbone.encode(list(texts))
-        return self.registered.route(X)
-
-    def route_isolated(self, texts: Sequence[str]) -> list[tuple[int, bool] | Exception]:
-        """Blocking: `route_texts`, one outcome per text; when the batch fails, each text is retried alone."""
+    def embed_isolated(self, texts: Sequence[str]) -> dict[str, np.ndarray | Exception]:
+        """Blocking: text -> embedding row; when the batch fails, each text is retried alone so only culprits fail."""
         try:
-            picks, fired = self.route_texts(texts)
-            return [(int(p), bool(f)) for p, f in zip(picks, fired)]
+            return dict(zip(texts, self.backbone.encode(list(texts)), strict=True))
         except Exception as exc:  # noqa: BLE001 - find the culprit(s) below
             if len(texts) == 1:
-                return [exc]
+                return {texts[0]: exc}
             log.warning("embedding a batch of %d prompts failed (%s): retrying them one by one", len(texts),
                         type(exc).__name__)
-        out: list[tuple[int, bool] | Exception] = []
+        out: dict[str, np.ndarray | Exception] = {}
         for t in texts:
             try:
-                picks, fired = self.route_texts([t])
-                out.append((int(picks[0]), bool(fired[0])))
+                out[t] = self.backbone.encode([t])[0]
             except Exception as exc:  # noqa: BLE001 - this prompt's own failure
-                out.append(exc)
+                out[t] = exc
         return out
 
-    async def decide(self, text: str) -> Decision:
-        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    def route_isolated(self, asks: Sequence[tuple[str, Any]]) -> list[tuple[int, bool] | Exception]:
+        """Blocking: one outcome per (text, head view): distinct texts embedded once, each view picks (after its
+        OOD guard) for the rows that asked it."""
+        rows = self.embed_isolated(list(dict.fromkeys(t for t, _ in asks)))
+        out: list[tuple[int, bool] | Exception] = [rows[t] if isinstance(rows[t], Exception) else None for t, _ in asks]
+        by_head: dict[int, list[int]] = {}
+        for i, (_, head) in enumerate(asks):
+            if out[i] is None:
+                by_head.setdefault(id(head), []).append(i)
+        for idx in by_head.values():
+            head = asks[idx[0]][1]
+            try:
+                picks, fired = head.route(np.stack([rows[asks[i][0]] for i in idx]))
+                for i, p, f in zip(idx, picks, fired, strict=True):
+                    out[i] = (int(p), bool(f))
+            except Exception as exc:  # noqa: BLE001 - this view's failure, not the other targets'
+                for i in idx:
+                    out[i] = exc
+        return out
+
+    async def decide(self, text: str, head=None, tag: str = "") -> Decision:
+        """The pick for `text` by `head` (a view of the head at one operating point; default: the Router's own),
+        cached under `tag` + text (the tag names the operating point)."""
+        head = self.registered if head is None else head
+        key = hashlib.sha256(tag.encode() + b"\0" + text.encode("utf-8", "surrogatepass")).digest()
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return Decision(hit[0], hit[1], True)
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((key, text, fut))
+        self._pending.append((key, text, head, fut))
         if self._joined is None:
             self._joined = asyncio.Event()
         self._joined.set()
@@ -342,18 +361,17 @@ class Router:
                     await asyncio.wait_for(self._joined.wait(), deadline - loop.time())
             batch = self._pending[: self.settings.max_batch]
             del self._pending[: len(batch)]
-            texts = list(dict.fromkeys(t for _, t, fut in batch if not fut.done()))  # one row per distinct text
-            if not texts:
+            live = [item for item in batch if not item[3].done()]
+            if not live:
                 continue
-            self.batches[len(texts)] += 1
+            self.batches[len({text for _, text, _, _ in live})] += 1  # batch size = distinct texts embedded
+            asks = [(text, head) for _, text, head, _ in live]
             try:
-                outcomes = await loop.run_in_executor(self._executor, self.route_isolated, texts)
+                outcomes = await loop.run_in_executor(self._executor, self.route_isolated, asks)
             except Exception as exc:  # noqa: BLE001 - the executor itself failed (shut down): everyone's failure
-                outcomes = [exc] * len(texts)
-            row = dict(zip(texts, outcomes))
-            for key, text, fut in batch:
-                out = row.get(text)
-                if fut.done() or out is None:
+                outcomes = [exc] * len(live)
+            for (key, _, _, fut), out in zip(live, outcomes, strict=True):
+                if fut.done():
                     continue
                 if isinstance(out, BaseException):
                     fut.set_exception(out)
@@ -475,8 +493,8 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     state.registered, state.backbone, state.settings = registered, backbone, settings
     state.specs, state.clients = specs, clients
     state.router, state.default_point = router, default_point
-    # one Router (own batching and decision cache) per operating point a request asks for; the default's is `router`
-    state.routers = {default_point["target"]: (router, default_point)}
+    # the head's view at each operating point a request asks for (made on first use); one Router embeds for all
+    state.views = {default_point["target"]: (router.registered, default_point)}
     state.head_name = registered.name
     state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
     state.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
@@ -494,17 +512,17 @@ def _check_backbone(registered, backbone) -> None:
         log.warning("head %s was trained on backbone %s; serving with %s", registered.name, want_key, backbone.key)
 
 
-def _router_for(state, target: str | None):
-    """(Router, point) of operating point `target` (None: the default), made on first use."""
+def _view_for(state, target: str | None):
+    """(head view, point) of operating point `target` (None: the default), made on first use."""
     name = state.default_point["target"] if target is None else target
-    routers = state.routers
-    if name not in routers:
-        if len(routers) >= MAX_TARGETS:
+    views = state.views
+    if name not in views:
+        if len(views) >= MAX_TARGETS:
             raise RequestError(400, f"too many distinct targets in use (max {MAX_TARGETS})", "invalid_target",
                                TARGET_FIELD)
         view = state.registered.at(name)
-        routers[name] = (Router(view, state.backbone, state.settings), view.point)
-    return routers[name]
+        views[name] = (view, view.point)
+    return views[name]
 
 
 async def _healthz(request):
@@ -565,12 +583,12 @@ async def _route(request, state):
             t0 = time.perf_counter()
             req = parse_chat_request(body, state.head_name, settings)
             try:
-                chosen, point = _router_for(state, request_target(request.headers, body, settings.default_target))
+                view, point = _view_for(state, request_target(request.headers, req.body, settings.default_target))
             except RouterLiteError as exc:
                 raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
         finally:
             router.arriving -= 1
-        decision = await chosen.decide(req.text)
+        decision = await router.decide(req.text, view, point["target"])
     except RequestError as err:
         return _error_response(err)
     except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
@@ -674,7 +692,7 @@ async def _not_found(request, exc):
 
 @contextlib.asynccontextmanager
 async def _lifespan(app):
-    """Close the agents' clients and the routers' embedding workers when the app shuts down."""
+    """Close the agents' clients and the router's embedding worker when the app shuts down."""
     try:
         yield
     finally:
@@ -683,8 +701,7 @@ async def _lifespan(app):
                 await c.close()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
-        for r, _ in app.state.routers.values():
-            r.close()
+        app.state.router.close()
 
 
 # ------------------------------------------------------------------------------------------------------- server

@@ -235,21 +235,13 @@ TARGET_HEADER = "X-Router-Target"
 TARGET_FIELD = "router_target"
 
 
-def request_target(headers, body: bytes, default: str | None = None) -> str | None:
-    """The target a chat request asks for: the body field `router_target`, else the `X-Router-Target` header, else
-    the server's default; raises RouterLiteError naming the bad value (not a string, unknown target)."""
-    value = None
-    if TARGET_FIELD.encode() in body:  # only then parse again (the request parser already validated the JSON)
-        import json
-
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and obj.get(TARGET_FIELD) is not None:
-            value = obj[TARGET_FIELD]
-            if not isinstance(value, str):
-                raise RouterLiteError(f"'{TARGET_FIELD}' must be a string, got {type(value).__name__}")
+def request_target(headers, body: dict, default: str | None = None) -> str | None:
+    """The target a chat request asks for: the field `router_target` of its (already parsed) body, else the
+    `X-Router-Target` header, else the server's default; raises RouterLiteError naming the bad value (not a string,
+    unknown target)."""
+    value = body.get(TARGET_FIELD) if isinstance(body, dict) else None
+    if value is not None and not isinstance(value, str):
+        raise RouterLiteError(f"'{TARGET_FIELD}' must be a string, got {type(value).__name__}")
     if value is None:
         value = headers.get(TARGET_HEADER) if headers is not None else None
     if value is None or not str(value).strip():

@@ -89,6 +89,38 @@ def test_batch_wait_collects_arriving_requests_into_one_forward():
     assert bb.calls == [["q0", "q1", "q2", "q3"]]
 
 
+class ShiftedHead:
+    """Another operating point of the same head: picks agent (n + 1) % K."""
+
+    def route(self, X):
+        n = X[:, 0].astype(int)
+        return (n + 1) % K, np.zeros(len(n), bool)
+
+
+def test_operating_points_share_one_embedding_per_prompt():
+    """Two targets asking about the same prompt in one batch: embedded once, each target's view picks its own."""
+    bb = NumberBackbone()
+    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=16))
+    shifted = ShiftedHead()
+
+    async def late(coro):
+        await asyncio.sleep(0.05)
+        router.arriving -= 1
+        return await coro
+
+    async def main():
+        router.arriving = 2
+        return await asyncio.gather(router.decide("q3"), late(router.decide("q3", shifted, "other")),
+                                    late(router.decide("q4", shifted, "other")))
+
+    outs = run(main())
+    again = run(router.decide("q3", shifted, "other"))  # cached under its own target, not the default's pick
+    router.close()
+    assert [d.index for d in outs] == [3, 4, 5]
+    assert bb.calls == [["q3", "q4"]]
+    assert (again.index, again.cached) == (4, True)
+
+
 def test_a_lone_request_does_not_wait_for_a_batch():
     bb = NumberBackbone(delay_s=0)
     router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=1000, embed_cache_size=0))

@@ -44,14 +44,14 @@ def test_bad_targets_name_the_input(text, msg):
 
 
 def test_request_target_body_header_default():
-    assert request_target({}, b'{"messages": []}', None) is None
-    assert request_target({}, b'{"messages": []}', "parity") == "parity"
-    assert request_target({"X-Router-Target": "budget=1"}, b"{}", "parity") == "budget=1"
-    assert request_target({"X-Router-Target": "parity"}, b'{"router_target": "quality>=0.9"}') == "quality>=0.9"
+    assert request_target({}, {"messages": []}, None) is None
+    assert request_target({}, {"messages": []}, "parity") == "parity"
+    assert request_target({"X-Router-Target": "budget=1"}, {}, "parity") == "budget=1"
+    assert request_target({"X-Router-Target": "parity"}, {"router_target": "quality>=0.9"}) == "quality>=0.9"
     with pytest.raises(RouterLiteError, match="must be a string"):
-        request_target({}, b'{"router_target": 3}')
+        request_target({}, {"router_target": 3})
     with pytest.raises(RouterLiteError, match="unknown target"):
-        request_target({"X-Router-Target": "nope"}, b"{}")
+        request_target({"X-Router-Target": "nope"}, {})
 
 
 def test_cost_aware_pick_trades_quality_for_cost():
