@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import RouterLiteError
+from pipeline.evaluate import bootstrap_means
 
 DOMAIN_COLUMNS = ("source", "category", "domain")
 WARNING = "routing can pay here on cost, not on quality"
@@ -50,9 +51,7 @@ def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
 
 
 def _paired_ci(diff: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    rng = np.random.default_rng(seed)
-    n = len(diff)
-    means = diff[rng.integers(0, n, (n_boot, n))].mean(axis=1)
+    means = bootstrap_means(diff, n_boot, seed)
     return float(diff.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 

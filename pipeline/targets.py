@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import RouterLiteError
+from pipeline.evaluate import bootstrap_means
 
 NAMED = ("max-quality", "parity")
 REPORT_TARGETS = ("max-quality", "parity", "quality>=0.98", "quality>=0.95")
@@ -132,9 +133,7 @@ def bootstrap_mean_ci(x: np.ndarray, n_boot: int = 1000, level: float = 0.95, se
     x = np.asarray(x, dtype=np.float64)
     if x.size == 0:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, (n_boot, x.size))
-    means = x[idx].mean(axis=1)
+    means = bootstrap_means(x, n_boot, seed)
     tail = (1 - level) / 2
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
