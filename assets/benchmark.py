@@ -10,11 +10,12 @@ import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
 from assets.collection import _settings, passed_agents
-from assets.router import _train_config, registered_head, reward_embeddings, training_split
+from assets.router import registered_head, reward_embeddings, training_split
 from assets.shown import rounded
 from pipeline import registry
 from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
 from pipeline.calls import CallLog
+from pipeline.config import BENCHMARK_SUITES
 from pipeline.embed import EmbeddingCache
 from pipeline.frontier import PointSet, baseline_policies, frontier_points, plot_frontier, policy_table
 from pipeline.io import atomic_write_json, atomic_write_text
@@ -29,7 +30,7 @@ from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
-SUITES = ["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]  # the last two: the active profile's own matrix
+SUITES = list(BENCHMARK_SUITES)  # the last two: the active profile's own matrix
 suite_partitions = StaticPartitionsDefinition(SUITES)
 
 
@@ -44,8 +45,8 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out = {"test": benchmark_from_tasks(test[~test["ood"]])}
     if test["ood"].any():
         out["ood"] = benchmark_from_tasks(test[test["ood"]])
-    if prof.benchmark.get("file"):
-        out["file"] = load_benchmark(prof.benchmark["file"])
+    if prof.benchmark.file:
+        out["file"] = load_benchmark(prof.benchmark.file)
     return out
 
 
@@ -122,7 +123,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         from pipeline.errors import RouterLiteError
         raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
     reports = storage.path("reports")
-    target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.get("target")
+    target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.target
     point = reg.resolve_target(target)
     md = [f"## Routed benchmark ({prof.name}, head {reg.name}), target {point['target']} "
           f"(λ {point['lambda']:.4g})", ""]
@@ -184,7 +185,7 @@ def routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.Da
         prices = dict(zip(agents, C.mean(axis=0)))  # list price per question (config/prices.yaml × tokens)
         prof_suite = build_suite(suite, rewards=rewards, tasks=tasks, prices=prices)
     X = EmbeddingCache(storage.path("embeddings")).get_or_compute(prof_suite.query_text, backbone.get_backbone())
-    table, points = replicate(prof_suite, X, _train_config(profile.get()))
+    table, points = replicate(prof_suite, X, profile.get().train)
     reports = storage.path("reports")
     png = plot_frontier(points, reports / f"replication_{suite}.png", title=f"{suite}: cost–quality frontier")
     md = table_markdown(suite, table)

@@ -24,10 +24,12 @@ def cmd_run(args) -> int:
     from assets.definitions import build_definitions
     from assets.report import print_summary
     from assets.run import run_lineage
+    from pipeline.config import load_profile
     from resources.storage import default_home
 
-    defs = build_definitions(profile=args.profile or "")
-    times = run_lineage(defs, args.profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
+    profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
+    defs = build_definitions(profile=profile)
+    times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
     print_summary(default_home(), args.profile)
     print_stage_times(times, default_home())
     return 0
@@ -211,7 +213,6 @@ def cmd_serve(args) -> int:
 
     from pipeline import registry
     from pipeline.config import load_profile
-    from pipeline.pool import CollectionSettings
     from pipeline.serve import ServeSettings, build_app, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
@@ -222,12 +223,11 @@ def cmd_serve(args) -> int:
     reg = registry.load(args.head)
     reg.resolve_target(args.target)  # a bad default target fails before serving
     profile = load_profile(args.profile)
-    pool = PoolResource(kind=profile.pool.get("kind", "replay"), pool=profile.pool.get("name", "demo"),
-                        base_url=profile.pool.get("base_url"), key_hosts=list(profile.pool.get("key_hosts") or []))
+    pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
+                        key_hosts=list(profile.pool.key_hosts))
     agents = pool.agents()
     pool.check(agents)
-    collection = CollectionSettings.from_dict(profile.collection)
-    settings = ServeSettings.from_collection(collection, max_body_bytes=args.max_body_bytes,
+    settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
                                              max_messages=args.max_messages, max_batch=args.max_batch,
                                              batch_wait_ms=args.batch_wait_ms)
     if args.target:

@@ -15,10 +15,10 @@ from dagster import (
     asset_check,
 )
 
-from assets.partitions import MAX_REPETITIONS, collection_partitions
+from assets.partitions import collection_partitions
 from pipeline.calls import CallLog, call_key
 from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
-from pipeline.config import load_profile
+from pipeline.config import Profile, load_profile
 from pipeline.errors import RouterLiteError
 from pipeline.io import atomic_write_text
 from pipeline.pool import CollectionSettings, load_agents, run_collect
@@ -41,16 +41,16 @@ LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 POOL_TAG = "router_lite/pool"  # run tag: collect with another pool of config/agents.yaml (same kind), e.g. demo_wide
 
 
-def provider_pool(profile_name: str | None = None) -> str:
+def provider_pool(prof: Profile | None = None) -> str:
     """The Dagster concurrency pool of the profile's collection steps: `provider:<provider>` of its pool's agents
     (`provider:replay` for demo/smoke, `provider:openrouter` for pilot; the pool kind when agents mix providers).
     Limits per pool live in the instance (dagster.yaml `concurrency:`, or `dagster instance concurrency set`)."""
-    prof = load_profile(profile_name or None)
+    prof = prof or load_profile()
     try:
-        providers = sorted({a.provider for a in load_agents(default_agents_file(), prof.pool.get("name", "demo"))})
+        providers = sorted({a.provider for a in load_agents(default_agents_file(), prof.pool.name)})
     except RouterLiteError:
         providers = []
-    return "provider:" + (providers[0] if len(providers) == 1 else prof.pool.get("kind", "replay"))
+    return "provider:" + (providers[0] if len(providers) == 1 else prof.pool.kind)
 
 
 def pool_named(pool: PoolResource, name: str) -> PoolResource:
@@ -93,9 +93,7 @@ def active_pool(context, pool: PoolResource, preflight: pd.DataFrame | None = No
 
 
 def _settings(profile) -> CollectionSettings:
-    if not 1 <= profile.repetitions <= MAX_REPETITIONS:
-        raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {profile.repetitions}")
-    return CollectionSettings.from_dict(profile.collection)
+    return profile.collection  # a CollectionConfig: the call settings + repetitions, validated by load_profile
 
 
 @asset(group_name="collection", io_manager_key="io_manager",

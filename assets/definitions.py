@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
@@ -11,7 +12,7 @@ from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_as
 from assets import benchmark, collection, pool_report, publish, router, tasks
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
-from pipeline.config import load_profile
+from pipeline.config import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
@@ -20,48 +21,49 @@ from resources.storage import ParquetIOManager, StorageResource, default_home
 ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # publish: opt-in, not in run
 
 
-def pool_resource(profile: str = "", pool: str | None = None) -> PoolResource:
+def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
     """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one)."""
-    cfg = load_profile(profile or None).pool
-    kind = cfg.get("kind", "replay")
-    key = {"api_key": EnvVar(OPENROUTER_KEY_ENV)} if kind == "openrouter" else {}
-    return PoolResource(kind=kind, pool=pool or cfg.get("name", "demo"), base_url=cfg.get("base_url"),
-                        key_hosts=list(cfg.get("key_hosts") or []), **key)
+    cfg = as_profile(profile).pool
+    key = {"api_key": EnvVar(OPENROUTER_KEY_ENV)} if cfg.kind == "openrouter" else {}
+    return PoolResource(kind=cfg.kind, pool=pool or cfg.name, base_url=cfg.base_url, key_hosts=list(cfg.key_hosts),
+                        **key)
 
 
-def build_resources(home: str | None = None, profile: str = "") -> dict:
+def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:
     home = home or default_home()
-    bb = load_profile(profile or None).backbone
+    prof = as_profile(profile)
+    backbone = {k: v for k, v in dataclasses.asdict(prof.backbone).items() if k != "export_dir"}
     return {
-        "pool": pool_resource(profile),
-        "backbone": BackboneResource(**{"export_dir": str(Path(home) / "backbones"),
-                                        **{k: v for k, v in bb.items() if k in BackboneResource.model_fields}}),
+        "pool": pool_resource(prof),
+        "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(home) / "backbones"), **backbone),
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
-        "profile": ProfileResource(name=profile),
+        "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
         "hub": publish.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }
 
 
-def build_assets(profile: str = "") -> list:
+def build_assets(profile: Profile | str = "") -> list:
     """Every asset; `source_tasks` partitioned by the profile's sources and `graded_calls` by its sources ×
     repetitions, in the concurrency pool of the profile's provider (`provider:replay`, `provider:openrouter`, ...:
     limits in dagster.yaml / `dagster instance concurrency set`)."""
-    prof = load_profile(profile or None)
+    prof = as_profile(profile)
     ours = {
         tasks.source_tasks.key: tasks.source_tasks_asset(source_partitions_for(prof.sources)),
         collection.graded_calls.key: collection.graded_calls_asset(
-            collection.provider_pool(profile), collection_partitions_for(prof.sources, prof.repetitions)),
+            collection.provider_pool(prof), collection_partitions_for(prof.sources, prof.repetitions)),
     }
     return [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
 
 
-def build_definitions(home: str | None = None, profile: str = "") -> Definitions:
+def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:
+    """The Definitions of `profile` (a name is read once here; every part below takes the typed `Profile`)."""
+    prof = as_profile(profile)
     return Definitions(
-        assets=build_assets(profile),
+        assets=build_assets(prof),
         asset_checks=load_asset_checks_from_modules(ASSET_MODULES),
-        resources=build_resources(home, profile),
-        **build_ops(profile),
+        resources=build_resources(home, prof),
+        **build_ops(prof),
     )
 
 

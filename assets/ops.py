@@ -37,7 +37,7 @@ from dagster_dask import dask_executor
 from dagster_dask.executor import DaskExecutor, get_dask_resource_requirements
 
 from assets.collection import POOL_TAG, REGRADE_TAG
-from pipeline.config import load_profile
+from pipeline.config import Profile
 
 RECOLLECTION_TAG = "router_lite/recollection"  # run id of the pre-flight run that started a re-collection
 DASK_ADDRESS_ENV = "ROUTER_LITE_DASK_ADDRESS"
@@ -140,10 +140,9 @@ def collection_keys(profile) -> list[MultiPartitionKey]:
             for s in profile.sources for r in range(profile.repetitions)]
 
 
-def build_ops(profile: str = "") -> dict:
-    """Jobs, schedules and sensors for `profile` (default: the active one); `Definitions(**parts)`-ready."""
-    prof = load_profile(profile or None)
-    wide = prof.pool.get("wide_name")
+def build_ops(prof: Profile) -> dict:
+    """Jobs, schedules and sensors for the profile; `Definitions(**parts)`-ready."""
+    wide = prof.pool.wide_name
 
     source_tasks_job = define_asset_job(
         SOURCE_TASKS_JOB, selection=AssetSelection.assets("source_tasks"),

@@ -5,10 +5,9 @@ The module-level defaults (every seed source × 3 repetitions) serve the asset m
 test materialising any source's tasks."""
 from dagster import MultiPartitionsDefinition, StaticPartitionsDefinition
 
+from pipeline.config import MAX_REPETITIONS
 from pipeline.errors import RouterLiteError
 from pipeline.tasks import SOURCES
-
-MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 
 
 def source_partitions_for(sources) -> StaticPartitionsDefinition:

@@ -1,7 +1,6 @@
 """Lineage stage 3: prompt embeddings (frozen backbone) → router head (sep-CMA-ES) → registered head."""
 import json
 import time
-from dataclasses import fields
 
 import numpy as np
 import pandas as pd
@@ -12,7 +11,6 @@ from assets.shown import rounded
 from assets.shown import table as shown_table
 from pipeline import registry
 from pipeline.embed import EmbeddingCache
-from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.io import atomic_write_json
 from pipeline.pool_report import domain_column, labels_of
@@ -20,7 +18,6 @@ from pipeline.progress import RateLog
 from pipeline.registry import content_hash
 from pipeline.router import fit_router
 from pipeline.targets import path_table
-from pipeline.train import TrainConfig
 from pipeline.value import targets_markdown, value_line
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
@@ -55,17 +52,6 @@ def prompt_embeddings(context: AssetExecutionContext, task_pool: pd.DataFrame, b
                                 "cpu_backend_choice": MetadataValue.json(CPU_BACKEND_CHOICE)})
 
 
-def _train_config(prof) -> TrainConfig:
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(prof.train) - known)
-    if unknown:
-        raise RouterLiteError(f"{prof.path}: unknown train setting(s) {unknown}; known: {sorted(known)}")
-    cfg = dict(prof.train)
-    if "ridge_alphas" in cfg:
-        cfg["ridge_alphas"] = tuple(float(a) for a in cfg["ridge_alphas"])
-    return TrainConfig(**cfg)
-
-
 def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
     """Split per reward row; out-of-distribution tasks become `ood`: never trained on, reported apart."""
     t = rewards[["task_id"]].merge(tasks[["task_id", "split", "ood"]], on="task_id", how="left")
@@ -83,7 +69,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     tasks = task_pool
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
-    fit = fit_router(X, rewards, split, _train_config(prof), labels=labels_of(t, domain_column(t)))
+    fit = fit_router(X, rewards, split, prof.train, labels=labels_of(t, domain_column(t)))
     out = storage.path("router_head")
     fit.head.save(out / registry.WEIGHTS)
     fit.scorer.save(out / registry.SCORER)
@@ -94,7 +80,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     registry.save_guard(fit.guard, out / registry.GUARD)
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
-               "extra": fit.extra, "train_config": _train_config(prof).to_dict(),
+               "extra": fit.extra, "train_config": prof.train.to_dict(),
                "n_params": fit.head.n_params, "curve": fit.curve, "operating_points": fit.operating_points,
                "value": fit.value}
     m = fit.metrics

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, MultiPartitionKey, materialize
 
-from pipeline.config import load_profile
+from pipeline.config import Profile, as_profile
 from pipeline.errors import RouterLiteError, debug_enabled
 
 # (stage name, asset keys, partitioning: None | "source" | "source_x_repetition" | "suite")
@@ -100,7 +100,7 @@ def _partition_keys(kind, profile, assets_def):
         return [MultiPartitionKey({"source": s, "repetition": str(r)})
                 for s in profile.sources for r in range(profile.repetitions)]
     keys = assets_def.partitions_def.get_partition_keys()
-    wanted = profile.benchmark.get("suites")
+    wanted = profile.benchmark.suites
     return [k for k in keys if k in wanted] if wanted else keys
 
 
@@ -114,9 +114,9 @@ def _step_seconds(instance, run_id: str, into: dict) -> None:
         pass
 
 
-def run_lineage(defs, profile_name: str | None = None, upto: str | None = None, log=print) -> dict:
+def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = None, log=print) -> dict:
     """Materialise the stages in order; returns {"stages": {stage: s}, "steps": {asset step: s}, "total_s": s}."""
-    profile = load_profile(profile_name)
+    profile = as_profile(profile)
     times: dict = {"stages": {}, "steps": {}}
     t_all = time.time()
     instance = _instance()

@@ -14,6 +14,7 @@ from dagster import (
 )
 
 from assets.partitions import source_partitions
+from pipeline.config import SourceSettings
 from pipeline.publish import publish_dataset
 from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
 from pipeline.tasks import load_source
@@ -23,8 +24,8 @@ from resources.storage import StorageResource
 
 def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> Output[pd.DataFrame]:
     key = context.partition_key
-    overrides = profile.get().sources.get(key, {})
-    tasks = load_source(key, **{k: overrides[k] for k in ("path", "hub_id", "hub_config", "hub_split") if k in overrides})
+    src = profile.get().sources.get(key) or SourceSettings()
+    tasks = load_source(key, path=src.path, hub_id=src.hub_id, hub_config=src.hub_config, hub_split=src.hub_split)
     return Output(tasks, metadata={
         "rows": len(tasks),
         "by_difficulty": MetadataValue.json(tasks["difficulty"].value_counts().to_dict()),
@@ -46,7 +47,7 @@ source_tasks = source_tasks_asset(source_partitions)
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     """A replay pool answers only recorded prompts: keep tasks recorded for every agent of the profile's wider
     pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
-    if prof.pool.get("kind", "replay") != "replay":
+    if prof.pool.kind != "replay":
         return tasks
     from pipeline.pool import load_agents
     from pipeline.prompts import prompt_hash
@@ -54,7 +55,7 @@ def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     from resources.pool import default_agents_file
 
     store = ReplayStore.load()
-    agents = load_agents(default_agents_file(), prof.pool.get("wide_name") or prof.pool.get("name", "demo"))
+    agents = load_agents(default_agents_file(), prof.pool.wide_name or prof.pool.name)
     recorded = set.intersection(*(store.hashes(a.model) for a in agents))
     return tasks[tasks["prompt"].map(prompt_hash).isin(recorded)]
 

@@ -236,7 +236,6 @@ def demo_data(home: Path):
 
 def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     """Head trained on float32 embeddings; each variant's test embeddings routed by it (see the module doc)."""
-    from assets.router import _train_config
     from pipeline.config import load_profile
     from pipeline.embed import EmbeddingCache
     from pipeline.rewards import to_arrays
@@ -253,7 +252,7 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     print(f"# routing check: {int(tr.sum())} train / {int(va.sum())} validation rows embedded by torch-fp32 "
           f"(cached), {int(te.sum())} test rows by every variant", flush=True)
     X = EmbeddingCache(home / "embeddings").get_or_compute(prompts, fp32)
-    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], _train_config(load_profile("demo")),
+    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], load_profile("demo").train,
                          agents=agents)
     U = effective_rewards(R[te], B[te])
     rows = np.arange(len(U))

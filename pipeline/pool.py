@@ -166,6 +166,32 @@ def select_agents(agents: list[AgentSpec], names: Iterable[str], pool_name: str 
 # ----------------------------------------------------------------------------------------------------- settings
 @dataclasses.dataclass(frozen=True)
 class CollectionSettings:
+    """How one call is made (the call settings of a profile's `collection:` section; pycma style: option = default,
+    meaning). Only the answer-changing ones (``ANSWER_FIELDS``) enter the settings hash of every call key, so
+    timeouts, retries and concurrency can change without invalidating a call log.
+
+    max_tokens = 4096
+        Completion token cap sent with every call (answer-changing).
+    temperature = 0.1
+        Sampling temperature (answer-changing).
+    top_p = 1.0
+        Nucleus sampling mass (answer-changing).
+    reasoning_effort = "minimal"
+        Sent as ``extra_body={"reasoning": {"effort": ...}}`` (OpenRouter); None sends nothing (answer-changing).
+    timeout_s = 180.0
+        Seconds one attempt may take.
+    max_retries = 3
+        Retries after the first attempt (rate limits, timeouts, 5xx), with jittered exponential backoff.
+    concurrency = 16
+        Calls in flight per provider.
+    backoff_base_s = 1.0
+        Attempt k waits ``backoff_base_s * 2**k`` seconds (jittered), capped at ``backoff_max_s``.
+    backoff_max_s = 60.0
+        The longest backoff between attempts.
+    max_retry_after_s = 120.0
+        A longer Retry-After is not waited for: the call is recorded as ``rate_limit``.
+    """
+
     max_tokens: int = 4096
     temperature: float = 0.1
     top_p: float = 1.0

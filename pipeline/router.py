@@ -6,7 +6,7 @@ held-out metrics, routing report. Pure: same inputs and config → same head and
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -98,7 +98,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     has_val = bool(va.any())
     cfg = cfg or TrainConfig()
     if cost_lambda:
-        cfg.cost_lambda = cost_lambda
+        cfg = replace(cfg, cost_lambda=cost_lambda)
     head, curve = train_head(X[tr], R[tr], B[tr], X[va] if has_val else None, R[va] if has_val else None,
                              B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
                              agents=agents)

@@ -12,6 +12,7 @@ Both are pure functions of (tasks, config, seed): the same inputs give the ident
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -24,12 +25,33 @@ SPLITS = ("train", "validation", "test")
 
 @dataclass(frozen=True)
 class PoolConfig:
+    """The task pool (`task_pool:` of a profile; pycma style: option = default, meaning).
+
+    size = 1110
+        Tasks in the pool (the seed's 1,110). Must not exceed the eligible source tasks.
+    seed = 42
+        Seed of the sample and of the split: the same tasks + the same config give the identical pool.
+    balance = "domain_difficulty"
+        "domain_difficulty" (equal thirds over domains, then over difficulties; needs every domain) or
+        "category" (a sample stratified over ``stratify_column``, proportional to its value counts).
+    stratify_column = "category"
+        The task column ``balance: category`` stratifies over (and the split is stratified by).
+    split = {train: 0.58, validation: 0.20, test: 0.22}
+        Fractions of the in-distribution tasks per split; keys train, validation, test, summing to 1.
+    ood_categories = ()
+        Values of ``ood_column`` kept out of training entirely (split "test", ood=True). In a profile also
+        written ``ood: {column: C, values: [...]}`` (`pipeline.config.OodSpec`).
+    ood_column = "category"
+        The task column ``ood_categories`` are values of.
+    """
+
     size: int = 1110
     seed: int = 42
-    balance: str = "domain_difficulty"  # or "category"
+    balance: Literal["domain_difficulty", "category"] = "domain_difficulty"
     stratify_column: str = "category"  # for balance="category"
-    split: dict = field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22})
-    ood_categories: tuple = ()  # values of `ood_column` kept out of training entirely (split "test", ood=True)
+    split: dict[str, float] = field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22},
+                                    metadata={"keys": SPLITS})
+    ood_categories: tuple[str, ...] = ()  # values of `ood_column` kept out of training entirely (split "test", ood=True)
     ood_column: str = "category"
 
     def __post_init__(self):

@@ -44,7 +44,7 @@ INITS = ("ridge", "zeros")
 FITNESSES = ("hard", "soft")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Options of `train_head` (pycma style: option = default, meaning).
 
