@@ -181,7 +181,7 @@ class CollectionSettings:
     timeout_s = 180.0
         Seconds one attempt may take.
     max_retries = 3
-        Retries after the first attempt (rate limits, timeouts, 5xx), with jittered exponential backoff.
+        Retries after the first attempt of a failed call, with jittered exponential backoff.
     concurrency = 16
         Calls in flight per provider.
     backoff_base_s = 1.0

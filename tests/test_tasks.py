@@ -227,7 +227,7 @@ def test_profile_ood_rule(tmp_path, monkeypatch):
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "bad.yaml").write_text("sources: {gsm8k: {}}\ntask_pool: {ood: [geometry]}\n")
     monkeypatch.setenv("ROUTER_LITE_CONFIG", str(tmp_path))
-    with pytest.raises(RouterLiteError, match="task_pool.ood must be"):
+    with pytest.raises(RouterLiteError, match=r"bad.yaml: task_pool.ood: expected a mapping"):
         load_profile("bad")
 
 
