@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.ood import OODGuard
-from pipeline.routers import Router, router_class
+from pipeline.routers import ROUTER_TYPES, Router, router_class, router_kinds
 
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
@@ -146,9 +146,9 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
     """Write the router `head` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
     return that directory."""
     kind = getattr(head, "kind", None)
-    if router_class(kind) is not type(head):
-        raise RouterLiteError(f"{type(head).__name__} is not a registered router type (kind {kind!r}); "
-                              f"see pipeline.routers.register_router")
+    if ROUTER_TYPES.get(kind) is not type(head):
+        raise RouterLiteError(f"{type(head).__name__} is not a registered router type (kind {kind!r}; known kinds: "
+                              f"{', '.join(router_kinds())}); see pipeline.routers.register_router")
     if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
         raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
     root = Path(root)
@@ -253,9 +253,8 @@ def load(path: str | Path) -> RegisteredHead:
         cls = router_class(kind)
     except RouterLiteError as exc:
         raise RouterLiteError(f"{mf}: {exc}") from None
-    for role, fname in files.items():
+    for role, fname in files.items():  # every file the manifest names stays inside the entry
         _inside(path, fname, mf, f"files.{role}")
-    _inside(path, files.get("weights", WEIGHTS), mf, "files.weights")
     head = cls.from_files(path, manifest)
     gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
     guard = load_guard(gf)
