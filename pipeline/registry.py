@@ -157,6 +157,12 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
     try:
         fields = dict(head.save_files(tmp))
         router_files = fields.pop("files")
+        taken = sorted(set(fields) & {"name", "format_version", "router_kind", "backbone", "dim", "agents",
+                                      "best_single", "ood_guard", "training", "data_hashes", "metrics",
+                                      "operating_points"})
+        if taken or set(router_files) & {"guard", "reference", "scorer", "cost_scorer"}:
+            raise RouterLiteError(f"router kind {kind!r}: save_files returned manifest fields the registry owns "
+                                  f"({taken or sorted(router_files)})")
         save_guard(guard, tmp / GUARD)
         if scorer is not None:
             scorer.save(tmp / SCORER)
