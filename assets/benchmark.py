@@ -17,7 +17,14 @@ from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
 from pipeline.calls import CallLog
 from pipeline.config import BENCHMARK_SUITES
 from pipeline.embed import EmbeddingCache
-from pipeline.frontier import PointSet, baseline_policies, frontier_points, plot_frontier, policy_table
+from pipeline.frontier import (
+    PointSet,
+    baseline_policies,
+    frontier_points,
+    plot_frontier,
+    policy_table,
+    router_policies,
+)
 from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.knn import KnnRouter
 from pipeline.pool import run_collect
@@ -55,8 +62,8 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
-    policies["kNN router"] = KnnRouter(k=knn_k).fit(X[tr], R[tr]).scores(X[te])
-    policies["trained head"] = reg.head.scores(X[te])
+    policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
+                                     "trained head": reg.head}, X[te]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
         rows = np.arange(int(te.sum()))
         pts = []

@@ -30,6 +30,7 @@ Baselines: individual models (`individual_points`, `individual_hull`), the unifo
 (`random_router_points`: one point, the expectation of picking a model uniformly at random per query), the oracle
 (`oracle_point`: best quality per query, ties → cheapest; `oracle_frontier`: the oracle's scores = true quality,
 λ-swept), and the prior heuristic (`prior_scores`: every model's mean train quality as the score of every query).
+A fitted router of any kind (pipeline/routers.py) enters a table as a score policy through `router_policies`.
 """
 from __future__ import annotations
 
@@ -222,6 +223,14 @@ def prior_scores(quality_train, n_queries: int) -> np.ndarray:
     if int(n_queries) < 1:
         raise RouterLiteError(f"n_queries must be >= 1, got {n_queries}")
     return np.tile(q.mean(axis=0), (int(n_queries), 1))
+
+
+def router_policies(routers: Mapping[str, object], X) -> dict[str, np.ndarray]:
+    """Each router's scores (n, K) on the embeddings `X`, by name: score policies for `policy_table` (λ-swept like
+    any scores). Routers are anything of the protocol in pipeline/routers.py (a Head, a KnnRouter, a new type)."""
+    from pipeline.routers import check_scores
+
+    return {str(name): check_scores(router, X) for name, router in routers.items()}
 
 
 # ------------------------------------------------------------------------------------------------ tables / plots

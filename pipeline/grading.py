@@ -8,19 +8,24 @@ scanned from the end of the reply, because models often revise themselves.
 Graders: `mcq_letter`, `integer`, `math_expression` (MATH-style equivalence) and `python_literal` (CRUXEval output
 prediction: both sides compared as Python literals with `==`, the semantics of CRUXEval's own `assert f(x) == pred`,
 when both parse with `ast.literal_eval`; else as whitespace-trimmed strings).
+
+Each grader is one `GraderSpec` row of `GRADER_SPECS` (name -> how one candidate answer is parsed, what the whole
+reply falls back to, how the answer is compared with the gold answer, and a description); `grade` and
+`extract_answer` dispatch through it. `register_grader(spec)` adds one (docs/architecture.md, "How to add a grader").
 """
 from __future__ import annotations
 
 import ast
 import re
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 import sympy
 
 from pipeline.errors import RouterLiteError
-
-GRADERS = ("mcq_letter", "integer", "math_expression", "python_literal")
 
 # Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
 _MAX_SYMPY_CHARS = 200
@@ -69,9 +74,12 @@ def is_empty(text) -> bool:
     return text is None or not str(text).strip()
 
 
-def _check_grader(grader: str) -> None:
-    if grader not in GRADERS:
-        raise RouterLiteError(f"unknown grader {grader!r}; expected one of {', '.join(GRADERS)}")
+def grader_spec(grader: str) -> GraderSpec:
+    """The table row of `grader`; an unknown name -> one error listing the known graders."""
+    spec = GRADER_SPECS.get(grader) if isinstance(grader, str) else None
+    if spec is None:
+        raise RouterLiteError(f"unknown grader {grader!r}; expected one of {', '.join(GRADER_SPECS)}")
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------- candidates
@@ -266,25 +274,17 @@ def _literal_text(candidate: str) -> str | None:
     return c or None
 
 
-_PARSERS = {"mcq_letter": _letter, "integer": _integer, "math_expression": _math, "python_literal": _literal_text}
-
-
 def extract_answer(text: str, grader: str) -> str | None:
     """The answer in `text` as the grader wants it (letter A-J, integer string, raw LaTeX), or None."""
-    _check_grader(grader)
+    spec = grader_spec(grader)
     if is_empty(text):
         return None
-    parse = _PARSERS[grader]
     for stage in _candidates(text):
         for candidate in stage:
-            answer = parse(candidate)
+            answer = spec.parse(candidate)
             if answer:
                 return answer
-    if grader == "mcq_letter":
-        return _bare_letter_line(text)  # never guess from a stray letter in the reasoning
-    if grader == "python_literal":
-        return None  # an output literal is never guessed from the reasoning
-    return _last_number(text)
+    return spec.fallback(text) if spec.fallback is not None else None
 
 
 # ------------------------------------------------------------------------------------------ normalisation
@@ -559,14 +559,65 @@ def literal_equal(pred: str, gold: str) -> bool:
 
 def grade(text: str | None, gold: str, grader: str) -> tuple[str | None, bool]:
     """(extracted answer, correct). An empty reply or one without an extractable answer is never correct."""
-    _check_grader(grader)
+    spec = grader_spec(grader)
     extracted = extract_answer(text, grader)
     if extracted is None:
         return None, False
-    if grader == "mcq_letter":
-        return extracted, extracted == (_letter(str(gold)) or str(gold).strip().upper())
-    if grader == "integer":
-        return extracted, _integer_equal(extracted, str(gold))
-    if grader == "python_literal":
-        return extracted, literal_equal(extracted, str(gold))
-    return extracted, math_equal(extracted, str(gold))
+    return extracted, bool(spec.equal(extracted, str(gold)))
+
+
+# ------------------------------------------------------------------------------------------------ the table
+@dataclass(frozen=True)
+class GraderSpec:
+    """One grader. `parse` reads one explicit candidate (the JSON `answer` field, an <answer> tag, a boxed or a
+    labelled answer, tried in that order, last occurrence first) and returns the answer or None; `fallback` reads
+    the whole reply when no candidate parses (None: no guessing); `equal(extracted, gold)` is the verdict."""
+
+    name: str
+    parse: Callable[[str], str | None]
+    equal: Callable[[str, str], bool]
+    description: str
+    fallback: Callable[[str], str | None] | None = None
+
+
+def _letter_equal(pred: str, gold: str) -> bool:
+    return pred == (_letter(gold) or gold.strip().upper())
+
+
+GRADER_SPECS: dict[str, GraderSpec] = {g.name: g for g in [
+    GraderSpec("mcq_letter", _letter, _letter_equal, "multiple choice: one letter A-J",
+               fallback=_bare_letter_line),  # never guess from a stray letter in the reasoning
+    GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME): equal as canonical numbers",
+               fallback=_last_number),
+    GraderSpec("math_expression", _math, math_equal, "MATH-style LaTeX: canonical strings, then sympy equivalence",
+               fallback=_last_number),
+    GraderSpec("python_literal", _literal_text, literal_equal,
+               "CRUXEval output: equal as Python literals, else as trimmed strings"),  # never guessed from reasoning
+]}
+GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
+
+
+def register_grader(spec: GraderSpec, replace: bool = False) -> GraderSpec:
+    """Add a grader to the table (tasks may then name it in their `grader` column); a name already taken -> error
+    unless `replace`."""
+    if not isinstance(spec, GraderSpec) or not spec.name or not isinstance(spec.name, str):
+        raise RouterLiteError(f"register_grader needs a GraderSpec with a name, got {spec!r}")
+    if spec.name in GRADER_SPECS and not replace:
+        raise RouterLiteError(f"grader {spec.name!r} is already registered")
+    GRADER_SPECS[spec.name] = spec
+    return spec
+
+
+def unregister_grader(name: str) -> None:
+    GRADER_SPECS.pop(name, None)
+
+
+@contextmanager
+def graders_restored() -> Iterator[dict[str, GraderSpec]]:
+    """The grader table as it was on entry, restored on exit (tests that register toy graders)."""
+    saved = dict(GRADER_SPECS)
+    try:
+        yield GRADER_SPECS
+    finally:
+        GRADER_SPECS.clear()
+        GRADER_SPECS.update(saved)

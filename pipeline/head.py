@@ -16,6 +16,9 @@ the scores (ties -> the lowest agent index).
 Files: ``save(path)`` writes safetensors (``head.safetensors`` inside a directory, or the ``.safetensors`` / ``.npz``
 file named); never pickle.  ``load(path)`` checks every shape and value and raises one `RouterLiteError` naming the
 file when it is corrupt or does not fit.
+
+Router protocol (pipeline/routers.py, kind ``head``): ``save_files(directory)`` / ``from_files(directory,
+manifest)`` are the registry's view of the same file.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import RouterLiteError
+from pipeline.routers import register_router
 
 ACTIVATIONS = ("tanh", "relu")
 FILE_NAME = "head.safetensors"
@@ -45,6 +49,7 @@ def _act(name: str, a: np.ndarray) -> np.ndarray:
     return np.tanh(a) if name == "tanh" else np.maximum(a, 0.0)
 
 
+@register_router("head")
 @dataclass
 class Head:
     """Linear head (W2 is None) or one-hidden-layer head; see the module docstring."""
@@ -213,6 +218,23 @@ class Head:
         if agents is not None and head.agents is not None and list(agents) != list(head.agents):
             raise RouterLiteError(f"head file {f} was trained for agents {head.agents}, not {list(agents)}")
         return head
+
+    # ---- router protocol (pipeline/routers.py) -------------------------------------------------------------
+    def save_files(self, directory: str | Path) -> dict:
+        """Write ``head.safetensors`` into `directory`; the manifest fields describing it."""
+        self.save(Path(directory) / FILE_NAME)
+        return {"files": {"weights": FILE_NAME}, "hidden_dim": self.hidden_dim, "n_params": self.n_params}
+
+    @classmethod
+    def from_files(cls, directory: str | Path, manifest: dict) -> Head:
+        names = [a["name"] for a in manifest["agents"]]
+        return cls.load(Path(directory) / manifest.get("files", {}).get("weights", FILE_NAME), d=int(manifest["dim"]),
+                        K=len(names), agents=names)
+
+    def fingerprint(self) -> tuple[list[bytes], list]:
+        return ([np.ascontiguousarray(self.to_vector(), np.float32).tobytes(),
+                 b"" if self.mean is None else self.mean.tobytes() + self.std.tobytes()],
+                [self.activation, self.hidden_dim])
 
 
 def _file_of(path: str | Path, for_write: bool) -> Path:

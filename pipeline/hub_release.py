@@ -172,7 +172,10 @@ def head_release(repo_id: str, head_dir: Path) -> RepoRelease:
         raise RouterLiteError(f"{head_dir} is not a registered head (no manifest.json): materialise registered_head "
                               f"first (`router-lite run`)")
     manifest = json.loads(mf.read_text())
-    files: dict[str, Path | bytes] = {n: head_dir / n for n in HEAD_FILES if (head_dir / n).exists()}
+    named = [n for n in (manifest.get("files") or {}).values()  # other router kinds' files: plain names inside only
+             if isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")]
+    files: dict[str, Path | bytes] = {n: head_dir / n for n in dict.fromkeys([*HEAD_FILES, *named])
+                                      if (head_dir / n).is_file() and not (head_dir / n).is_symlink()}
     files["README.md"] = str(head_model_card(manifest, repo_id)).encode()
     return RepoRelease(repo_id, "model", files, f"router-lite: publish head {manifest['name']}")
 

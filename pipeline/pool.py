@@ -456,7 +456,7 @@ def _check_tasks(tasks_df: pd.DataFrame) -> None:
         raise RouterLiteError(f"task(s) without a prompt: {bad[:5]}")
     graders = set(tasks_df["grader"]) - set(GRADERS)
     if graders:
-        raise RouterLiteError(f"unknown grader(s) {sorted(map(str, graders))} in tasks frame; known: {GRADERS}")
+        raise RouterLiteError(f"unknown grader(s) {sorted(map(str, graders))} in tasks frame; known: {', '.join(GRADERS)}")
 
 
 def _check_agents(agents: list[AgentSpec]) -> None:

@@ -5,6 +5,8 @@ Copied into every `registry/<name>/` as `reference.py`. Usage:
 It embeds the prompt with the manifest's backbone (mean pooling, L2-normalised), applies the head
 (standardise → linear or one hidden layer → argmax), and falls back to the best single agent when the prompt is
 far from everything the head was trained on (the OOD guard).
+It supports router kind `head` only (the registry copies it into head entries only); a registered kNN router or
+another kind is used through `router-lite route` / `router-lite serve` (pipeline/registry.py loads any kind).
 """
 import json
 import struct
@@ -34,6 +36,8 @@ def read_safetensors(path):
 
 def load(directory=HERE):
     manifest = json.loads((Path(directory) / "manifest.json").read_text())
+    if manifest.get("router_kind", "head") != "head":
+        raise SystemExit(f"reference.py applies head weights only; this entry is a {manifest['router_kind']!r} router")
     weights = read_safetensors(Path(directory) / manifest["files"]["weights"])
     with np.load(Path(directory) / manifest["files"]["guard"], allow_pickle=False) as z:
         guard = {"X": z["X"].astype(np.float32), "threshold": float(z["threshold"]), "k": int(z["k"])}

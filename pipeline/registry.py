@@ -1,9 +1,15 @@
 """Registered heads: `registry/<name>/` with a stable name, manifest, weights and reference code.
 
-name = `head-<backbone slug>-<10 hex>` where the hex is a content hash of (weights, agents, backbone key, training
-config, data hashes): the same inputs register under the same name; anything else gets a new one.
-Files: `head.safetensors` (the head), `guard.npz` (OOD guard: training embeddings in float16 + threshold),
-`manifest.json`, `reference.py` (standalone embed-and-pick with numpy + sentence-transformers). Never pickle.
+A registered "head" is any router of the protocol in pipeline/routers.py: a trained `Head` (kind ``head``), the kNN
+baseline (kind ``knn``) or a type added with `register_router`. The manifest records the kind (`router_kind`; a
+manifest without one, written before kinds existed, is a ``head``) and `load` asks that class to read its files.
+
+name = `<kind>-<backbone slug>-<10 hex>` (`head-...` for heads) where the hex is a content hash of (the router's
+`fingerprint`, agents, backbone key, training config, data hashes): the same inputs register under the same name;
+anything else gets a new one.
+Files: the router's own (`head.safetensors` for a head, `knn.safetensors` for kNN), `guard.npz` (OOD guard: training
+embeddings in float16 + threshold), `manifest.json`, and for heads `reference.py` (standalone embed-and-pick with
+numpy + sentence-transformers; it reads head weights only, so other kinds do not get it). Never pickle.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import numpy as np
 from pipeline.errors import RouterLiteError
 from pipeline.head import Head
 from pipeline.ood import OODGuard
+from pipeline.routers import ROUTER_TYPES, Router, router_class, router_kinds
 
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
@@ -45,7 +52,7 @@ def content_hash(*parts: bytes | str) -> str:
 class RegisteredHead:
     path: Path
     manifest: dict
-    head: Head
+    head: Router  # a Head, a KnnRouter, or any registered router type (pipeline/routers.py)
     guard: OODGuard
     best_single: int
     scorer: Head | None = None
@@ -58,6 +65,10 @@ class RegisteredHead:
     @property
     def agents(self) -> list[dict]:
         return self.manifest["agents"]
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.get("router_kind", "head")
 
     @property
     def operating_points(self) -> dict | None:
@@ -129,47 +140,60 @@ def load_guard(path: Path) -> OODGuard:
     return guard
 
 
-def register(root: Path, head: Head, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
+def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
              operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
-    """Write the head under `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
+    """Write the router `head` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
+    return that directory."""
+    kind = getattr(head, "kind", None)
+    if ROUTER_TYPES.get(kind) is not type(head):
+        raise RouterLiteError(f"{type(head).__name__} is not a registered router type (kind {kind!r}; known kinds: "
+                              f"{', '.join(router_kinds())}); see pipeline.routers.register_router")
     if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
         raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".register.", dir=root))
     try:
-        head.save(tmp / WEIGHTS)
+        fields = dict(head.save_files(tmp))
+        router_files = fields.pop("files")
+        taken = sorted(set(fields) & {"name", "format_version", "router_kind", "backbone", "dim", "agents",
+                                      "best_single", "ood_guard", "training", "data_hashes", "metrics",
+                                      "operating_points"})
+        if taken or set(router_files) & {"guard", "reference", "scorer", "cost_scorer"}:
+            raise RouterLiteError(f"router kind {kind!r}: save_files returned manifest fields the registry owns "
+                                  f"({taken or sorted(router_files)})")
         save_guard(guard, tmp / GUARD)
         if scorer is not None:
             scorer.save(tmp / SCORER)
         if cost_scorer is not None:
             cost_scorer.save(tmp / COST_SCORER)
         # hash array contents, not file bytes: zip (npz) entries carry write times
-        digest = content_hash(np.ascontiguousarray(head.to_vector(), np.float32).tobytes(),
-                              b"" if head.mean is None else head.mean.tobytes() + head.std.tobytes(),
+        arrays, settings = head.fingerprint()
+        digest = content_hash(*arrays,
                               guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
                               b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
                               b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
                                                                                   np.float32).tobytes(),
                               json.dumps(operating_points, sort_keys=True, default=str),
-                              json.dumps([head.activation, head.hidden_dim, agents, backbone, training, data_hashes],
+                              json.dumps([*settings, agents, backbone, training, data_hashes],
                                          sort_keys=True, default=str))
-        name = f"head-{_slug(backbone['id'])}-{digest[:10]}"
+        name = f"{kind}-{_slug(backbone['id'])}-{digest[:10]}"
         manifest = {
-            "name": name, "format_version": 1, "backbone": backbone, "dim": head.d, "hidden_dim": head.hidden_dim,
-            "n_params": head.n_params, "agents": agents, "best_single": agents[best_single]["name"],
+            "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": head.d, **fields,
+            "agents": agents, "best_single": agents[best_single]["name"],
             "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
-            "files": {"weights": WEIGHTS, "guard": GUARD, "reference": "reference.py",
+            "files": {**router_files, "guard": GUARD, **({"reference": "reference.py"} if kind == "head" else {}),
                       **({"scorer": SCORER} if scorer is not None else {}),
                       **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
         }
         if operating_points is not None:
             manifest["operating_points"] = operating_points
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
+        if kind == "head":  # the reference code applies head weights only
+            shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
         for f in tmp.iterdir():
             f.chmod(0o644)
         tmp.chmod(0o755)
@@ -230,8 +254,14 @@ def load(path: str | Path) -> RegisteredHead:
     names = [a["name"] for a in manifest["agents"]]
     dim = int(manifest["dim"])
     files = manifest.get("files", {})
-    head = Head.load(_inside(path, files.get("weights", WEIGHTS), mf, "files.weights"), d=dim, K=len(names),
-                     agents=names)
+    kind = manifest.get("router_kind", "head")  # manifests from before router kinds hold heads
+    try:
+        cls = router_class(kind)
+    except RouterLiteError as exc:
+        raise RouterLiteError(f"{mf}: {exc}") from None
+    for role, fname in files.items():  # every file the manifest names stays inside the entry
+        _inside(path, fname, mf, f"files.{role}")
+    head = cls.from_files(path, manifest)
     gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
     guard = load_guard(gf)
     if guard.X.ndim != 2 or guard.X.shape[1] != dim:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.frontier import baseline_policies, frontier_points, policy_table
+from pipeline.frontier import baseline_policies, frontier_points, policy_table, router_policies
 from pipeline.knn import KnnRouter
 from pipeline.router import validation_slice
 from pipeline.suites import Profile
@@ -24,10 +24,9 @@ def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -
     best = Q >= Q.max(axis=1, keepdims=True) - 1e-12
     head, _ = train_head(X[train], Q[train], best[train], X[val], Q[val], best[val], cfg or TrainConfig(),
                          agents=profile.models)
-    knn = KnnRouter().fit(X[train], Q[train], X[val], Q[val])
+    knn = KnnRouter(agents=profile.models).fit(X[train], Q[train], X[val], Q[val])
     policies = baseline_policies(Q[test], C[test], Q[train | val], profile.models)
-    policies["kNN router"] = knn.scores(X[test])
-    policies["trained head"] = head.scores(X[test])
+    policies.update(router_policies({"kNN router": knn, "trained head": head}, X[test]))
     table = policy_table(policies, Q[test], C[test])
     table.attrs["n_train"], table.attrs["n_test"] = int(train.sum()), int(test.sum())
     return table, frontier_points(policies, Q[test], C[test])

@@ -2,6 +2,9 @@
 
 One function serves the `router_head` asset and `router-lite train`: sep-CMA-ES head, kNN baseline, OOD guard,
 held-out metrics, routing report. Pure: same inputs and config → same head and numbers.
+
+The head and the kNN baseline are both routers of the protocol in pipeline/routers.py: the ship gate, the guard and
+the held-out metrics use only `pick`, so either (or a new type) can be measured, shipped and registered alike.
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ from pipeline.head import Head
 from pipeline.knn import KnnRouter
 from pipeline.ood import OODGuard
 from pipeline.rewards import to_arrays
+from pipeline.routers import Router
 from pipeline.train import TrainConfig, best_single_agent, effective_rewards, train_head
 
 
 @dataclass
 class RouterFit:
     agents: list[str]
-    head: Head
+    head: Router  # the shipped router: the trained Head, or a constant head when the ship gate refused it
     guard: OODGuard
     best_single: int
     knn_k: int
@@ -34,6 +38,7 @@ class RouterFit:
     cost_scorer: Head | None = None  # predicted cost per query and agent (None when the matrix has no costs)
     operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.targets)
     value: dict = field(default_factory=dict)  # held-out value report (pipeline.value.held_out_value)
+    knn: Router | None = None  # the fitted kNN baseline (registrable like the head: kind "knn")
 
 
 def validation_slice(ids: list[str], fraction: float = 0.2) -> np.ndarray:
@@ -54,7 +59,7 @@ def split_masks(split: pd.Series, held_out: str = "test", ids: list[str] | None 
     return masks
 
 
-def ship_gate(head: Head, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val: np.ndarray,
+def ship_gate(head: Router, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val: np.ndarray,
               margin: float = 0.0, confidence: float = 0.0) -> dict:
     """Ship the trained head only if it beats the best single agent on validation; otherwise the router falls back
     to that agent (a router that cannot beat it should not pretend to).
@@ -79,8 +84,9 @@ def ship_gate(head: Head, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val
     return {"shipped": "head" if ok else "best_single", **gate}
 
 
-def constant_head(like: Head, best: int) -> Head:
-    """A head that always picks agent `best` (same shape and agents as `like`, so the registry treats it alike)."""
+def constant_head(like: Router, best: int) -> Head:
+    """A head that always picks agent `best` (same input dim and agents as the router `like`, so the registry treats
+    it alike)."""
     b1 = np.zeros(like.K, np.float32)
     b1[best] = 1.0
     return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
@@ -108,7 +114,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     trained = head
     if gate["shipped"] != "head":
         head = constant_head(head, best)
-    knn = KnnRouter().fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
+    knn = KnnRouter(agents=agents).fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
     # the guard's threshold comes from in-distribution rows that were not trained on
     guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
     raw_picks = head.pick(X[te])
@@ -128,7 +134,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     }
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
-                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value)
+                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
 
 
 def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,

@@ -3,7 +3,8 @@
 `build_app(registered, backbone, agents, client_for, settings)` returns an ASGI app:
 
 - `POST /v1/chat/completions`: validate the request, embed the text of the **last user message** with the frozen
-  backbone, let the registered head pick one agent (the OOD guard sends far-away queries to the best single agent),
+  backbone, let the registered head pick one agent (the OOD guard sends far-away queries to the best single agent;
+  the head is any router kind of pipeline/routers.py, picked through the registry's `route`),
   forward the request's messages and sampling parameters to that agent's model through its `openai.AsyncOpenAI`
   client, and return the agent's **real reply body** with one key added, `"router": {"head", "agent", "model",
   "ood_guard"}`. `model` in the body stays the agent's model (the one that wrote the reply); the head's name is in

@@ -10,7 +10,8 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -378,6 +379,28 @@ SOURCES: dict[str, SourceSpec] = {s.key: s for s in [
     SourceSpec("zeroeval_math_l5", "math", norm_zeroeval_math_l5, "zeroeval/tasks.parquet"),
     SourceSpec("zeroeval_crux", "reasoning", norm_zeroeval_crux, "zeroeval/tasks.parquet"),
 ]}
+
+
+def register_source(spec: SourceSpec, replace: bool = False) -> SourceSpec:
+    """Add a task source (profiles may then list it under `sources:`); a key already taken -> error unless
+    `replace` (docs/architecture.md, "How to add a task source")."""
+    if not isinstance(spec, SourceSpec) or not isinstance(spec.key, str) or not spec.key:
+        raise RouterLiteError(f"register_source needs a SourceSpec with a key, got {spec!r}")
+    if spec.key in SOURCES and not replace:
+        raise RouterLiteError(f"source {spec.key!r} is already registered")
+    SOURCES[spec.key] = spec
+    return spec
+
+
+@contextmanager
+def sources_restored() -> Iterator[dict[str, SourceSpec]]:
+    """The source table as it was on entry, restored on exit (tests that register toy sources)."""
+    saved = dict(SOURCES)
+    try:
+        yield SOURCES
+    finally:
+        SOURCES.clear()
+        SOURCES.update(saved)
 
 
 def load_source(key: str, path: str | None = None, hub_id: str | None = None, hub_config: str | None = None,

@@ -12,12 +12,19 @@ The key goes only to the provider it belongs to: OpenRouter's host (https://open
 `key_hosts` (profile `pool.key_hosts`, e.g. `[llm.internal.example:8443]`). An `openrouter` pool whose base URL points
 elsewhere fails in `check()`; an `openai_compatible` endpoint on an unlisted host gets a dummy key, never the real one.
 
+Each kind is one `PoolKind` row of `POOL_KINDS`: a client factory `(resource, agent) -> openai.AsyncOpenAI` and
+an optional pre-flight check `(resource, agents)`; `register_pool_kind` adds one (docs/architecture.md, "How to add
+an agent pool").
+
 The clients have `max_retries=0`: `pipeline.pool.call_once` owns retries. The key is never logged, printed, put in
 metadata, the call log, or exception text (`repr` hides it; `call_once` scrubs it from recorded errors).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,6 @@ from pydantic import Field, PrivateAttr
 from pipeline.errors import RouterLiteError
 from pipeline.pool import AgentSpec, load_agents
 
-KINDS = ("replay", "openrouter", "openai_compatible")
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_HOST = "openrouter.ai"
 OPENROUTER_KEY_ENV = "OPENROUTER_API_KEY"
@@ -164,21 +170,10 @@ class PoolResource(ConfigurableResource):
 
     def check(self, agents: list[AgentSpec] | None = None) -> None:
         """Fail before any call: unknown kind, missing OpenRouter key, missing base_url, unrecorded replay model."""
-        if self.kind not in KINDS:
-            raise RouterLiteError(f"unknown pool kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        if self.kind == "openrouter" and not self._key():
-            raise RouterLiteError(
-                f"pool kind 'openrouter' needs an API key: set the {OPENROUTER_KEY_ENV} environment variable"
-            )
-        if self.kind == "openai_compatible" and not self.base_url:
-            raise RouterLiteError("pool kind 'openai_compatible' needs `base_url` (e.g. http://127.0.0.1:8000/v1)")
+        spec = pool_kind(self.kind)
+        if spec.check is not None:
+            spec.check(self, agents)
         self.check_key_hosts(agents)
-        if self.kind == "replay" and agents:
-            store = self.store()
-            missing = [f"{a.name} ({a.model})" for a in agents if not store.has_model(a.model)]
-            if missing:
-                raise RouterLiteError(f"pool {self.pool!r}: agent(s) {missing} have no replay recordings in "
-                                      f"{store.source}; recorded models: {', '.join(store.models())}")
 
     def check_key_hosts(self, agents: list[AgentSpec] | None = None) -> None:
         """An `openrouter` pool sends its key with every request: each base URL must be one that may see it."""
@@ -202,20 +197,109 @@ class PoolResource(ConfigurableResource):
     # ------------------------------------------------------------------------------------------------ clients
     def client_for(self, agent: AgentSpec):
         """A fresh `openai.AsyncOpenAI` for `agent` (max_retries=0; `collect` closes it when done)."""
-        import openai
-
         self.check()
         self.check_key_hosts([agent])
-        timeout = httpx.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s))
-        if self.kind == "replay":
-            from pipeline.replay import REPLAY_BASE_URL, replay_transport
+        return pool_kind(self.kind).client(self, agent)
 
-            http = httpx.AsyncClient(transport=replay_transport(self.store()), timeout=timeout)
-            return openai.AsyncOpenAI(api_key="replay", base_url=REPLAY_BASE_URL, http_client=http,
-                                      max_retries=0, timeout=timeout)
-        base_url = self._base_url(agent)
-        headers = {"X-Title": self.app_title} if self.kind == "openrouter" else {}
-        key = self._key() if self.key_allowed(base_url) else None  # never the key to a host it is not for
-        http = http_client(self.timeout_s, self.max_connections)
-        return openai.AsyncOpenAI(api_key=key or "not-needed", base_url=base_url, http_client=http,
-                                  max_retries=0, timeout=timeout, default_headers=headers or None)
+
+# ------------------------------------------------------------------------------------------------ pool kinds
+@dataclass(frozen=True)
+class PoolKind:
+    """One kind of agent pool: `client(resource, agent)` makes the agent's `openai.AsyncOpenAI` (max_retries=0);
+    `check(resource, agents)` (optional) fails before any call when the resource cannot work (no key, no URL...)."""
+
+    name: str
+    client: Callable[[PoolResource, AgentSpec], Any]
+    check: Callable[[PoolResource, list[AgentSpec] | None], None] | None = None
+    description: str = ""
+
+
+def _timeout(res: PoolResource) -> httpx.Timeout:
+    return httpx.Timeout(res.timeout_s, connect=min(30.0, res.timeout_s))
+
+
+def _replay_client(res: PoolResource, agent: AgentSpec):
+    import openai
+
+    from pipeline.replay import REPLAY_BASE_URL, replay_transport
+
+    http = httpx.AsyncClient(transport=replay_transport(res.store()), timeout=_timeout(res))
+    return openai.AsyncOpenAI(api_key="replay", base_url=REPLAY_BASE_URL, http_client=http, max_retries=0,
+                              timeout=_timeout(res))
+
+
+def _http_client(res: PoolResource, agent: AgentSpec):
+    """openrouter / openai_compatible: the agent's base URL; the key only where it may go."""
+    import openai
+
+    base_url = res._base_url(agent)
+    headers = {"X-Title": res.app_title} if res.kind == "openrouter" else {}
+    key = res._key() if res.key_allowed(base_url) else None  # never the key to a host it is not for
+    http = http_client(res.timeout_s, res.max_connections)
+    return openai.AsyncOpenAI(api_key=key or "not-needed", base_url=base_url, http_client=http,
+                              max_retries=0, timeout=_timeout(res), default_headers=headers or None)
+
+
+def _check_replay(res: PoolResource, agents: list[AgentSpec] | None) -> None:
+    if agents:
+        store = res.store()
+        missing = [f"{a.name} ({a.model})" for a in agents if not store.has_model(a.model)]
+        if missing:
+            raise RouterLiteError(f"pool {res.pool!r}: agent(s) {missing} have no replay recordings in "
+                                  f"{store.source}; recorded models: {', '.join(store.models())}")
+
+
+def _check_openrouter(res: PoolResource, agents: list[AgentSpec] | None) -> None:
+    if not res._key():
+        raise RouterLiteError(
+            f"pool kind 'openrouter' needs an API key: set the {OPENROUTER_KEY_ENV} environment variable")
+
+
+def _check_openai_compatible(res: PoolResource, agents: list[AgentSpec] | None) -> None:
+    if not res.base_url:
+        raise RouterLiteError("pool kind 'openai_compatible' needs `base_url` (e.g. http://127.0.0.1:8000/v1)")
+
+
+POOL_KINDS: dict[str, PoolKind] = {k.name: k for k in [
+    PoolKind("replay", _replay_client, _check_replay, "recorded real outputs, in process; no network, no key"),
+    PoolKind("openrouter", _http_client, _check_openrouter, "OpenRouter; key from OPENROUTER_API_KEY"),
+    PoolKind("openai_compatible", _http_client, _check_openai_compatible,
+             "any OpenAI-protocol endpoint at base_url (vLLM, pipeline.replay.serve); key optional"),
+]}
+KINDS = POOL_KINDS.keys()  # a live view: a registered kind is known everywhere that checks names
+
+
+def pool_kind(kind: str) -> PoolKind:
+    """The row of `kind`; an unknown kind -> one error listing the known ones."""
+    spec = POOL_KINDS.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        raise RouterLiteError(f"unknown pool kind {kind!r}; expected one of {', '.join(POOL_KINDS)}")
+    return spec
+
+
+def register_pool_kind(kind: str, client: Callable[[PoolResource, AgentSpec], Any],
+                       check: Callable[[PoolResource, list[AgentSpec] | None], None] | None = None,
+                       description: str = "", replace: bool = False) -> PoolKind:
+    """Add a pool kind (profiles may then say `pool: {kind: NAME}`); a name already taken -> error unless
+    `replace`."""
+    if not isinstance(kind, str) or not kind or not callable(client):
+        raise RouterLiteError(f"register_pool_kind needs a name and a client factory, got {kind!r}, {client!r}")
+    if kind in POOL_KINDS and not replace:
+        raise RouterLiteError(f"pool kind {kind!r} is already registered")
+    POOL_KINDS[kind] = spec = PoolKind(kind, client, check, description)
+    return spec
+
+
+def unregister_pool_kind(kind: str) -> None:
+    POOL_KINDS.pop(kind, None)
+
+
+@contextmanager
+def pool_kinds_restored() -> Iterator[dict[str, PoolKind]]:
+    """The pool-kind table as it was on entry, restored on exit (tests that register toy kinds)."""
+    saved = dict(POOL_KINDS)
+    try:
+        yield POOL_KINDS
+    finally:
+        POOL_KINDS.clear()
+        POOL_KINDS.update(saved)

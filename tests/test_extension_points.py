@@ -1,0 +1,258 @@
+"""The "How to add ..." recipes of docs/architecture.md, followed through the public registries.
+
+Each test adds a toy extension (a grader, a router type, an agent pool kind, a task source) inside the table's
+`*_restored()` context, uses it where the real ones are used, and leaves the table as it found it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pandas as pd
+import pytest
+
+from pipeline import registry
+from pipeline.errors import RouterLiteError
+from pipeline.frontier import baseline_policies, policy_table, router_policies
+from pipeline.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
+from pipeline.knn import KnnRouter
+from pipeline.ood import OODGuard
+from pipeline.pool import AgentSpec
+from pipeline.routers import ROUTER_TYPES, register_router, router_class, routers_restored
+from pipeline.serve import ServeSettings, build_app, serve_in_thread
+from pipeline.tasks import SOURCES, TASK_COLUMNS, SourceSpec, _task, load_source, register_source, sources_restored
+from resources.pool import POOL_KINDS, PoolResource, pool_kinds_restored, register_pool_kind
+
+AGENTS = ["a", "b", "c"]
+
+
+# ------------------------------------------------------------------------------------------------ a grader
+def exact_ci_spec() -> GraderSpec:
+    """Case-insensitive exact match of the stated answer (the recipe's toy grader)."""
+    return GraderSpec("exact_ci", parse=lambda c: c.strip().rstrip(".").strip() or None,
+                      equal=lambda pred, gold: pred.casefold() == gold.strip().casefold(),
+                      description="case-insensitive exact match",
+                      fallback=lambda text: text.strip().splitlines()[-1].strip() or None)
+
+
+def test_a_registered_grader_grades_and_is_gone_afterwards():
+    before = dict(GRADER_SPECS)
+    with graders_restored():
+        register_grader(exact_ci_spec())
+        assert grade("Let me think. The answer is: PARIS.", "paris", "exact_ci") == ("PARIS", True)
+        assert grade('{"answer": "Lyon"}', "Paris", "exact_ci") == ("Lyon", False)
+        assert grade("no label here\nparis", "Paris", "exact_ci") == ("paris", True)  # the fallback: last line
+        assert grade("", "Paris", "exact_ci") == (None, False)
+        with pytest.raises(RouterLiteError, match="already registered"):
+            register_grader(exact_ci_spec())
+        # the collection checks see it too: a task naming it is accepted
+        from pipeline.pool import _check_tasks
+        _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
+                                   "grader": ["exact_ci"]}))
+    assert GRADER_SPECS == before
+    with pytest.raises(RouterLiteError, match=r"unknown grader 'exact_ci'; expected one of mcq_letter, integer"):
+        grade("Paris", "Paris", "exact_ci")
+
+
+# ------------------------------------------------------------------------------------------------ a router type
+class BestMeanRouter:
+    """Always the agent with the best mean training reward (the recipe's toy router type)."""
+
+    def __init__(self, means, d: int, agents: list[str] | None = None):
+        self.means, self._d, self.agents = np.asarray(means, np.float64), int(d), agents
+
+    @classmethod
+    def fit(cls, X, R, agents=None) -> BestMeanRouter:
+        return cls(np.asarray(R, np.float64).mean(axis=0), np.asarray(X).shape[1], agents)
+
+    @property
+    def d(self) -> int:
+        return self._d
+
+    @property
+    def K(self) -> int:
+        return len(self.means)
+
+    def scores(self, X):
+        return np.tile(self.means, (len(X), 1))
+
+    def pick(self, X):
+        return self.scores(X).argmax(axis=1)
+
+    def save_files(self, directory) -> dict:
+        (Path(directory) / "best_mean.json").write_text(json.dumps({"means": self.means.tolist(), "d": self._d}))
+        return {"files": {"weights": "best_mean.json"}}
+
+    @classmethod
+    def from_files(cls, directory, manifest) -> BestMeanRouter:
+        data = json.loads((Path(directory) / manifest["files"]["weights"]).read_text())
+        return cls(data["means"], data["d"], [a["name"] for a in manifest["agents"]])
+
+    def fingerprint(self):
+        return [self.means.tobytes()], [self._d]
+
+
+def _data(n=120, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    R = (rng.random((n, len(AGENTS))) < [0.3, 0.7, 0.5]).astype(np.float32)  # agent b is best on average
+    C = np.tile([0.001, 0.01, 0.003], (n, 1))
+    return X, R, C
+
+
+def _register(root, router, X):
+    guard = OODGuard(k=5).fit(X[:80], X[80:100])
+    return registry.register(root, router, guard, 1, backbone={"id": "toy/hash-embedder", "dim": X.shape[1]},
+                             agents=[{"name": n, "model": f"m-{n}"} for n in AGENTS], training={"toy": True},
+                             data_hashes={"rewards": "toy"}, metrics={})
+
+
+def test_router_types_are_looked_up_by_name():
+    assert router_class("head").__name__ == "Head" and router_class("knn") is KnnRouter
+    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known kinds: head, knn"):
+        router_class("forest")
+
+
+def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
+    X, R, C = _data()
+    before = dict(ROUTER_TYPES)
+    with routers_restored():
+        register_router("best-mean")(BestMeanRouter)
+        toy = BestMeanRouter.fit(X[:100], R[:100], AGENTS)
+        knn = KnnRouter(k=10, agents=AGENTS).fit(X[:100], R[:100])
+        # the frontier: any router is a score policy
+        policies = baseline_policies(R[100:], C[100:], R[:100], AGENTS)
+        policies.update(router_policies({"best mean": toy, "kNN": knn}, X[100:]))
+        table = policy_table(policies, R[100:], C[100:]).set_index("policy")
+        assert table.loc["best mean", "quality"] == pytest.approx(R[100:, 1].mean())  # always agent b
+        assert table.loc["best mean", "cost_per_example"] == pytest.approx(0.01)
+        # the registry: saved, named by kind, loaded back through the table, routed with the guard
+        path = _register(tmp_path, toy, X)
+        assert path.name.startswith("best-mean-hash-embedder-") and _register(tmp_path, toy, X) == path
+        reg = registry.load(path)
+        assert reg.kind == "best-mean" and isinstance(reg.head, BestMeanRouter)
+        assert not (path / "reference.py").exists()  # the reference code applies head weights only
+        picks, fired = reg.route(X)
+        assert (picks[~fired] == 1).all() and (picks[fired] == 1).all()
+        # kNN registers and loads the same way, with identical picks
+        kpath = _register(tmp_path, knn, X)
+        kreg = registry.load(kpath)
+        assert kreg.kind == "knn" and kpath.name.startswith("knn-")
+        assert np.array_equal(kreg.head.scores(X), knn.scores(X))
+    assert ROUTER_TYPES == before
+    with pytest.raises(RouterLiteError, match=r"unknown router kind 'best-mean'; known kinds: head, knn"):
+        registry.load(path)  # the type is gone: one clear error naming the manifest and the known kinds
+
+
+def test_an_unregistered_class_is_refused_and_old_manifests_load_as_heads(tmp_path):
+    X, R, _ = _data()
+    with pytest.raises(RouterLiteError, match="not a registered router type"):
+        _register(tmp_path, BestMeanRouter.fit(X, R, AGENTS), X)
+    from pipeline.head import Head
+
+    rng = np.random.default_rng(1)
+    path = _register(tmp_path, Head(rng.normal(size=(8, 3)), rng.normal(size=3), agents=AGENTS), X)
+    m = json.loads((path / "manifest.json").read_text())
+    assert m["router_kind"] == "head"
+    del m["router_kind"]  # a manifest written before router kinds
+    (path / "manifest.json").write_text(json.dumps(m))
+    assert registry.load(path).kind == "head" and isinstance(registry.load(path).head, Head)
+
+
+class HashBackbone:
+    """A stand-in embedder for the toy router (it ignores the embedding anyway): 8 dims from a SHA-256."""
+
+    dim, key, model_id = 8, "toy/hash-embedder", "toy/hash-embedder"
+
+    def encode(self, texts):
+        X = np.array([np.frombuffer(hashlib.sha256(t.encode()).digest()[:8], np.uint8) for t in texts], np.float32)
+        return X / np.linalg.norm(X, axis=1, keepdims=True)
+
+
+def _echo_client(agent: AgentSpec) -> openai.AsyncOpenAI:
+    """An OpenAI client whose endpoint answers with the model it was asked for (no network)."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        model = json.loads(request.content)["model"]
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0, "model": model,
+                                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                             "role": "assistant", "content": f"reply from {model}"}}]})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    return openai.AsyncOpenAI(api_key="none", base_url="http://toy.invalid/v1", http_client=http, max_retries=0)
+
+
+def test_the_server_routes_a_registered_toy_router(tmp_path):
+    X, R, _ = _data()
+    with routers_restored():
+        register_router("best-mean")(BestMeanRouter)
+        reg = registry.load(_register(tmp_path, BestMeanRouter.fit(X[:100], R[:100], AGENTS), X))
+        agents = [AgentSpec(n, f"m-{n}", "toy", None, 0.0, 0.0) for n in AGENTS]
+        with serve_in_thread(build_app(reg, HashBackbone(), agents, _echo_client, ServeSettings())) as srv:
+            r = httpx.post(f"{srv.base_url}/chat/completions",
+                           json={"messages": [{"role": "user", "content": "What is 2 + 2?"}]}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert r.headers["X-Router-Agent"] == "b" and body["router"]["agent"] == "b"
+    assert body["choices"][0]["message"]["content"] == "reply from m-b" and body["model"] == "m-b"
+
+
+# ------------------------------------------------------------------------------------------------ a pool kind
+def test_a_registered_pool_kind_makes_the_clients():
+    before = dict(POOL_KINDS)
+    with pool_kinds_restored():
+        checked = []
+        register_pool_kind("echo", lambda res, agent: _echo_client(agent),
+                           check=lambda res, agents: checked.append(res.pool), description="answers its model name")
+        res = PoolResource(kind="echo", pool="demo")
+        res.check()
+        agent = res.agents()[0]
+        client = res.client_for(agent)
+
+        async def ask():
+            try:
+                out = await client.chat.completions.create(model=agent.model, messages=[{"role": "user",
+                                                                                          "content": "hi"}])
+                return out.choices[0].message.content
+            finally:
+                await client.close()
+
+        assert asyncio.run(ask()) == f"reply from {agent.model}"
+        assert checked == ["demo", "demo"]  # check() and client_for() both ran the kind's check
+        with pytest.raises(RouterLiteError, match="already registered"):
+            register_pool_kind("echo", lambda res, agent: None)
+    assert POOL_KINDS == before
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown pool kind 'echo'; expected one of replay, openrouter, openai_compatible"):
+        PoolResource(kind="echo").check()
+
+
+# ------------------------------------------------------------------------------------------------ a task source
+def norm_capitals(rows, where: str) -> list[dict]:
+    return [_task("capitals", "test", i, f"What is the capital of {r['country']}?", r["capital"], "exact_ci",
+                  "knowledge", "easy", i) for i, r in enumerate(rows)]
+
+
+def test_a_registered_task_source_loads_and_its_tasks_grade(tmp_path):
+    f = tmp_path / "capitals.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [{"country": "France", "capital": "Paris"},
+                                                    {"country": "Japan", "capital": "Tokyo"}]) + "\n")
+    before = dict(SOURCES)
+    with sources_restored(), graders_restored():
+        register_grader(exact_ci_spec())
+        register_source(SourceSpec("capitals", "knowledge", norm_capitals, bundled=None))
+        tasks = load_source("capitals", path=str(f))
+        assert list(tasks.columns) == list(TASK_COLUMNS) and len(tasks) == 2
+        assert tasks["task_id"].tolist() == ["capitals/test/000000", "capitals/test/000001"]
+        assert [grade(f"The answer is {g.upper()}", g, gr)[1] for g, gr in zip(tasks["gold"], tasks["grader"])] == \
+            [True, True]
+        with pytest.raises(RouterLiteError, match="has no bundled copy"):
+            load_source("capitals")
+    assert SOURCES == before
+    with pytest.raises(RouterLiteError, match="unknown source 'capitals'"):
+        load_source("capitals", path=str(f))
