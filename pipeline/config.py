@@ -41,9 +41,10 @@ from pipeline.train import TrainConfig
 DEFAULT_PROFILE = "demo"
 MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 
-PoolKind = Literal["replay", "openrouter", "openai_compatible"]
 Suite = Literal["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]
-POOL_KINDS: tuple[str, ...] = typing.get_args(PoolKind)
+# The names of the agent-pool kinds. resources/pool.py owns each kind's client factory (`POOL_KINDS` there) and
+# adds a kind registered with `register_pool_kind` here, so a profile naming it loads (register before loading).
+POOL_KINDS: list[str] = ["replay", "openrouter", "openai_compatible"]
 BENCHMARK_SUITES: tuple[str, ...] = typing.get_args(Suite)
 
 
@@ -113,7 +114,7 @@ class AgentPoolSettings:
         Hosts (``host`` or ``host:port``) besides openrouter.ai that may receive the API key.
     """
 
-    kind: PoolKind = "replay"
+    kind: str = field(default="replay", metadata={"choices": lambda: POOL_KINDS})
     name: str = "demo"
     wide_name: str | None = None
     base_url: str | None = None
@@ -231,7 +232,7 @@ class Profile:
 
     name: str = ""
     description: str = ""
-    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": tuple(SOURCES)})
+    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})  # live: a registered source counts
     task_pool: PoolConfig = field(default_factory=PoolConfig)
     pool: AgentPoolSettings = field(default_factory=AgentPoolSettings)
     collection: CollectionConfig = field(default_factory=CollectionConfig)
@@ -327,8 +328,12 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
                 pass
         raise RouterLiteError(f"{key}: expected a number, got {_what(value)}")
     if tp is str:
-        if isinstance(value, str):
+        choices = meta.get("choices")
+        choices = list(choices()) if callable(choices) else choices
+        if isinstance(value, str) and (choices is None or value in choices):
             return value
+        if isinstance(value, str):
+            raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(choices)}")
         raise RouterLiteError(f"{key}: expected a string, got {_what(value)}")
     if tp is tuple or origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -340,6 +345,7 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
         if not isinstance(value, dict):
             raise RouterLiteError(f"{key}: expected a mapping, got {_what(value)}")
         allowed = meta.get("keys")
+        allowed = list(allowed()) if callable(allowed) else allowed
         for k in value:
             if allowed is not None and k not in allowed:
                 raise RouterLiteError(f"{_join(key, k)}: unknown key; known: {', '.join(allowed)}")

@@ -32,6 +32,7 @@ import httpx
 from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
+from pipeline import config
 from pipeline.errors import RouterLiteError
 from pipeline.pool import AgentSpec, load_agents
 
@@ -269,6 +270,11 @@ POOL_KINDS: dict[str, PoolKind] = {k.name: k for k in [
 KINDS = POOL_KINDS.keys()  # a live view: a registered kind is known everywhere that checks names
 
 
+def _sync_profile_kinds() -> None:
+    """Profiles check `pool.kind` against `pipeline.config.POOL_KINDS` (names only: pipeline/ has no clients)."""
+    config.POOL_KINDS[:] = list(POOL_KINDS)
+
+
 def pool_kind(kind: str) -> PoolKind:
     """The row of `kind`; an unknown kind -> one error listing the known ones."""
     spec = POOL_KINDS.get(kind) if isinstance(kind, str) else None
@@ -287,11 +293,13 @@ def register_pool_kind(kind: str, client: Callable[[PoolResource, AgentSpec], An
     if kind in POOL_KINDS and not replace:
         raise RouterLiteError(f"pool kind {kind!r} is already registered")
     POOL_KINDS[kind] = spec = PoolKind(kind, client, check, description)
+    _sync_profile_kinds()
     return spec
 
 
 def unregister_pool_kind(kind: str) -> None:
     POOL_KINDS.pop(kind, None)
+    _sync_profile_kinds()
 
 
 @contextmanager
@@ -303,3 +311,4 @@ def pool_kinds_restored() -> Iterator[dict[str, PoolKind]]:
     finally:
         POOL_KINDS.clear()
         POOL_KINDS.update(saved)
+        _sync_profile_kinds()

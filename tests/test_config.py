@@ -167,7 +167,7 @@ def test_pool_kinds_and_suites_match_their_owners():
     from pipeline.suites import PROFILE_BUILDERS
     from resources.pool import KINDS
 
-    assert config.POOL_KINDS == KINDS
+    assert config.POOL_KINDS == list(KINDS)
     assert set(SUITES) == set(config.BENCHMARK_SUITES) <= set(PROFILE_BUILDERS)
 
 

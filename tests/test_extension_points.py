@@ -26,6 +26,7 @@ from pipeline.pool import AgentSpec
 from pipeline.routers import ROUTER_TYPES, register_router, router_class, routers_restored
 from pipeline.serve import ServeSettings, build_app, serve_in_thread
 from pipeline.tasks import SOURCES, TASK_COLUMNS, SourceSpec, _task, load_source, register_source, sources_restored
+from pipeline.config import AgentPoolSettings, Profile, from_yaml
 from resources.pool import POOL_KINDS, PoolResource, pool_kinds_restored, register_pool_kind
 
 AGENTS = ["a", "b", "c"]
@@ -224,9 +225,13 @@ def test_a_registered_pool_kind_makes_the_clients():
 
         assert asyncio.run(ask()) == f"reply from {agent.model}"
         assert checked == ["demo", "demo"]  # check() and client_for() both ran the kind's check
+        # a profile may now name the kind (typed config checks pool.kind against the live list)
+        assert from_yaml(AgentPoolSettings, {"kind": "echo", "name": "demo"}, "pool").kind == "echo"
         with pytest.raises(RouterLiteError, match="already registered"):
             register_pool_kind("echo", lambda res, agent: None)
     assert POOL_KINDS == before
+    with pytest.raises(RouterLiteError, match=r"pool.kind: str 'echo' is not one of replay, openrouter"):
+        from_yaml(AgentPoolSettings, {"kind": "echo"}, "pool")
     with pytest.raises(RouterLiteError,
                        match=r"unknown pool kind 'echo'; expected one of replay, openrouter, openai_compatible"):
         PoolResource(kind="echo").check()
@@ -253,6 +258,9 @@ def test_a_registered_task_source_loads_and_its_tasks_grade(tmp_path):
             [True, True]
         with pytest.raises(RouterLiteError, match="has no bundled copy"):
             load_source("capitals")
+        # a profile may now list the source (typed config reads the live source table)
+        prof = from_yaml(Profile, {"sources": {"capitals": {"path": str(f)}}})
+        assert prof.sources["capitals"].path == str(f)
     assert SOURCES == before
     with pytest.raises(RouterLiteError, match="unknown source 'capitals'"):
         load_source("capitals", path=str(f))
