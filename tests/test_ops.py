@@ -245,6 +245,13 @@ def test_a_preflight_on_a_pool_of_another_kind_or_a_stale_pool_tag_is_one_clear_
     msg = _preflight_failure(defs, tags={POOL_TAG: "mmlu_pro_wide"})
     assert f"run tag {POOL_TAG}=mmlu_pro_wide but this pre-flight runs on pool 'mmlu_pro'" in msg
     assert "config: {pool: mmlu_pro_wide}" in msg
+    # a later stage consuming a pre-flight of a pool the profile's cannot stand in for (the profile changed kind)
+    pf_file = asset_path(home, "preflight")
+    pd.read_parquet(pf_file).assign(pool="pilot_wide").to_parquet(pf_file)
+    res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(partition_key="0|mmlu_pro", raise_on_error=False)
+    assert not res.success
+    msg = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.to_string()
+    assert "the pre-flight this stage consumes ran on pool 'pilot_wide'" in msg and "materialise `preflight` again" in msg
     assert not (home / "calls").exists() or call_log_rows(home) == {}
 
 
