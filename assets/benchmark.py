@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
-from assets.collection import _settings, passed_agents
+from assets.collection import _settings, passed_agents, pool_of
 from assets.router import registered_head, reward_embeddings, training_split
 from assets.shown import rounded
 from pipeline import registry
@@ -124,6 +124,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     prof = profile.get()
     reg = registry.load(json.loads((storage.path("registry") / "latest.json").read_text())["path"])
     agents = [a["name"] for a in reg.agents]
+    pool = pool_of(pool, preflight)  # the pool the head was trained on
     specs = {a.name: a for a in passed_agents(pool, preflight)}
     missing = [a for a in agents if a not in specs]
     if missing:

@@ -8,12 +8,14 @@ from dagster import (
     AssetExecutionContext,
     AssetIn,
     AssetsDefinition,
+    Config,
     MetadataValue,
     Output,
     PartitionsDefinition,
     asset,
     asset_check,
 )
+from pydantic import Field
 
 from assets.partitions import collection_partitions
 from pipeline.calls import CallLog, call_key
@@ -38,7 +40,16 @@ LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 
 
 # --- which pool a run uses, and its concurrency pool ---------------------------------------------------------------
-POOL_TAG = "router_lite/pool"  # run tag: collect with another pool of config/agents.yaml (same kind), e.g. demo_wide
+POOL_TAG = "router_lite/pool"  # a label only (set by the re-collection schedule and sensor): the pool is run config
+
+
+class AgentPoolConfig(Config):
+    """Run config of `preflight`: the agent pool of config/agents.yaml this pre-flight runs on. The pre-flight records
+    it (metadata and its `pool` / `pool_kind` columns) and every later stage takes the pool from the pre-flight it
+    consumes, so one lineage never mixes pools. Launchpad: `ops: {preflight: {config: {pool: demo_wide}}}`."""
+
+    pool: str = Field(default="", description="A pool of config/agents.yaml of the same kind as the profile's "
+                                              "(e.g. demo_wide, mmlu_pro_wide); empty: the profile's pool.")
 
 
 def provider_pool(prof: Profile | None = None) -> str:
@@ -55,7 +66,7 @@ def provider_pool(prof: Profile | None = None) -> str:
 
 def pool_named(pool: PoolResource, name: str) -> PoolResource:
     """A copy of `pool` (same kind, endpoint and key) for another pool of the agents file. Its providers must be
-    among `pool`'s: a replay pool cannot be swapped for an OpenRouter one by a tag."""
+    among `pool`'s: a replay pool cannot be swapped for an OpenRouter one by run config."""
     if name == pool.pool:
         return pool
     other = PoolResource(**{**{f: getattr(pool, f) for f in PoolResource.model_fields}, "pool": name})
@@ -68,28 +79,37 @@ def pool_named(pool: PoolResource, name: str) -> PoolResource:
     return other
 
 
-def preflight_pool(preflight: pd.DataFrame) -> str | None:
-    """The pool the latest pre-flight ran on (None for an older pre-flight without it)."""
-    return str(preflight["pool"].iloc[0]) if "pool" in preflight.columns and len(preflight) else None
-
-
-def active_pool(context, pool: PoolResource, preflight: pd.DataFrame | None = None) -> PoolResource:
-    """The pool this run works with: the one named by the run tag `router_lite/pool` (e.g. `demo_wide`), else
-    (stages after pre-flight, given its table) the pool the latest pre-flight ran on, else the configured one.
-    A tagged stage after pre-flight needs the pre-flight of that same pool: a re-collection starts with it."""
-    tags = context.run.tags if context is not None else {}
-    name = tags.get(POOL_TAG) or None
-    if preflight is not None:
-        ran_on = preflight_pool(preflight)
-        if name and ran_on is not None and ran_on != name:
-            raise RouterLiteError(f"run tag {POOL_TAG}={name} but the latest pre-flight ran on pool {ran_on!r}: "
-                                  f"materialise `preflight` with the same tag first")
-        name = name or ran_on
-    if not name or name == pool.pool:
-        return pool
+def chosen_pool(context, pool: PoolResource, config: AgentPoolConfig) -> PoolResource:
+    """The pool a pre-flight runs on: `config.pool`, else the profile's. A run tag `router_lite/pool` is a label; one
+    that names another pool than the config is a mistake (the tag chose the pool before run config did)."""
+    name = config.pool or pool.pool
+    label = context.run.tags.get(POOL_TAG) if context is not None else None
+    if label and label != name:
+        raise RouterLiteError(f"run tag {POOL_TAG}={label} but this pre-flight runs on pool {name!r}: the tag is a "
+                              f"label only; choose the pool with run config ops: {{preflight: {{config: {{pool: "
+                              f"{label}}}}}}}")
     other = pool_named(pool, name)
     other.check(other.agents())
     return other
+
+
+def ran_on(preflight: pd.DataFrame) -> str | None:
+    """The pool a pre-flight ran on (None for an older pre-flight without the column)."""
+    return str(preflight["pool"].iloc[0]) if "pool" in preflight.columns and len(preflight) else None
+
+
+def pool_of(pool: PoolResource, preflight: pd.DataFrame) -> PoolResource:
+    """The pool of the pre-flight a stage consumes (the configured one for an older pre-flight without it): the one
+    source of truth along the lineage. After a re-collection on a wider pool every later stage works over that
+    pool's agents until `preflight` runs again on another."""
+    name = ran_on(preflight)
+    if not name or name == pool.pool:
+        return pool
+    try:
+        return pool_named(pool, name)
+    except RouterLiteError as e:
+        raise RouterLiteError(f"the pre-flight this stage consumes ran on pool {name!r}, which the profile's pool "
+                              f"{pool.pool!r} cannot stand in for ({e}): materialise `preflight` again") from None
 
 
 def _settings(profile) -> CollectionSettings:
@@ -97,9 +117,9 @@ def _settings(profile) -> CollectionSettings:
 
 
 @asset(group_name="collection", io_manager_key="io_manager",
-       description="Agents of the active pool config: role, model, provider, list price.")
-def agent_pool(context: AssetExecutionContext, pool: PoolResource) -> Output[pd.DataFrame]:
-    pool = active_pool(context, pool)
+       description="Agents of the profile's pool: role, model, provider, list price (a pre-flight on another "
+                   "pool, chosen by run config, records that pool's agents itself).")
+def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
     agents = pool.agents()
     pool.check(agents)
     df = pd.DataFrame([{"agent": a.name, "model": a.model, "provider": a.provider, "role": a.role,
@@ -110,16 +130,16 @@ def agent_pool(context: AssetExecutionContext, pool: PoolResource) -> Output[pd.
 
 @asset(deps=[agent_pool], group_name="collection", io_manager_key="io_manager",
        description="Pre-flight: 20 calls per agent (valid completion, max_tokens, usage, empty-rate < 5 %).")
-def preflight(context: AssetExecutionContext, task_pool: pd.DataFrame, pool: PoolResource,
+def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool: pd.DataFrame, pool: PoolResource,
               profile: ProfileResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    pool = active_pool(context, pool)
+    pool = chosen_pool(context, pool, config)
     agents = pool.agents()
     if pool.kind == "replay":  # recorded prompts only: the replay pool answers nothing else
         prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
     else:
         prompts = [LIVE_PREFLIGHT_PROMPT]
-    result = run_preflight(pool.client_for, agents, prompts, _settings(prof)).assign(pool=pool.pool)
+    result = run_preflight(pool.client_for, agents, prompts, _settings(prof)).assign(pool=pool.pool, pool_kind=pool.kind)
     failed = result[~result["passed"]]
     for _, r in failed.iterrows():
         context.log.warning(f"pre-flight failed for {r['agent']} ({r['model']}): {r['reason']}")
@@ -127,17 +147,15 @@ def preflight(context: AssetExecutionContext, task_pool: pd.DataFrame, pool: Poo
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
     return Output(result, metadata={
-        "pool": pool.pool, "passed": int(result["passed"].sum()), "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
+        "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
+        "passed": int(result["passed"].sum()), "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
         "table": MetadataValue.md(result.drop(columns=["reason"]).to_markdown(index=False)),
     })
 
 
 def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
-    """Agents that passed the latest pre-flight, from the pool it ran on (after a re-collection on a wider pool,
-    every later stage routes over the wider pool's agents until pre-flight runs again on another)."""
-    ran_on = preflight_pool(preflight)
-    if ran_on and ran_on != pool.pool:
-        pool = pool_named(pool, ran_on)
+    """Agents that passed the pre-flight, from the pool it ran on (`pool_of`)."""
+    pool = pool_of(pool, preflight)
     ok = set(preflight.query("passed")["agent"])
     return [a for a in pool.agents() if a.name in ok]
 
@@ -145,7 +163,7 @@ def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
 def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, preflight: pd.DataFrame,
                   pool: PoolResource, profile: ProfileResource, storage: StorageResource):
     prof = profile.get()
-    pool = active_pool(context, pool, preflight)
+    pool = pool_of(pool, preflight)
     keys = context.partition_key.keys_by_dimension
     source, rep = keys["source"], int(keys["repetition"])
     if source not in prof.sources:
@@ -230,7 +248,7 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
                   preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
                   storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    pool = active_pool(context, pool, preflight)
+    pool = pool_of(pool, preflight)
     calls = profile_calls(prof, graded_calls)
     agents = [a.name for a in passed_agents(pool, preflight)]
     matrix = build_matrix(calls, agents)

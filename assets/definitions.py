@@ -10,6 +10,7 @@ from pathlib import Path
 from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
 
 from assets import benchmark, collection, pool_report, publish, router, tasks
+from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.config import Profile, as_profile
@@ -53,7 +54,8 @@ def build_assets(profile: Profile | str = "") -> list:
         collection.graded_calls.key: collection.graded_calls_asset(
             collection.provider_pool(prof), collection_partitions_for(prof.sources, prof.repetitions)),
     }
-    return [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
+    assets = [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
+    return with_refresh_automation(assets, prof.pool.kind)  # eager refresh: assets/automation.py
 
 
 def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
-from assets.collection import active_pool
+from assets.collection import pool_of
 from assets.shown import rounded
 from assets.shown import table as shown_table
 from pipeline import registry
@@ -132,7 +132,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, preflight
                    if (src / registry.COST_SCORER).exists() else None)
     guard = registry.load_guard(src / registry.GUARD)
     bb = backbone.get_backbone()
-    pool = active_pool(context, pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
+    pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
     models = {a.name: a.model for a in pool.agents()}
     agents = [{"name": a, "model": models.get(a, a)} for a in router_head["agents"]]
     data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, MultiPartitionKey, materialize
 
+from assets.automation import IN_PROCESS_TAG
 from pipeline.config import Profile, as_profile
 from pipeline.errors import RouterLiteError, debug_enabled
 
@@ -133,7 +134,8 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = N
         for pk in _partition_keys(kind, profile, by_key[keys[0]]):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
                                  resources=resources, partition_key=str(pk) if pk is not None else None,
-                                 raise_on_error=False, run_config=run_config)
+                                 raise_on_error=False, run_config=run_config,
+                                 tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
             _step_seconds(instance, result.run_id, times["steps"])
             if replay_warnings:
                 _print_warnings(instance, result.run_id, log)

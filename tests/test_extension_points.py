@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from pipeline import registry
+from pipeline.config import AgentPoolSettings, Profile, from_yaml
 from pipeline.errors import RouterLiteError
 from pipeline.frontier import baseline_policies, policy_table, router_policies
 from pipeline.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
@@ -26,7 +27,6 @@ from pipeline.pool import AgentSpec
 from pipeline.routers import ROUTER_TYPES, register_router, router_class, routers_restored
 from pipeline.serve import ServeSettings, build_app, serve_in_thread
 from pipeline.tasks import SOURCES, TASK_COLUMNS, SourceSpec, _task, load_source, register_source, sources_restored
-from pipeline.config import AgentPoolSettings, Profile, from_yaml
 from resources.pool import POOL_KINDS, PoolResource, pool_kinds_restored, register_pool_kind
 
 AGENTS = ["a", "b", "c"]

@@ -1,4 +1,5 @@
-"""Operations: the wider-pool re-collection (schedule → sensors → runs), per-source backfills (Python API + CLI),
+"""Operations: the wider-pool re-collection (schedule → pre-flight with the pool as run config → collection sensor →
+automation refresh), per-source backfills (Python API + CLI),
 concurrency pools per provider. Smoke profile throughout."""
 import collections
 import os
@@ -12,15 +13,19 @@ import pandas as pd
 import pytest
 import yaml
 from dagster import (
+    AssetCheckEvaluation,
     AssetKey,
+    AssetMaterialization,
     DagsterInstance,
     DefaultScheduleStatus,
     DefaultSensorStatus,
-    SkipReason,
     build_run_status_sensor_context,
     build_schedule_context,
+    evaluate_automation_conditions,
+    materialize,
 )
 
+from assets.automation import refresh_keys
 from assets.collection import POOL_TAG
 from assets.definitions import build_definitions
 from assets.ops import (
@@ -28,10 +33,10 @@ from assets.ops import (
     COLLECTION_JOB,
     PREFLIGHT_JOB,
     RECOLLECTION_TAG,
-    REFRESH_JOB,
     REFRESH_SENSOR,
     SCHEDULE,
     SOURCE_TASKS_JOB,
+    preflight_run_config,
 )
 from resources.storage import asset_path
 
@@ -110,15 +115,40 @@ def test_recollection_schedule_is_off_by_default_and_sensors_are_wired():
     assert sched.job_name == PREFLIGHT_JOB
     for name in (COLLECT_SENSOR, REFRESH_SENSOR):
         assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING
+    assert "recollect_refresh_downstream" not in {s.name for s in defs.sensors}  # the hand-rolled relay is gone
 
 
-def _status_context(name, result, inst):
-    return build_run_status_sensor_context(sensor_name=name, dagster_event=result.get_run_success_event(),
-                                           dagster_instance=inst, dagster_run=result.dagster_run)
+def seed_lineage_events(defs, inst) -> None:
+    """The instance as `router-lite run` leaves it for the smoke home's files: every asset (partition) materialised,
+    every check passed. Runless events: the files are already there, and the automation only reads the events."""
+    for a in defs.assets:
+        for key in a.keys:
+            for p in a.partitions_def.get_partition_keys() if a.partitions_def else [None]:
+                inst.report_runless_asset_event(AssetMaterialization(key, partition=p))
+    for c in [*defs.asset_checks, *defs.assets]:
+        for spec in c.check_specs:
+            part = defs.resolve_assets_def(spec.asset_key).partitions_def
+            for p in part.get_partition_keys() if part else [None]:
+                inst.report_runless_asset_event(AssetCheckEvaluation(asset_key=spec.asset_key, check_name=spec.name,
+                                                                     passed=True, partition=p))
+
+
+class Automation:
+    """Dagster's own evaluator over successive ticks (the automation sensor's cursor carried over)."""
+
+    def __init__(self, defs, inst):
+        self.defs, self.inst, self.cursor = defs, inst, None
+
+    def tick(self) -> set:
+        res = evaluate_automation_conditions(defs=self.defs, instance=self.inst, cursor=self.cursor)
+        self.cursor = res.cursor
+        return {k for k in refresh_keys("replay") if res.get_num_requested(AssetKey(k))}
 
 
 @pytest.mark.slow
 def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy, tmp_path, capsys):
+    """schedule → pre-flight (the wide pool as run config) → collection sensor → one run per partition → the
+    automation refreshes the downstream assets once all are done, in one run; only the new agents' calls are made."""
     home = smoke_home_copy()
     defs = build_definitions(home=str(home), profile="smoke")
     before = call_log_rows(home)
@@ -126,33 +156,51 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
     n_tasks = len(pd.read_parquet(asset_path(home, "task_pool")))
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
-        # the schedule's tick: a pre-flight run tagged with the profile's wider pool
+        seed_lineage_events(defs, inst)
+        automation = Automation(defs, inst)
+        assert automation.tick() == set()
+        # the schedule's tick: a pre-flight run with the profile's wider pool as run config
         with build_schedule_context(instance=inst) as ctx:
             requests = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(ctx).run_requests
-        assert len(requests) == 1 and requests[0].tags[POOL_TAG] == "mmlu_pro_wide"
-        pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(instance=inst, tags=requests[0].tags)
+        assert len(requests) == 1 and requests[0].run_config == preflight_run_config("mmlu_pro_wide")
+        assert requests[0].tags[POOL_TAG] == "mmlu_pro_wide"  # a label for the runs list
+        pf = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(
+            instance=inst, run_config=requests[0].run_config, tags=requests[0].tags)
         assert pf.success
         preflight = pd.read_parquet(asset_path(home, "preflight"))
-        assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS and set(preflight["pool"]) == {"mmlu_pro_wide"}
+        assert list(preflight["agent"]) == DEMO_AGENTS + WIDE_AGENTS
+        assert set(preflight["pool"]) == {"mmlu_pro_wide"} and set(preflight["pool_kind"]) == {"replay"}
+        meta = pf.asset_materializations_for_node("preflight")[0].metadata
+        assert meta["pool"].value == "mmlu_pro_wide" and meta["pool_kind"].value == "replay"
+        assert meta["agents"].value == DEMO_AGENTS + WIDE_AGENTS
+        assert automation.tick() == set()  # a pre-flight alone refreshes nothing: its collection comes next
 
-        # pre-flight done -> one collection run per source x repetition of the profile, same pool tag
+        # pre-flight done -> one collection run per source x repetition of the profile, submitted in one tick
         collect = defs.resolve_sensor_def(COLLECT_SENSOR)(_status_context(COLLECT_SENSOR, pf, inst))
         assert sorted(r.partition_key for r in collect) == ["0|mmlu_pro", "1|mmlu_pro", "2|mmlu_pro"]
-        assert all(r.tags[POOL_TAG] == "mmlu_pro_wide" and r.tags[RECOLLECTION_TAG] == pf.run_id for r in collect)
-        job, refresh_sensor = defs.resolve_job_def(COLLECTION_JOB), defs.resolve_sensor_def(REFRESH_SENSOR)
-        for i, req in enumerate(collect):
+        assert all(r.tags[RECOLLECTION_TAG] == pf.run_id and r.tags[POOL_TAG] == "mmlu_pro_wide" for r in collect)
+        job = defs.resolve_job_def(COLLECTION_JOB)
+        # what the daemon does with the tick's requests: every run created (planned, not started) at once
+        queued = [inst.create_run_for_job(job, tags={**req.tags, **_partition_tags(req.partition_key)},
+                                          asset_selection={AssetKey("graded_calls")}) for req in collect]
+        assert automation.tick() == set()
+        for i, (req, waiting) in enumerate(zip(collect, queued)):
+            inst.report_run_canceled(waiting)  # stands in for the queued run, which runs here in process
             res = job.execute_in_process(instance=inst, tags=req.tags, partition_key=req.partition_key)
             assert res.success
-            refresh = refresh_sensor(_status_context(REFRESH_SENSOR, res, inst))
+            requested = automation.tick()
             if i < len(collect) - 1:
-                assert isinstance(refresh, SkipReason)  # waits for every partition of this re-collection
-        assert len(refresh) == 1 and refresh[0].tags[POOL_TAG] == "mmlu_pro_wide"
+                assert requested == set(), f"refresh requested with {len(collect) - 1 - i} partition(s) to go"
+        assert requested == set(refresh_keys("replay"))
 
-        # ... then the downstream assets refresh, over the wider pool
-        ref = defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=inst, tags=refresh[0].tags)
+        # ... then the downstream assets refresh, over the wider pool, in the one run the automation launches
+        ref = materialize([*defs.assets, *defs.asset_checks], selection=[AssetKey(k) for k in sorted(requested)],
+                          instance=inst, resources=defs.resources)
         assert ref.success
+        assert automation.tick() == set()  # handled: requested once per collection
         new_calls = {r.asset_materialization.partition: r.asset_materialization.metadata["new_calls"].value
-                     for r in inst.fetch_materializations(AssetKey("graded_calls"), limit=10).records}
+                     for r in inst.fetch_materializations(AssetKey("graded_calls"), limit=10).records
+                     if r.run_id}
         report = inst.get_latest_materialization_event(AssetKey("benchmark_report"))
         assert report is not None and report.run_id == ref.run_id
     after = call_log_rows(home)
@@ -167,18 +215,43 @@ def test_wide_pool_recollection_makes_only_the_new_agents_calls(smoke_home_copy,
     assert len(rewards) == n_tasks
     with capsys.disabled():
         print(f"\n[wide re-collection] {n_tasks} tasks; new call-log rows per agent over 3 repetitions: "
-              f"{dict(per_agent)}; per partition (graded_calls new_calls): {new_calls}")
+              f"{dict(per_agent)}; per partition (graded_calls new_calls): {new_calls}; refreshed by the "
+              f"automation in run {ref.run_id[:8]}: {sorted(requested)}")
 
 
-def test_a_tagged_stage_refuses_a_preflight_of_another_pool(smoke_home_copy):
-    """graded_calls tagged mmlu_pro_wide while the latest pre-flight ran on mmlu_pro: one clear error, no call made."""
+def _status_context(name, result, inst):
+    return build_run_status_sensor_context(sensor_name=name, dagster_event=result.get_run_success_event(),
+                                           dagster_instance=inst, dagster_run=result.dagster_run)
+
+
+def _partition_tags(pk) -> dict:
+    return {"dagster/partition": str(pk), **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
+
+
+def _preflight_failure(defs, **kw) -> str:
+    res = defs.resolve_job_def(PREFLIGHT_JOB).execute_in_process(raise_on_error=False, **kw)
+    assert not res.success
+    return next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.to_string()
+
+
+def test_a_preflight_on_a_pool_of_another_kind_or_a_stale_pool_tag_is_one_clear_error(smoke_home_copy):
+    """Run config naming an OpenRouter pool on the replay profile, an unknown pool, or the old pool tag: one message
+    naming the pool, before any call."""
     home = smoke_home_copy(drop=("calls",))
     defs = build_definitions(home=str(home), profile="smoke")
-    res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(
-        partition_key="0|mmlu_pro", tags={POOL_TAG: "mmlu_pro_wide"}, raise_on_error=False)
+    msg = _preflight_failure(defs, run_config=preflight_run_config("pilot_wide"))
+    assert "pool 'pilot_wide' (provider openrouter) is not of the same kind" in msg
+    assert "no_such_pool" in _preflight_failure(defs, run_config=preflight_run_config("no_such_pool"))
+    msg = _preflight_failure(defs, tags={POOL_TAG: "mmlu_pro_wide"})
+    assert f"run tag {POOL_TAG}=mmlu_pro_wide but this pre-flight runs on pool 'mmlu_pro'" in msg
+    assert "config: {pool: mmlu_pro_wide}" in msg
+    # a later stage consuming a pre-flight of a pool the profile's cannot stand in for (the profile changed kind)
+    pf_file = asset_path(home, "preflight")
+    pd.read_parquet(pf_file).assign(pool="pilot_wide").to_parquet(pf_file)
+    res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(partition_key="0|mmlu_pro", raise_on_error=False)
     assert not res.success
-    failure = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "materialise `preflight` with the same tag first" in failure.step_failure_data.error.to_string()
+    msg = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.to_string()
+    assert "the pre-flight this stage consumes ran on pool 'pilot_wide'" in msg and "materialise `preflight` again" in msg
     assert not (home / "calls").exists() or call_log_rows(home) == {}
 
 

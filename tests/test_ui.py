@@ -112,6 +112,6 @@ def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smok
     (repo,) = _gql(webserver, OPERATIONS)["repositoriesOrError"]["nodes"]
     schedules = {s["name"]: s for s in repo["schedules"]}
     assert schedules["recollect_wide_pool"]["scheduleState"]["status"] == "STOPPED"
-    assert {"recollect_collect_partitions", "recollect_refresh_downstream"} <= {s["name"] for s in repo["sensors"]}
+    assert {"recollect_collect_partitions", "refresh_after_collection"} <= {s["name"] for s in repo["sensors"]}
     assert {"source_tasks_job", "collection_job", "recollect_preflight", "refresh_downstream",
             "collection_dask"} <= {j["name"] for j in repo["jobs"]}

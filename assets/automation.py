@@ -1,0 +1,72 @@
+"""Declarative automation: what refreshes by itself after a collection, and what never does.
+
+After new graded calls (a re-collection, a UI backfill of `graded_calls`), the assets computed from them without an
+API call refresh through Dagster's own `AutomationCondition.eager()`, evaluated by the automation sensor
+`refresh_after_collection` (declared RUNNING; the daemon of `dagster dev` evaluates it every 30 s). Never automated:
+`graded_calls` and `preflight` (they call the pool: paid on OpenRouter; a collection starts only from a
+`recollect_preflight` run, see assets/ops.py), `hub_release` (pushes to the Hub), and `benchmark_report` when the
+pool is live (it calls the routed agents); on a replay pool the benchmark is free and refreshes too.
+
+The condition is `eager()` with four changes, each for a case the plain one gets wrong here:
+- updates of the collection's inputs (source_tasks, task_pool, agent_pool, preflight) are no trigger: a pre-flight
+  on another pool is followed by its collection, and refreshing in between would mix the new pool's agents with the
+  old calls;
+- updates made by `router-lite run` (runs tagged `router_lite/in_process`) are no trigger: it materialises every stage
+  itself, in order, and a daemon on the same instance must not start a second refresh between its stages;
+- no refresh while a blocking check of an upstream asset failed (`graded_calls`' no-error-graded, empty rate);
+- no refresh while an upstream asset's latest run failed (one failed partition of a re-collection holds it back).
+eager()'s own rules stay: nothing while a dependency is missing or in progress (the re-collection sensor submits
+every partition's run in one tick, so all are queued before the first finishes), at most one request per update.
+"""
+from __future__ import annotations
+
+from dagster import (
+    AssetSelection,
+    AssetSpec,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+)
+
+IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (assets/run.py)
+REFRESH_SENSOR = "refresh_after_collection"
+
+# computed from the graded calls without any API call
+FREE_REFRESH = ("reward_matrix", "baselines", "pool_report", "router_head", "registered_head")
+# calls the routed agents through the pool: automated only where that costs nothing (a replay pool)
+BENCHMARK = "benchmark_report"
+NOT_A_TRIGGER = AssetSelection.assets("source_tasks", "task_pool", "agent_pool", "preflight")
+
+
+def refresh_condition() -> AutomationCondition:
+    """eager(), changed as the module docstring says."""
+    updated = (AutomationCondition.newly_updated() & ~AutomationCondition.executed_with_root_target()
+               & ~AutomationCondition.all_new_updates_have_run_tags(tag_keys={IN_PROCESS_TAG}))
+    eager = AutomationCondition.eager().replace("newly_updated_without_root", updated.with_label(
+        "newly_updated_outside_router_lite_run")).ignore(NOT_A_TRIGGER)
+    return (eager & AutomationCondition.all_deps_blocking_checks_passed()
+            & ~AutomationCondition.any_deps_match(AutomationCondition.execution_failed()).with_label(
+                "any_deps_failed")).with_label("refresh_after_collection")
+
+
+def refresh_keys(pool_kind: str) -> list[str]:
+    """The assets the automation refreshes for a pool of `pool_kind`."""
+    return list(FREE_REFRESH) + ([BENCHMARK] if pool_kind == "replay" else [])
+
+
+def with_refresh_automation(assets: list, pool_kind: str) -> list:
+    """`assets` with `refresh_condition()` on the refreshed ones (the rest untouched)."""
+    wanted, cond = set(refresh_keys(pool_kind)), refresh_condition()
+
+    def spec(s: AssetSpec) -> AssetSpec:
+        return s.replace_attributes(automation_condition=cond) if s.key.to_user_string() in wanted else s
+
+    return [a.map_asset_specs(spec) if any(k.to_user_string() in wanted for k in a.keys) else a for a in assets]
+
+
+def refresh_sensor(pool_kind: str) -> AutomationConditionSensorDefinition:
+    return AutomationConditionSensorDefinition(
+        REFRESH_SENSOR, target=AssetSelection.assets(*refresh_keys(pool_kind)),
+        default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+        description="Refreshes the assets computed from the graded calls once a collection is complete "
+                    "(assets/automation.py); updates made by `router-lite run` are not a trigger.")

@@ -1,0 +1,102 @@
+"""Declarative refresh after a collection (assets/automation.py), decided by Dagster's own evaluator
+(`evaluate_automation_conditions`, what the automation sensor runs on each tick) on a real instance."""
+import pytest
+from dagster import (
+    AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
+    AssetSelection,
+    DagsterInstance,
+    DefaultSensorStatus,
+    MultiPartitionKey,
+    evaluate_automation_conditions,
+)
+
+from assets.automation import FREE_REFRESH, REFRESH_SENSOR, refresh_keys
+from assets.definitions import build_definitions
+from assets.ops import COLLECTION_JOB
+from assets.run import run_lineage
+
+NEVER = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "prompt_embeddings", "hub_release",
+         "routerbench_replication"}
+
+
+def automated(defs) -> set:
+    return {k.to_user_string() for a in defs.assets for k, c in a.automation_conditions_by_key.items() if c}
+
+
+def test_only_assets_computed_from_the_calls_without_a_paid_call_are_automated():
+    smoke, pilot = build_definitions(profile="smoke"), build_definitions(profile="pilot")
+    assert automated(smoke) == set(FREE_REFRESH) | {"benchmark_report"}  # replay pool: the benchmark is free
+    assert automated(pilot) == set(FREE_REFRESH)  # OpenRouter: the benchmark calls paid agents, by hand only
+    assert not automated(smoke) & NEVER and not automated(pilot) & NEVER
+    for defs, kind in ((smoke, "replay"), (pilot, "openrouter")):
+        sensor = defs.resolve_sensor_def(REFRESH_SENSOR)
+        assert sensor.default_status == DefaultSensorStatus.RUNNING
+        assert sensor.asset_selection.resolve(defs.resolve_asset_graph()) == {AssetKey(k) for k in refresh_keys(kind)}
+        assert "default_automation_condition_sensor" not in {s.name for s in defs.sensors}
+
+
+class Ticks:
+    """Successive ticks of the automation sensor (its cursor carried over)."""
+
+    def __init__(self, defs, inst):
+        self.defs, self.inst, self.cursor = defs, inst, None
+
+    def __call__(self) -> set:
+        res = evaluate_automation_conditions(defs=self.defs, instance=self.inst, cursor=self.cursor,
+                                             asset_selection=AssetSelection.all())
+        self.cursor = res.cursor
+        return {k.to_user_string() for a in self.defs.assets for k in a.keys if res.get_num_requested(k)}
+
+
+def _pk(rep: int) -> MultiPartitionKey:
+    return MultiPartitionKey({"source": "mmlu_pro", "repetition": str(rep)})
+
+
+def _tags(pk) -> dict:
+    return {"dagster/partition": str(pk), **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_refresh_follows_a_complete_collection_never_router_lite_run(smoke_home_copy, temp_instance_dir,
+                                                                     monkeypatch):
+    home = smoke_home_copy()
+    monkeypatch.setenv("DAGSTER_HOME", str(temp_instance_dir))
+    defs = build_definitions(home=str(home), profile="smoke")
+    inst = DagsterInstance.from_config(str(temp_instance_dir))
+    tick, want = Ticks(defs, inst), set(refresh_keys("replay"))
+    try:
+        assert tick() == set()
+        # `router-lite run` materialises every stage itself: no refresh on top, neither after the whole lineage nor
+        # between its stages (here stopped right after the collection, the downstream assets now older)
+        run_lineage(defs, "smoke", log=lambda m: None)
+        assert tick() == set()
+        run_lineage(defs, "smoke", upto="graded_calls", log=lambda m: None)
+        assert tick() == set(), "a daemon would refresh between router-lite run's stages"
+
+        # a UI backfill of the three partitions: nothing while one is still submitted or failed
+        job = defs.resolve_job_def(COLLECTION_JOB)
+        waiting = {r: inst.create_run_for_job(job, tags=_tags(_pk(r)), asset_selection={AssetKey("graded_calls")})
+                   for r in (1, 2)}
+        assert job.execute_in_process(instance=inst, partition_key=str(_pk(0))).success
+        assert tick() == set(), "refresh requested while partitions 1 and 2 are in progress"
+        inst.report_run_failed(waiting[1])
+        inst.report_run_canceled(waiting[2])
+        assert job.execute_in_process(instance=inst, partition_key=str(_pk(2))).success
+        assert tick() == set(), "refresh requested although partition 1's latest run failed"
+        assert job.execute_in_process(instance=inst, partition_key=str(_pk(1))).success
+        assert tick() == want  # every partition done: the refresh, once
+        assert tick() == set()
+
+        # a failed blocking check of graded_calls holds the refresh back until a collection passes it again
+        inst.report_runless_asset_event(AssetMaterialization(AssetKey("graded_calls"), partition=str(_pk(0))))
+        inst.report_runless_asset_event(AssetCheckEvaluation(
+            asset_key=AssetKey("graded_calls"), check_name="empty_rate_below_5pct", passed=False,
+            partition=str(_pk(0))))
+        assert tick() == set(), "refresh requested over a failed blocking check"
+        assert job.execute_in_process(instance=inst, partition_key=str(_pk(0))).success
+        assert tick() == want
+    finally:
+        inst.dispose()
