@@ -12,12 +12,13 @@ from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitio
 from assets.collection import _settings, passed_agents, pool_of
 from assets.router import registered_head, reward_embeddings, training_split
 from assets.shown import rounded
-from pipeline import registry
-from pipeline.benchmark import benchmark_from_tasks, load_benchmark, score
-from pipeline.calls import CallLog
-from pipeline.config import BENCHMARK_SUITES
-from pipeline.embed import EmbeddingCache
-from pipeline.frontier import (
+from pipeline.collect.call_log import CallLog
+from pipeline.collect.collect import run_collect
+from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
+from pipeline.core.config import BENCHMARK_SUITES
+from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.report.benchmark import benchmark_from_tasks, load_benchmark, score
+from pipeline.report.frontier import (
     PointSet,
     baseline_policies,
     frontier_points,
@@ -25,13 +26,12 @@ from pipeline.frontier import (
     policy_table,
     router_policies,
 )
-from pipeline.io import atomic_write_json, atomic_write_text
-from pipeline.knn import KnnRouter
-from pipeline.pool import run_collect
-from pipeline.replication import replicate, table_markdown
-from pipeline.rewards import cost_basis, costs_estimated, to_arrays
-from pipeline.suites import build_suite
-from pipeline.value import router_value, targets_markdown, value_line
+from pipeline.report.replication import replicate, table_markdown
+from pipeline.report.suites import build_suite
+from pipeline.report.value import router_value, targets_markdown, value_line
+from pipeline.route import registry
+from pipeline.route.embed import EmbeddingCache
+from pipeline.route.knn import KnnRouter
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -128,7 +128,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     specs = {a.name: a for a in passed_agents(pool, preflight)}
     missing = [a for a in agents if a not in specs]
     if missing:
-        from pipeline.errors import RouterLiteError
+        from pipeline.core.errors import RouterLiteError
         raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
     reports = storage.path("reports")
     target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.target

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from pipeline.errors import RouterLiteError, debug_enabled, one_line
+from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
 TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
                "quality), budget=USD per 1k queries, lambda=L")
@@ -18,13 +18,13 @@ def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
     if args.target:
-        from pipeline.targets import parse_target
+        from pipeline.route.targets import parse_target
 
         os.environ["ROUTER_LITE_TARGET"] = parse_target(args.target).name  # the routed benchmark's operating point
     from assets.definitions import build_definitions
     from assets.report import print_summary
     from assets.run import run_lineage
-    from pipeline.config import load_profile
+    from pipeline.core.config import load_profile
     from resources.storage import default_home
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
@@ -39,7 +39,7 @@ def print_stage_times(times: dict, home: str) -> None:
     """Wall seconds per stage and per asset step (summed over partitions); also reports/stage_times.json."""
     from pathlib import Path
 
-    from pipeline.io import atomic_write_json
+    from pipeline.core.io import atomic_write_json
 
     print(f"\nStage times (wall, s; total {times.get('total_s', 0):.1f}):")
     for stage, s in times.get("stages", {}).items():
@@ -56,11 +56,11 @@ def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
-    from pipeline import registry
-    from pipeline.embed import Backbone, EmbeddingCache
-    from pipeline.router import fit_router
-    from pipeline.train import TrainConfig
-    from pipeline.validate import train_inputs
+    from pipeline.core.validate import train_inputs
+    from pipeline.route import registry
+    from pipeline.route.embed import Backbone, EmbeddingCache
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
     from resources.backbone import resolve_device
     from resources.storage import default_home
 
@@ -73,10 +73,10 @@ def cmd_train(args) -> int:
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
     X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
-    from pipeline.pool_report import domain_column, labels_of, pool_report, report_markdown
-    from pipeline.rewards import to_arrays
-    from pipeline.targets import path_table
-    from pipeline.value import targets_markdown, value_line
+    from pipeline.collect.rewards import to_arrays
+    from pipeline.report.pool_report import domain_column, labels_of, pool_report, report_markdown
+    from pipeline.report.value import targets_markdown, value_line
+    from pipeline.route.targets import path_table
 
     col = domain_column(joined)
     labels = labels_of(joined, col)
@@ -110,7 +110,7 @@ def cmd_train(args) -> int:
 
 def _head_backbone(reg, device: str, dtype: str = "auto"):
     """The backbone a registered head was trained on, as its manifest names it."""
-    from pipeline.embed import Backbone
+    from pipeline.route.embed import Backbone
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
@@ -119,8 +119,8 @@ def _head_backbone(reg, device: str, dtype: str = "auto"):
 
 
 def cmd_route(args) -> int:
-    from pipeline import registry
-    from pipeline.text_guard import bad_text
+    from pipeline.core.text_guard import bad_text
+    from pipeline.route import registry
 
     for i, p in enumerate(args.prompt, 1):  # before loading anything: the tokenizer would raise a traceback
         if bad_text(p):
@@ -141,8 +141,8 @@ def cmd_regrade(args) -> int:
 
     import pandas as pd
 
-    from pipeline.io import atomic_write_parquet
-    from pipeline.regrade import regrade
+    from pipeline.collect.regrade import regrade
+    from pipeline.core.io import atomic_write_parquet
     from resources.storage import asset_path, default_home
 
     root = Path(default_home()).resolve()
@@ -161,9 +161,9 @@ def cmd_regrade(args) -> int:
 def cmd_replicate(args) -> int:
     from pathlib import Path
 
-    from pipeline.embed import Backbone, EmbeddingCache
-    from pipeline.replication import replicate, table_markdown
-    from pipeline.suites import build_suite
+    from pipeline.report.replication import replicate, table_markdown
+    from pipeline.report.suites import build_suite
+    from pipeline.route.embed import Backbone, EmbeddingCache
     from resources.backbone import resolve_device
     from resources.storage import default_home
 
@@ -180,7 +180,7 @@ def cmd_replicate(args) -> int:
 
 def cmd_publish(args) -> int:
     """Push the tasks and rewards datasets and the registered head to the Hub (`--dry-run`: list the commits)."""
-    from pipeline.hub_release import build_release, check_repo_id, latest_head
+    from pipeline.report.hub_release import build_release, check_repo_id, latest_head
     from resources.hub import HF_TOKEN_ENV, push_release, require_token
     from resources.storage import StorageResource, default_home
 
@@ -203,7 +203,7 @@ def cmd_publish(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    """OpenAI-compatible router endpoint (pipeline/serve.py) for a registered head over a profile's pool."""
+    """OpenAI-compatible router endpoint (pipeline/serve/app.py) for a registered head over a profile's pool."""
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -211,9 +211,9 @@ def cmd_serve(args) -> int:
 
     import uvicorn
 
-    from pipeline import registry
-    from pipeline.config import load_profile
-    from pipeline.serve import ServeSettings, build_app, return_big_buffers_to_the_os
+    from pipeline.core.config import load_profile
+    from pipeline.route import registry
+    from pipeline.serve.app import ServeSettings, build_app, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:

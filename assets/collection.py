@@ -18,18 +18,20 @@ from dagster import (
 from pydantic import Field
 
 from assets.partitions import collection_partitions
-from pipeline.calls import CallLog, call_key
-from pipeline.collect_lock import WAIT_ENV, collection_lock, wait_setting
-from pipeline.config import Profile, load_profile
-from pipeline.errors import RouterLiteError
-from pipeline.io import atomic_write_text
-from pipeline.pool import CollectionSettings, load_agents, run_collect
-from pipeline.pool import preflight as run_preflight
-from pipeline.publish import publish_dataset
-from pipeline.regrade import regrade
-from pipeline.rewards import baselines as compute_baselines
-from pipeline.rewards import collection_totals, cost_basis
-from pipeline.rewards import reward_matrix as build_matrix
+from pipeline.collect.agents import load_agents
+from pipeline.collect.call_log import CallLog, call_key
+from pipeline.collect.call_log_lock import WAIT_ENV, collection_lock, wait_setting
+from pipeline.collect.collect import run_collect
+from pipeline.collect.preflight import preflight as run_preflight
+from pipeline.collect.regrade import regrade
+from pipeline.collect.rewards import baselines as compute_baselines
+from pipeline.collect.rewards import collection_totals, cost_basis
+from pipeline.collect.rewards import reward_matrix as build_matrix
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.config import Profile, load_profile
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.io import atomic_write_text
+from pipeline.report.publish import publish_dataset
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -52,7 +54,7 @@ class AgentPoolConfig(Config):
                                               "(e.g. demo_wide, mmlu_pro_wide); empty: the profile's pool.")
 
 
-def provider_pool(prof: Profile | None = None) -> str:
+def provider_concurrency_pool(prof: Profile | None = None) -> str:
     """The Dagster concurrency pool of the profile's collection steps: `provider:<provider>` of its pool's agents
     (`provider:replay` for demo/smoke, `provider:openrouter` for pilot; the pool kind when agents mix providers).
     Limits per pool live in the instance (dagster.yaml `concurrency:`, or `dagster instance concurrency set`)."""
@@ -173,7 +175,7 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
     tasks = task_pool[task_pool["source"] == source]
     agents = passed_agents(pool, preflight)
     log = CallLog(storage.calls_dir(pool.kind, source, rep))
-    # one collection per call log at a time (pipeline/collect_lock.py): a second run fails now, or waits when asked
+    # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits when asked
     wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
@@ -217,7 +219,7 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
 
 def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition = collection_partitions
                        ) -> AssetsDefinition:
-    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_pool`), one
+    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_concurrency_pool`), one
     partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
     return asset(
         name="graded_calls", partitions_def=partitions_def,
@@ -230,7 +232,7 @@ def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefiniti
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
 
 
-graded_calls = graded_calls_asset(provider_pool())
+graded_calls = graded_calls_asset(provider_concurrency_pool())
 
 
 def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:

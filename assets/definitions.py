@@ -13,7 +13,7 @@ from assets import benchmark, collection, pool_report, publish, router, tasks
 from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
-from pipeline.config import Profile, as_profile
+from pipeline.core.config import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
@@ -52,7 +52,7 @@ def build_assets(profile: Profile | str = "") -> list:
     ours = {
         tasks.source_tasks.key: tasks.source_tasks_asset(source_partitions_for(prof.sources)),
         collection.graded_calls.key: collection.graded_calls_asset(
-            collection.provider_pool(prof), collection_partitions_for(prof.sources, prof.repetitions)),
+            collection.provider_concurrency_pool(prof), collection_partitions_for(prof.sources, prof.repetitions)),
     }
     assets = [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
     return with_refresh_automation(assets, prof.pool.kind)  # eager refresh: assets/automation.py

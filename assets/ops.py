@@ -35,7 +35,7 @@ from dagster import (
 from assets.automation import REFRESH_SENSOR, refresh_sensor  # noqa: F401 - REFRESH_SENSOR: the automation sensor's name
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
-from pipeline.config import Profile
+from pipeline.core.config import Profile
 
 RECOLLECTION_TAG = "router_lite/recollection"  # run id of the pre-flight run that started a re-collection
 DASK_ADDRESS_ENV = "ROUTER_LITE_DASK_ADDRESS"

@@ -5,9 +5,9 @@ The module-level defaults (every seed source × 3 repetitions) serve the asset m
 test materialising any source's tasks."""
 from dagster import MultiPartitionsDefinition, StaticPartitionsDefinition
 
-from pipeline.config import MAX_REPETITIONS
-from pipeline.errors import RouterLiteError
-from pipeline.tasks import SOURCES
+from pipeline.core.config import MAX_REPETITIONS
+from pipeline.core.errors import RouterLiteError
+from pipeline.tasks.sources import SOURCES
 
 
 def source_partitions_for(sources) -> StaticPartitionsDefinition:

@@ -1,4 +1,4 @@
-"""Lineage stage 3a: the pool report — is this pool complementary or quality-dominated? (pipeline/pool_report.py)"""
+"""Lineage stage 3a: the pool report — is this pool complementary or quality-dominated? (pipeline/report/pool_report.py)"""
 import pandas as pd
 from dagster import (
     AssetCheckResult,
@@ -11,10 +11,10 @@ from dagster import (
 )
 
 from assets.router import reward_embeddings, training_split
-from pipeline.io import atomic_write_json, atomic_write_text
-from pipeline.pool_report import WARNING, domain_column, labels_of, report_markdown
-from pipeline.pool_report import pool_report as build_report
-from pipeline.rewards import to_arrays
+from pipeline.collect.rewards import to_arrays
+from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.report.pool_report import WARNING, domain_column, labels_of, report_markdown
+from pipeline.report.pool_report import pool_report as build_report
 from resources.storage import StorageResource
 
 

@@ -7,7 +7,7 @@ from dagster import AssetExecutionContext, Config, EnvVar, MetadataValue, Output
 
 from assets.collection import reward_matrix
 from assets.tasks import task_pool
-from pipeline.hub_release import build_release
+from pipeline.report.hub_release import build_release
 from resources.hub import HF_TOKEN_ENV, HubResource
 from resources.storage import StorageResource
 

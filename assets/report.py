@@ -14,14 +14,14 @@ def _table(counts: dict) -> str:
 def print_summary(home: str, profile: str | None = None) -> None:
     root = Path(home).resolve()
     verdict_file = root / "reports" / "pool_report.json"
-    if verdict_file.exists():  # first: which case the pool is in (pipeline/pool_report.py)
-        from pipeline.pool_report import WARNING
+    if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
+        from pipeline.report.pool_report import WARNING
 
         v = json.loads(verdict_file.read_text())["verdict"]
         print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
     pool_file = asset_path(root, "task_pool")
     if pool_file.exists():
-        from pipeline.task_pool import pool_counts
+        from pipeline.tasks.task_pool import pool_counts
 
         pool = pd.read_parquet(pool_file)
         print(f"\nTask pool: {len(pool)} tasks ({int(pool['ood'].sum())} out-of-distribution)")
@@ -41,7 +41,7 @@ def print_summary(home: str, profile: str | None = None) -> None:
                   f"{ci['high']:+.4f}] (docs/training.md: how much of the headroom is routable)")
         value = summary.get("value")
         if value:
-            from pipeline.value import targets_markdown, value_line
+            from pipeline.report.value import targets_markdown, value_line
 
             latest = root / "registry" / "latest.json"
             models = {}

@@ -9,16 +9,16 @@ from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Outp
 from assets.collection import pool_of
 from assets.shown import rounded
 from assets.shown import table as shown_table
-from pipeline import registry
-from pipeline.embed import EmbeddingCache
-from pipeline.head import Head
-from pipeline.io import atomic_write_json
-from pipeline.pool_report import domain_column, labels_of
-from pipeline.progress import RateLog
-from pipeline.registry import content_hash
-from pipeline.router import fit_router
-from pipeline.targets import path_table
-from pipeline.value import targets_markdown, value_line
+from pipeline.core.io import atomic_write_json
+from pipeline.core.progress import RateLog
+from pipeline.report.pool_report import domain_column, labels_of
+from pipeline.report.value import targets_markdown, value_line
+from pipeline.route import registry
+from pipeline.route.embed import EmbeddingCache
+from pipeline.route.fit import fit_router
+from pipeline.route.head import Head
+from pipeline.route.registry import content_hash
+from pipeline.route.targets import path_table
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource

@@ -14,10 +14,10 @@ from dagster import (
 )
 
 from assets.partitions import source_partitions
-from pipeline.config import SourceSettings
-from pipeline.publish import publish_dataset
-from pipeline.task_pool import SPLITS, build_task_pool, pool_counts
-from pipeline.tasks import load_source
+from pipeline.core.config import SourceSettings
+from pipeline.report.publish import publish_dataset
+from pipeline.tasks.sources import load_source
+from pipeline.tasks.task_pool import SPLITS, build_task_pool, pool_counts
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
@@ -49,9 +49,9 @@ def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
     pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
     if prof.pool.kind != "replay":
         return tasks
-    from pipeline.pool import load_agents
-    from pipeline.prompts import prompt_hash
-    from pipeline.replay import ReplayStore
+    from pipeline.collect.agents import load_agents
+    from pipeline.collect.replay import ReplayStore
+    from pipeline.core.prompts import prompt_hash
     from resources.pool import default_agents_file
 
     store = ReplayStore.load()
@@ -91,7 +91,7 @@ def task_pool_unique_ids(task_pool: pd.DataFrame) -> AssetCheckResult:
 
 @asset_check(asset=task_pool, blocking=True, description="Every task has a gold answer and a known grader.")
 def task_pool_gold_and_grader(task_pool: pd.DataFrame) -> AssetCheckResult:
-    from pipeline.grading import GRADERS
+    from pipeline.collect.grading import GRADERS
 
     bad = task_pool[task_pool["gold"].fillna("").astype(str).str.strip().eq("") | ~task_pool["grader"].isin(GRADERS)]
     return AssetCheckResult(passed=bad.empty, metadata={"bad_rows": len(bad),

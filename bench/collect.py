@@ -1,6 +1,6 @@
 """Collection benchmarks.
 
-1. Throughput (default): graded calls/s of `pipeline.pool.collect` (real openai client, durable call log, grading)
+1. Throughput (default): graded calls/s of `pipeline.collect.collect.collect` (real openai client, durable call log, grading)
    against a local OpenAI-protocol endpoint with a fixed 100 ms latency (tests/fault_server.py, its own process),
    at concurrency 8, 32, 128. The ideal rate is concurrency / latency; the ratio to it is printed
    (goal: >= 0.9 at each level). Each level makes enough calls for >= 3.5 s at the ideal rate. When one process
@@ -13,7 +13,7 @@
 
 2. Replay accuracy (`--replay-accuracy`): the demo pool (5 replayed agents) on every MMLU-Pro question (bundled
    task source) recorded for all 5 demo models, through `collect` on the in-process replay transport, graded with
-   `pipeline.grading`; per-model accuracy next to the official accuracy (pred == answer) of the TIGER-Lab files
+   `pipeline.collect.grading`; per-model accuracy next to the official accuracy (pred == answer) of the TIGER-Lab files
    on the same questions (when `--official-dir` holds them).
 
        python bench/collect.py --replay-accuracy [--official-dir DIR] [--json OUT]
@@ -36,8 +36,10 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd
 
-from pipeline.calls import CallLog
-from pipeline.pool import AgentSpec, CollectionSettings, collect
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.call_log import CallLog
+from pipeline.collect.collect import collect
+from pipeline.collect.settings import CollectionSettings
 from resources.pool import http_client
 
 OFFICIAL_DIR = Path("/work/shared/data/reward-matrices/mmlu-pro-tiger-eval-results")
@@ -145,8 +147,8 @@ def summary(results: list[dict]) -> dict:
 def replay_accuracy(official_dir: Path | None, concurrency: int = 64) -> dict:
     import zipfile
 
-    from pipeline.pool import load_agents
-    from pipeline.prompts import mcq_prompt
+    from pipeline.collect.agents import load_agents
+    from pipeline.core.prompts import mcq_prompt
     from resources.pool import PoolResource
 
     res = PoolResource(kind="replay", pool="mmlu_pro")

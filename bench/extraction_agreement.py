@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline.grading import extract_answer  # noqa: E402
+from pipeline.collect.grading import extract_answer  # noqa: E402
 
 DEFAULT_DIR = "/work/shared/data/reward-matrices/mmlu-pro-tiger-eval-results"
 DEMO_MODELS = ["gemini-1.5-pro-002", "Meta-Llama-3_1-70B-Instruct", "gemini-1.5-flash-002",

@@ -46,7 +46,7 @@ MODES = {"batched": ("32", "2"), "unbatched": ("1", "0")}  # --max-batch, --batc
 
 def recorded_prompts(n: int, skip: int = 0) -> list[str]:
     """MMLU-Pro prompts (bundled source) recorded for every agent of the mmlu_pro pool, in source order."""
-    from pipeline.tasks import load_source
+    from pipeline.tasks.sources import load_source
     from resources.pool import PoolResource
 
     pool = PoolResource(kind="replay", pool="mmlu_pro")
@@ -64,12 +64,12 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128) -> Path:
     """Register a MiniLM head trained on real rewards (recorded reply correct?) of `n` prompts; returns its dir."""
     import pandas as pd
 
-    from pipeline import registry
-    from pipeline.embed import Backbone
-    from pipeline.grading import grade
-    from pipeline.router import fit_router
-    from pipeline.tasks import load_source
-    from pipeline.train import TrainConfig
+    from pipeline.collect.grading import grade
+    from pipeline.route import registry
+    from pipeline.route.embed import Backbone
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
+    from pipeline.tasks.sources import load_source
     from resources.pool import PoolResource
 
     pool = PoolResource(kind="replay", pool="mmlu_pro")
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    from pipeline import registry
+    from pipeline.route import registry
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-serve-")
     if args.head:

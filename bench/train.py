@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.head import n_params  # noqa: E402
-from pipeline.train import _Objective  # noqa: E402
+from pipeline.route.head import n_params  # noqa: E402
+from pipeline.route.train import _Objective  # noqa: E402
 
 
 def data(n: int, d: int, K: int, seed: int = 0):

@@ -2,7 +2,7 @@
 
     python bench/zeroeval_agreement.py [--pool demo_wide] [--show N] [--source zeroeval_crux]
 
-Reads only bundled files: the tasks of the three ZeroEval sources (`pipeline.tasks.load_source`) and
+Reads only bundled files: the tasks of the three ZeroEval sources (`pipeline.tasks.sources.load_source`) and
 `data/replay/zeroeval_outputs.parquet`, whose `score_upstream_rules` column is the snapshot's re-computation of the
 upstream rules (first complete JSON object -> "answer"; GSM8K / MATH: first number equal; CRUXEval: exact string).
 Prints one row per agent (agreement = share of replies where our 0/1 equals upstream's), then with --show N the
@@ -19,11 +19,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.grading import grade  # noqa: E402
-from pipeline.pool import load_agents  # noqa: E402
-from pipeline.prompts import prompt_hash  # noqa: E402
-from pipeline.replay import data_dir  # noqa: E402
-from pipeline.tasks import load_source  # noqa: E402
+from pipeline.collect.collect import load_agents  # noqa: E402
+from pipeline.collect.grading import grade  # noqa: E402
+from pipeline.collect.replay import data_dir  # noqa: E402
+from pipeline.core.prompts import prompt_hash  # noqa: E402
+from pipeline.tasks.sources import load_source  # noqa: E402
 
 SOURCES = ["zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"]
 

@@ -1,9 +1,9 @@
-"""The Hugging Face Hub: the only place a release goes over the network (pipeline/hub_release.py builds it)."""
+"""The Hugging Face Hub: the only place a release goes over the network (pipeline/report/hub_release.py builds it)."""
 from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pipeline.errors import RouterLiteError
+from pipeline.core.errors import RouterLiteError
 
 HF_TOKEN_ENV = "HF_TOKEN"
 

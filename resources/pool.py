@@ -1,11 +1,11 @@
 """The agent pool as a Dagster resource: which agents, and an `openai.AsyncOpenAI` client per agent.
 
 kind:
-- `replay` (default): the in-process replay of real recorded outputs (`pipeline.replay`), no network, no key.
+- `replay` (default): the in-process replay of real recorded outputs (`pipeline.collect.replay`), no network, no key.
 - `openrouter`: https://openrouter.ai/api/v1 (or `base_url`), key from `api_key` (wire it as
   `dagster.EnvVar("OPENROUTER_API_KEY")` in definitions) or else the `OPENROUTER_API_KEY` environment variable.
   A missing key fails in `check()` / `client_for` - before any call - with one message naming OPENROUTER_API_KEY.
-- `openai_compatible`: any OpenAI-protocol endpoint at `base_url` (e.g. `pipeline.replay.serve`, vLLM); the key
+- `openai_compatible`: any OpenAI-protocol endpoint at `base_url` (e.g. `pipeline.collect.replay.serve`, vLLM); the key
   is optional (`api_key`, else the env var named by `api_key_env` when set, else a dummy).
 
 The key goes only to the provider it belongs to: OpenRouter's host (https://openrouter.ai), or a host listed in
@@ -16,7 +16,7 @@ Each kind is one `PoolKind` row of `POOL_KINDS`: a client factory `(resource, ag
 an optional pre-flight check `(resource, agents)`; `register_pool_kind` adds one (docs/architecture.md, "How to add
 an agent pool").
 
-The clients have `max_retries=0`: `pipeline.pool.call_once` owns retries. The key is never logged, printed, put in
+The clients have `max_retries=0`: `pipeline.collect.client.call_once` owns retries. The key is never logged, printed, put in
 metadata, the call log, or exception text (`repr` hides it; `call_once` scrubs it from recorded errors).
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ import httpx
 from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
-from pipeline import config
-from pipeline.errors import RouterLiteError
-from pipeline.pool import AgentSpec, load_agents
+from pipeline.collect.agents import AgentSpec, load_agents
+from pipeline.core import config
+from pipeline.core.errors import RouterLiteError
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_HOST = "openrouter.ai"
@@ -189,7 +189,7 @@ class PoolResource(ConfigurableResource):
 
     def store(self):
         """The replay recordings (loaded once per resource instance)."""
-        from pipeline.replay import ReplayStore
+        from pipeline.collect.replay import ReplayStore
 
         if self._store is None:
             self._store = ReplayStore.load(self.replay_path)
@@ -222,7 +222,7 @@ def _timeout(res: PoolResource) -> httpx.Timeout:
 def _replay_client(res: PoolResource, agent: AgentSpec):
     import openai
 
-    from pipeline.replay import REPLAY_BASE_URL, replay_transport
+    from pipeline.collect.replay import REPLAY_BASE_URL, replay_transport
 
     http = httpx.AsyncClient(transport=replay_transport(res.store()), timeout=_timeout(res))
     return openai.AsyncOpenAI(api_key="replay", base_url=REPLAY_BASE_URL, http_client=http, max_retries=0,
@@ -265,13 +265,13 @@ POOL_KINDS: dict[str, PoolKind] = {k.name: k for k in [
     PoolKind("replay", _replay_client, _check_replay, "recorded real outputs, in process; no network, no key"),
     PoolKind("openrouter", _http_client, _check_openrouter, "OpenRouter; key from OPENROUTER_API_KEY"),
     PoolKind("openai_compatible", _http_client, _check_openai_compatible,
-             "any OpenAI-protocol endpoint at base_url (vLLM, pipeline.replay.serve); key optional"),
+             "any OpenAI-protocol endpoint at base_url (vLLM, pipeline.collect.replay.serve); key optional"),
 ]}
 KINDS = POOL_KINDS.keys()  # a live view: a registered kind is known everywhere that checks names
 
 
 def _sync_profile_kinds() -> None:
-    """Profiles check `pool.kind` against `pipeline.config.POOL_KINDS` (names only: pipeline/ has no clients)."""
+    """Profiles check `pool.kind` against `pipeline.core.config.POOL_KINDS` (names only: pipeline/ has no clients)."""
     config.POOL_KINDS[:] = list(POOL_KINDS)
 
 

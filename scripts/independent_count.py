@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pipeline.rewards import to_arrays
+from pipeline.collect.rewards import to_arrays
 from resources.storage import asset_path
 
 

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.router import fit_router
-from pipeline.train import TrainConfig
-from pipeline.value import targets_markdown, value_line
+from pipeline.report.value import targets_markdown, value_line
+from pipeline.route.fit import fit_router
+from pipeline.route.train import TrainConfig
 
 LEVERS = {
     "baseline (ridge start, hard fitness)": {},
@@ -37,7 +37,7 @@ LEVERS = {
 
 
 def pipeline_data():
-    from pipeline.pool_report import domain_column, labels_of
+    from pipeline.report.pool_report import domain_column, labels_of
     from resources.storage import asset_path, default_home
 
     root = default_home()
@@ -51,8 +51,8 @@ def pipeline_data():
 
 
 def routerbench_data():
-    from pipeline.embed import Backbone, EmbeddingCache
-    from pipeline.suites import build_suite
+    from pipeline.report.suites import build_suite
+    from pipeline.route.embed import Backbone, EmbeddingCache
     from resources.storage import default_home
 
     s = build_suite("routerbench")
@@ -65,10 +65,10 @@ def routerbench_data():
 def value_setup(data: str):
     """What the value scripts share: the data, its train/validation/test masks, effective rewards, the ridge-start
     head and the value scorer fitted on train (alpha chosen on validation)."""
-    from pipeline.rewards import to_arrays
-    from pipeline.router import split_masks
-    from pipeline.train import effective_rewards, train_head
-    from pipeline.value import fit_value_scorer
+    from pipeline.collect.rewards import to_arrays
+    from pipeline.report.value import fit_value_scorer
+    from pipeline.route.fit import split_masks
+    from pipeline.route.train import effective_rewards, train_head
 
     X, rewards, split, labels, name = pipeline_data() if data == "pipeline" else routerbench_data()
     agents, R, B, C = to_arrays(rewards)

@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.embed import Backbone, EmbeddingCache  # noqa: E402
-from pipeline.grading import grade  # noqa: E402
-from pipeline.knn import KnnRouter  # noqa: E402
-from pipeline.router import ship_gate  # noqa: E402
-from pipeline.tasks import load_source  # noqa: E402
-from pipeline.train import TrainConfig, train_head  # noqa: E402
+from pipeline.collect.grading import grade  # noqa: E402
+from pipeline.route.embed import Backbone, EmbeddingCache  # noqa: E402
+from pipeline.route.fit import ship_gate  # noqa: E402
+from pipeline.route.knn import KnnRouter  # noqa: E402
+from pipeline.route.train import TrainConfig, train_head  # noqa: E402
+from pipeline.tasks.sources import load_source  # noqa: E402
 
 GATE_CONFIDENCES = (0.0, 0.9, 0.95)
 
@@ -80,7 +80,7 @@ def layer_features(prompts: list[str], cache: Path, layers=(2, 4, 6)) -> np.ndar
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from pipeline.embed import bundled_model_path
+    from pipeline.route.embed import bundled_model_path
 
     tag = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()[:12]
     path = cache / f"minilm-layers-{'-'.join(map(str, layers))}-{tag}.npy"

@@ -19,9 +19,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from router_value import value_setup
 
-from pipeline.frontier import aiq, upper_hull
-from pipeline.knn import KnnRouter
-from pipeline.targets import (
+from pipeline.report.frontier import aiq, upper_hull
+from pipeline.report.value import agent_costs
+from pipeline.route.knn import KnnRouter
+from pipeline.route.targets import (
     REPORT_TARGETS,
     cost_aware_pick,
     hull_agents,
@@ -29,7 +30,6 @@ from pipeline.targets import (
     point_stats,
     resolve,
 )
-from pipeline.value import agent_costs
 
 
 def main() -> int:

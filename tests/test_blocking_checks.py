@@ -117,7 +117,7 @@ def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, mo
     import pytest
 
     from assets.run import run_lineage
-    from pipeline.errors import RouterLiteError
+    from pipeline.core.errors import RouterLiteError
 
     home = smoke_home_copy()
     monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance

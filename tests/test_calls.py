@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pipeline.calls import CALL_FIELDS, CallLog, call_key
-from pipeline.errors import RouterLiteError
+from pipeline.collect.call_log import CALL_FIELDS, CallLog, call_key
+from pipeline.core.errors import RouterLiteError
 
 
 def row(agent="a", task="mmlu_pro/test/000001", rep=0, status="ok", **kw):

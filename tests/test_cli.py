@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from assets.cli import main
-from pipeline.suites import build_suite
+from pipeline.report.suites import build_suite
 
 KEYS = {"head", "best_single", "oracle", "random", "knn", "headroom_captured", "distribution", "n_train", "n_test"}
 

@@ -12,8 +12,8 @@ from assets.collection import COLLECT_WAIT_TAG
 from assets.definitions import build_definitions
 from assets.ops import COLLECTION_JOB
 from assets.run import user_error
-from pipeline.collect_lock import collection_lock, wait_setting
-from pipeline.errors import RouterLiteError
+from pipeline.collect.call_log_lock import collection_lock, wait_setting
+from pipeline.core.errors import RouterLiteError
 
 PARTITION = "0|mmlu_pro"
 

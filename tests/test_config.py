@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import config
-from pipeline.config import BackboneSettings, Profile, load_profile
-from pipeline.errors import RouterLiteError
+from pipeline.core import config
+from pipeline.core.config import BackboneSettings, Profile, load_profile
+from pipeline.core.errors import RouterLiteError
 
 PROFILES = Path(__file__).resolve().parents[1] / "config" / "profiles"
 
@@ -155,7 +155,7 @@ def test_backbone_settings_match_the_resource():
     res = BackboneResource.model_fields
     for f in dataclasses.fields(BackboneSettings):
         assert f.name in res and res[f.name].default == f.default, f.name
-    from pipeline import embed
+    from pipeline.route import embed
 
     hints = typing.get_type_hints(BackboneSettings)
     assert typing.get_args(hints["pooling"]) == embed.POOLINGS and typing.get_args(hints["dtype"]) == embed.DTYPES
@@ -164,7 +164,7 @@ def test_backbone_settings_match_the_resource():
 
 def test_pool_kinds_and_suites_match_their_owners():
     from assets.benchmark import SUITES
-    from pipeline.suites import PROFILE_BUILDERS
+    from pipeline.report.suites import PROFILE_BUILDERS
     from resources.pool import KINDS
 
     assert config.POOL_KINDS == list(KINDS)
@@ -187,4 +187,4 @@ def test_a_definitions_build_reads_the_profile_once(monkeypatch):
 
 def test_profile_is_typed_end_to_end():
     hints = typing.get_type_hints(Profile)
-    assert hints["train"].__name__ == "TrainConfig" and hints["task_pool"].__name__ == "PoolConfig"
+    assert hints["train"].__name__ == "TrainConfig" and hints["task_pool"].__name__ == "TaskPoolConfig"

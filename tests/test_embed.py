@@ -9,9 +9,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np
 import pytest
 
-from pipeline.embed import Backbone, EmbeddingCache, last_token_pool
-from pipeline.errors import RouterLiteError
-from pipeline.prompts import mcq_prompt, prompt_hash
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import mcq_prompt, prompt_hash
+from pipeline.route.embed import Backbone, EmbeddingCache, last_token_pool
 
 PROMPTS = [
     mcq_prompt("What is the capital of France?", ["Paris", "Rome", "Berlin", "Madrid"]),
@@ -77,7 +77,7 @@ def tiny_qwen3_dir(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
 
-    from pipeline.embed import bundled_model_path
+    from pipeline.route.embed import bundled_model_path
 
     d = tmp_path_factory.mktemp("tiny-qwen3")
     tok = AutoTokenizer.from_pretrained(str(bundled_model_path()))  # reuse MiniLM's vocab, built locally
@@ -238,9 +238,9 @@ def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path,
     import sys
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
-    with caplog.at_level(logging.WARNING, logger="pipeline.embed"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.route.embed"):
         bb = Backbone(batch_size=2, export_dir=tmp_path)
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.embed"]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.route.embed"]
     assert len(warnings) == 1 and "'openvino' unavailable" in warnings[0].getMessage()
     assert bb.backend == "torch" and bb.precision == "float32"
     assert bb.cache_key.endswith("-torch-float32")
@@ -251,13 +251,13 @@ def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path,
 def test_fast_backend_export_failure_falls_back(tmp_path, monkeypatch, caplog):
     import logging
 
-    from pipeline import fast_backbone
+    from pipeline.route import fast_backbone
 
     def broken(*a, **k):
         raise RuntimeError("exporter exploded")
 
     monkeypatch.setattr(fast_backbone, "export_onnx", broken)
-    with caplog.at_level(logging.WARNING, logger="pipeline.embed"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.route.embed"):
         bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path)
     assert bb.backend == "torch" and "exporter exploded" in caplog.text
 
@@ -306,7 +306,7 @@ def _fake_hub_repo(cache, repo_id, src, commit):
 def test_hub_ids_load_offline_from_the_hf_cache(tmp_path, monkeypatch, minilm, tiny_qwen3_dir):
     import huggingface_hub.constants
 
-    from pipeline.embed import bundled_model_path
+    from pipeline.route.embed import bundled_model_path
 
     cache = tmp_path / "hub"
     _fake_hub_repo(cache, "sentence-transformers/all-MiniLM-L6-v2", bundled_model_path(), "a" * 40)

@@ -16,17 +16,25 @@ import openai
 import pandas as pd
 import pytest
 
-from pipeline import registry
-from pipeline.config import AgentPoolSettings, Profile, from_yaml
-from pipeline.errors import RouterLiteError
-from pipeline.frontier import baseline_policies, policy_table, router_policies
-from pipeline.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
-from pipeline.knn import KnnRouter
-from pipeline.ood import OODGuard
-from pipeline.pool import AgentSpec
-from pipeline.routers import ROUTER_TYPES, register_router, router_class, routers_restored
-from pipeline.serve import ServeSettings, build_app, serve_in_thread
-from pipeline.tasks import SOURCES, TASK_COLUMNS, SourceSpec, _task, load_source, register_source, sources_restored
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
+from pipeline.core.config import AgentPoolSettings, Profile, from_yaml
+from pipeline.core.errors import RouterLiteError
+from pipeline.report.frontier import baseline_policies, policy_table, router_policies
+from pipeline.route import registry
+from pipeline.route.knn import KnnRouter
+from pipeline.route.ood import OODGuard
+from pipeline.route.routers import ROUTER_TYPES, register_router, router_class, routers_restored
+from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.tasks.sources import (
+    SOURCES,
+    TASK_COLUMNS,
+    SourceSpec,
+    _task,
+    load_source,
+    register_source,
+    sources_restored,
+)
 from resources.pool import POOL_KINDS, PoolResource, pool_kinds_restored, register_pool_kind
 
 AGENTS = ["a", "b", "c"]
@@ -52,7 +60,7 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
         with pytest.raises(RouterLiteError, match="already registered"):
             register_grader(exact_ci_spec())
         # the collection checks see it too: a task naming it is accepted
-        from pipeline.pool import _check_tasks
+        from pipeline.collect.collect import _check_tasks
         _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
@@ -155,7 +163,7 @@ def test_an_unregistered_class_is_refused_and_old_manifests_load_as_heads(tmp_pa
     X, R, _ = _data()
     with pytest.raises(RouterLiteError, match="not a registered router type"):
         _register(tmp_path, BestMeanRouter.fit(X, R, AGENTS), X)
-    from pipeline.head import Head
+    from pipeline.route.head import Head
 
     rng = np.random.default_rng(1)
     path = _register(tmp_path, Head(rng.normal(size=(8, 3)), rng.normal(size=3), agents=AGENTS), X)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import frontier as F
-from pipeline.errors import RouterLiteError
+from pipeline.core.errors import RouterLiteError
+from pipeline.report import frontier as F
 
 
 def _random_profile(seed: int = 0, n: int = 200, k: int = 5):

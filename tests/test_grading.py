@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.grading import GRADERS, extract_answer, grade, is_empty, math_equal, normalize_math
-from pipeline.prompts import LETTERS, mcq_prompt
+from pipeline.collect.grading import GRADERS, extract_answer, grade, is_empty, math_equal, normalize_math
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import LETTERS, mcq_prompt
 
 
 # ------------------------------------------------------------------------------------------------- is_empty

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.head import Head, n_params
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.head import Head, n_params
 
 
 def test_parameter_count_linear_2048x5():

@@ -8,8 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.pool import AgentSpec, CollectionSettings, call_once, scrub
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.client import call_once, scrub
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
 from resources.pool import PoolResource
 
 KEY = "sk-or-v1-0123456789abcdefABCDEF0123456789"

@@ -5,7 +5,7 @@ import datasets
 import pandas as pd
 from dagster import AssetKey, DagsterInstance
 
-from pipeline import registry
+from pipeline.route import registry
 from resources.storage import asset_path
 
 
@@ -59,7 +59,7 @@ def test_benchmark_report_routes_with_real_replies(smoke_home):
 
 
 def test_router_value_and_pool_report(smoke_home):
-    from pipeline.value import ROUTER_VALUE_KEYS, TARGET_KEYS
+    from pipeline.report.value import ROUTER_VALUE_KEYS, TARGET_KEYS
 
     home, _ = smoke_home
     rv = json.loads((home / "reports" / "router_value.json").read_text())

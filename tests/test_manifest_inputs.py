@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from assets.cli import main
-from pipeline import registry
-from pipeline.errors import RouterLiteError
-from pipeline.head import Head
-from pipeline.ood import OODGuard
+from pipeline.core.errors import RouterLiteError
+from pipeline.route import registry
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
 
 
 def _register(root, seed=0):

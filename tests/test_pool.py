@@ -13,20 +13,15 @@ import openai
 import pandas as pd
 import pytest
 
-from pipeline.calls import CallLog
-from pipeline.errors import RouterLiteError
-from pipeline.pool import (
-    AgentSpec,
-    CollectionSettings,
-    _retry_after_s,
-    call_once,
-    collect,
-    load_agents,
-    preflight,
-    scrub,
-)
-from pipeline.prompts import mcq_prompt
-from pipeline.replay import default_recordings_path
+from pipeline.collect.agents import AgentSpec, load_agents
+from pipeline.collect.call_log import CallLog
+from pipeline.collect.client import _retry_after_s, call_once, scrub
+from pipeline.collect.collect import collect
+from pipeline.collect.preflight import preflight
+from pipeline.collect.replay import default_recordings_path
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import mcq_prompt
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_server import FaultServer  # noqa: E402
@@ -202,7 +197,7 @@ def test_pool_resource_kinds(monkeypatch, tmp_path):
 
 
 def test_collect_mmlu_pro_pool_on_replay_matches_grading(replay_prompts, tmp_path):
-    from pipeline.grading import grade
+    from pipeline.collect.grading import grade
     from resources.pool import PoolResource
 
     res = PoolResource(kind="replay", pool="mmlu_pro")

@@ -19,9 +19,12 @@ import openai
 import pandas as pd
 import pytest
 
-from pipeline.calls import CallLog, call_key
-from pipeline.errors import RouterLiteError
-from pipeline.pool import AgentSpec, CollectionSettings, call_once, collect, load_agents
+from pipeline.collect.agents import AgentSpec, load_agents
+from pipeline.collect.call_log import CallLog, call_key
+from pipeline.collect.client import call_once
+from pipeline.collect.collect import collect
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_server import FaultServer, phash  # noqa: E402
@@ -200,8 +203,10 @@ KILL_SCRIPT = textwrap.dedent("""
     import asyncio, sys
     sys.path.insert(0, sys.argv[4])
     import openai, pandas as pd
-    from pipeline.calls import CallLog
-    from pipeline.pool import AgentSpec, CollectionSettings, collect
+    from pipeline.collect.call_log import CallLog
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.collect.collect import collect
+    from pipeline.collect.settings import CollectionSettings
     base_url, log_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     agents = [AgentSpec("a1", "m1", "local", None, 1.0, 2.0), AgentSpec("a2", "m2", "local", None, 0.5, 0.5)]
     tasks = pd.DataFrame({"task_id": [f"kill/test/{i:06d}" for i in range(n)],

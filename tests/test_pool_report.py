@@ -1,12 +1,12 @@
-"""The pool report (pipeline/pool_report.py): verdicts on matrices built to be dominated or complementary."""
+"""The pool report (pipeline/report/pool_report.py): verdicts on matrices built to be dominated or complementary."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.pool_report import (
+from pipeline.core.errors import RouterLiteError
+from pipeline.report.pool_report import (
     domain_column,
     label_router_picks,
     labels_of,

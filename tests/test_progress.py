@@ -1,5 +1,5 @@
 """RateLog: throttled progress lines with rate and ETA (embedding, collection)."""
-from pipeline.progress import RateLog
+from pipeline.core.progress import RateLog
 
 
 def test_rate_and_eta_lines_are_throttled_and_final_line_always_shows():

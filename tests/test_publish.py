@@ -10,8 +10,8 @@ import yaml
 from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
 
 from assets.cli import main
-from pipeline.errors import RouterLiteError
-from pipeline.hub_release import _license, build_release, latest_head
+from pipeline.core.errors import RouterLiteError
+from pipeline.report.hub_release import _license, build_release, latest_head
 
 TASK_FILES = ["README.md", "data/test.parquet", "data/train.parquet", "data/validation.parquet"]
 HEAD_FILES = ["README.md", "cost_scorer.safetensors", "guard.npz", "head.safetensors", "manifest.json",

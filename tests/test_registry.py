@@ -3,10 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from pipeline import registry
-from pipeline.errors import RouterLiteError
-from pipeline.head import Head
-from pipeline.ood import OODGuard
+from pipeline.core.errors import RouterLiteError
+from pipeline.route import registry
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
 
 
 def _parts(seed=0):

@@ -6,7 +6,7 @@ from dagster import DagsterInstance
 
 from assets.cli import main
 from assets.definitions import build_definitions
-from pipeline.regrade import regrade
+from pipeline.collect.regrade import regrade
 from resources.storage import asset_path
 
 

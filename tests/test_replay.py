@@ -11,11 +11,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.calls import CallLog
-from pipeline.errors import RouterLiteError
-from pipeline.pool import AgentSpec, CollectionSettings, call_once, collect
-from pipeline.prompts import mcq_prompt, prompt_hash
-from pipeline.replay import (
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.call_log import CallLog
+from pipeline.collect.client import call_once
+from pipeline.collect.collect import collect
+from pipeline.collect.replay import (
     REPLAY_BASE_URL,
     ReplayStore,
     approx_tokens,
@@ -24,6 +24,9 @@ from pipeline.replay import (
     replay_transport,
     serve,
 )
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import mcq_prompt, prompt_hash
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "gemini-1.5-pro-002"

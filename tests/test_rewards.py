@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.rewards import baselines, collection_totals, cost_basis, reward_matrix, to_arrays
+from pipeline.collect.rewards import baselines, collection_totals, cost_basis, reward_matrix, to_arrays
+from pipeline.core.errors import RouterLiteError
 
 AGENTS = ["a", "b"]
 

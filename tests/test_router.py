@@ -1,8 +1,8 @@
 import numpy as np
 import pandas as pd
 
-from pipeline.router import fit_router
-from pipeline.train import TrainConfig
+from pipeline.route.fit import fit_router
+from pipeline.route.train import TrainConfig
 
 
 def _data(signal: bool, n=900, d=16, seed=0):
@@ -40,7 +40,7 @@ def test_noise_falls_back_to_the_best_single_agent():
 
 
 def test_paired_gain_ci_brackets_the_gain_and_detects_a_real_one():
-    from pipeline.evaluate import paired_gain_ci
+    from pipeline.route.evaluate import paired_gain_ci
 
     rng = np.random.default_rng(0)
     R = (rng.random((400, 2)) < [0.7, 0.6]).astype(np.float32)
@@ -53,8 +53,8 @@ def test_paired_gain_ci_brackets_the_gain_and_detects_a_real_one():
 
 
 def test_ship_gate_wants_a_gain_beyond_validation_noise():
-    from pipeline.head import Head
-    from pipeline.router import ship_gate
+    from pipeline.route.fit import ship_gate
+    from pipeline.route.head import Head
 
     # the head picks agent 1 where feature 1 is set: 40 rows, of which it wins 11 and loses 9 -> +2 rows of 400
     X = np.zeros((400, 2), np.float32)

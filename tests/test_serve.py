@@ -1,4 +1,4 @@
-"""The router endpoint (pipeline/serve.py) on loopback, with the `openai` SDK as the client, against the replay pool.
+"""The router endpoint (pipeline/serve/app.py) on loopback, with the `openai` SDK as the client, against the replay pool.
 
 A head is trained here in seconds: MiniLM embeddings of 100 real MMLU-Pro prompts recorded for all five mmlu_pro
 models, rewards = whether each model's recorded reply is correct, a few CMA-ES generations; then registered and
@@ -19,14 +19,14 @@ import openai
 import pandas as pd
 import pytest
 
-from pipeline import registry
-from pipeline.errors import RouterLiteError
-from pipeline.grading import grade
-from pipeline.pool import AgentSpec
-from pipeline.prompts import prompt_hash
-from pipeline.replay import REPLAY_BASE_URL, ReplayStore, replay_transport
-from pipeline.serve import Router, ServeSettings, build_app, parse_chat_request, serve_in_thread
-from pipeline.tasks import load_source
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.grading import grade
+from pipeline.collect.replay import REPLAY_BASE_URL, ReplayStore, replay_transport
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import prompt_hash
+from pipeline.route import registry
+from pipeline.serve.app import DecisionBatcher, ServeSettings, build_app, parse_chat_request, serve_in_thread
+from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource
 
 pytestmark = pytest.mark.slow
@@ -48,9 +48,9 @@ def pool():
 @pytest.fixture(scope="module")
 def world(pool, tmp_path_factory):
     """(registered head, backbone, demo agents, tasks frame with prompts recorded for every agent)."""
-    from pipeline.embed import Backbone
-    from pipeline.router import fit_router
-    from pipeline.train import TrainConfig
+    from pipeline.route.embed import Backbone
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
 
     agents = pool.agents()
     store = pool.store()
@@ -374,7 +374,7 @@ def test_lone_surrogate_is_400_and_concurrent_requests_are_unaffected(world, poo
 def test_router_retries_a_failed_batch_one_by_one_with_the_real_backbone(world):
     """The same text past validation (the batcher's own isolation): the tokenizer's failure stays with its prompt."""
     reg, bb, _, tasks = world
-    router = Router(reg, bb, ServeSettings(batch_wait_ms=100, embed_cache_size=0))
+    router = DecisionBatcher(reg, bb, ServeSettings(batch_wait_ms=100, embed_cache_size=0))
     texts = tasks["prompt"].iloc[N_TRAIN:N_TRAIN + 6].tolist()
     texts.insert(3, "\ud800 x")
 

@@ -1,4 +1,4 @@
-"""The router endpoint's micro-batcher (pipeline.serve.Router) and input guards, without a model: a backbone whose
+"""The router endpoint's micro-batcher (pipeline.serve.app.DecisionBatcher) and input guards, without a model: a backbone whose
 embedding encodes the prompt's number, so every decision can be checked against the prompt it answers."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.serve import RequestError, Router, ServeSettings, parse_chat_request
-from pipeline.text_guard import CHARS_PER_TOKEN, bad_text, cut_for_tokens, json_problem
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.text_guard import CHARS_PER_TOKEN, bad_text, cut_for_tokens, json_problem
+from pipeline.serve.app import DecisionBatcher, RequestError, ServeSettings, parse_chat_request
 
 K = 7  # agents
 
@@ -51,7 +51,7 @@ def run(coro):
 
 def test_pairing_under_concurrency():
     """300 concurrent decisions with random arrival: each gets the pick for its own prompt (a swap would show)."""
-    router = Router(NumberHead(), NumberBackbone(), ServeSettings(max_batch=16, batch_wait_ms=2, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), NumberBackbone(), ServeSettings(max_batch=16, batch_wait_ms=2, embed_cache_size=0))
 
     async def one(n):
         await asyncio.sleep(random.random() * 0.05)
@@ -72,7 +72,7 @@ def test_pairing_under_concurrency():
 def test_batch_wait_collects_arriving_requests_into_one_forward():
     """While another request is being read (`arriving`), the first waits for it (at most batch_wait_ms)."""
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=0))
 
     async def late(n):
         await asyncio.sleep(0.05)
@@ -100,7 +100,7 @@ class ShiftedHead:
 def test_operating_points_share_one_embedding_per_prompt():
     """Two targets asking about the same prompt in one batch: embedded once, each target's view picks its own."""
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=16))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=500, embed_cache_size=16))
     shifted = ShiftedHead()
 
     async def late(coro):
@@ -123,7 +123,7 @@ def test_operating_points_share_one_embedding_per_prompt():
 
 def test_a_lone_request_does_not_wait_for_a_batch():
     bb = NumberBackbone(delay_s=0)
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=1000, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=1000, embed_cache_size=0))
 
     async def main():
         t = time.perf_counter()
@@ -137,7 +137,7 @@ def test_a_lone_request_does_not_wait_for_a_batch():
 
 def test_max_batch_1_is_the_unbatched_path():
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=1, batch_wait_ms=0, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=1, batch_wait_ms=0, embed_cache_size=0))
 
     async def main():
         return await asyncio.gather(*[router.decide(f"q{n}") for n in range(8)])
@@ -150,7 +150,7 @@ def test_max_batch_1_is_the_unbatched_path():
 def test_a_failing_prompt_fails_only_its_own_request():
     """Issue 12 case 1 (server half): the batch fails, its prompts are retried one by one, only the culprit fails."""
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=20, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=20, embed_cache_size=0))
     texts = [f"q{n}" for n in range(20)]
     texts.insert(7, "q999 BAD")
 
@@ -169,7 +169,7 @@ def test_a_failing_prompt_fails_only_its_own_request():
 
 def test_repeated_prompts_in_one_batch_are_embedded_once_and_cached():
     bb = NumberBackbone()
-    router = Router(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=20))
+    router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=20))
 
     async def main():
         first = await asyncio.gather(*[router.decide(f"q{n % 3}") for n in range(9)])
@@ -231,7 +231,7 @@ def test_sampling_bounds(kw):
 
 
 def test_sampling_bounds_accept_the_edges_and_follow_the_profile_cap():
-    from pipeline.pool import CollectionSettings
+    from pipeline.collect.settings import CollectionSettings
 
     r = parse_chat_request(body(max_tokens=32768, seed=(1 << 63) - 1), "h", ServeSettings())
     assert r.upstream["max_tokens"] == 32768 and r.upstream["seed"] == (1 << 63) - 1

@@ -1,7 +1,7 @@
 """Fuzzing the router endpoint on loopback (issue 12): generated request bodies never get a 5xx, every refusal is an
 OpenAI-style error body, and ordinary requests sent at the same time all succeed.
 
-The server is the real app (pipeline.serve.build_app) with the real MiniLM backbone (its tokenizer is where bad text
+The server is the real app (pipeline.serve.app.build_app) with the real MiniLM backbone (its tokenizer is where bad text
 used to fail) and a registered head; the pool's agents are a local OpenAI-compatible endpoint that answers any
 request, so a 5xx could only come from the router itself. Bounded: `FUZZ_EXAMPLES` examples (env
 ROUTER_LITE_FUZZ_EXAMPLES), no per-example deadline (embedding time depends on the machine's load).
@@ -22,12 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import registry
-from pipeline.head import Head
-from pipeline.http_server import LoopbackServer
-from pipeline.ood import OODGuard
-from pipeline.pool import AgentSpec
-from pipeline.serve import ServeSettings, build_app, serve_in_thread
+from pipeline.collect.agents import AgentSpec
+from pipeline.route import registry
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
+from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.serve.http_server import LoopbackServer
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def fake_agent_app():
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """(router server, head name): a random linear head over MiniLM with a guard fitted on REFERENCE."""
-    from pipeline.embed import Backbone
+    from pipeline.route.embed import Backbone
 
     bb = Backbone(None, max_seq_length=64)
     X = bb.encode(REFERENCE)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.tasks import load_source
+from pipeline.core.errors import RouterLiteError
+from pipeline.tasks.sources import load_source
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD_PRO = {"question": "q?", "options": ["x", "y", "z"], "answer": "B", "question_id": 7, "category": "math"}

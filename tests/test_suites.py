@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import suites as S
-from pipeline.errors import RouterLiteError
+from pipeline.core.errors import RouterLiteError
+from pipeline.report import suites as S
 
 ARC_TEST_1 = (
     "A group of engineers wanted to know how different building designs would respond during an earthquake. "

@@ -1,15 +1,16 @@
-"""Operating points (pipeline/targets.py), the value report (pipeline/value.py) and targets through the registry."""
+"""Operating points (pipeline/route/targets.py), the value report (pipeline/report/value.py) and targets through the registry."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import registry
-from pipeline.errors import RouterLiteError
-from pipeline.ood import OODGuard
-from pipeline.router import fit_router
-from pipeline.targets import (
+from pipeline.core.errors import RouterLiteError
+from pipeline.report.value import routellm_metrics
+from pipeline.route import registry
+from pipeline.route.fit import fit_router
+from pipeline.route.ood import OODGuard
+from pipeline.route.targets import (
     Target,
     cost_aware_pick,
     operating_path,
@@ -17,8 +18,7 @@ from pipeline.targets import (
     request_target,
     resolve,
 )
-from pipeline.train import TrainConfig
-from pipeline.value import routellm_metrics
+from pipeline.route.train import TrainConfig
 
 
 @pytest.mark.parametrize("text, want", [
@@ -149,7 +149,7 @@ def test_the_chosen_agent_changes_with_the_target(tmp_path):
 
 
 def test_head_without_operating_points_serves_only_max_quality(tmp_path):
-    from pipeline.head import Head
+    from pipeline.route.head import Head
 
     head = Head(np.zeros((4, 2), np.float32), np.array([1.0, 0.0], np.float32), agents=["a", "b"])
     guard = OODGuard().fit(np.random.default_rng(0).normal(size=(30, 4)), np.random.default_rng(1).normal(size=(10, 4)))
@@ -176,8 +176,8 @@ def test_serve_honours_the_target_per_request(tmp_path):
     import httpx
     import openai
 
-    from pipeline.pool import AgentSpec
-    from pipeline.serve import ServeSettings, build_app, serve_in_thread
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
 
     _fit, reg, X, cluster = _matrix_world(tmp_path)
     fired = reg.guard.fires(X)

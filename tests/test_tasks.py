@@ -6,9 +6,9 @@ import sys
 import pandas as pd
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.task_pool import PoolConfig, build_task_pool, pool_counts
-from pipeline.tasks import SOURCES, TASK_COLUMNS, data_dir, load_source
+from pipeline.core.errors import RouterLiteError
+from pipeline.tasks.sources import SOURCES, TASK_COLUMNS, data_dir, load_source
+from pipeline.tasks.task_pool import TaskPoolConfig, build_task_pool, pool_counts
 
 BUNDLED = [k for k, s in SOURCES.items() if s.bundled]
 
@@ -138,7 +138,7 @@ PILOT_SOURCES = ("math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge
 def _seed_pool(all_tasks, **kw):
     """The pilot profile's pool: its seven seed sources (not the ZeroEval copies)."""
     seed = [v for k, v in all_tasks.items() if k in PILOT_SOURCES]
-    return build_task_pool(pd.concat(seed, ignore_index=True), PoolConfig(**kw))
+    return build_task_pool(pd.concat(seed, ignore_index=True), TaskPoolConfig(**kw))
 
 
 def test_seed_pool_balanced_and_split(all_tasks):
@@ -165,7 +165,7 @@ def test_pool_is_deterministic_and_order_independent(all_tasks):
 
 
 def test_demo_pool_stratified_by_category_with_ood(all_tasks):
-    cfg = PoolConfig(size=3000, balance="category", split={"train": 0.6, "validation": 0.2, "test": 0.2},
+    cfg = TaskPoolConfig(size=3000, balance="category", split={"train": 0.6, "validation": 0.2, "test": 0.2},
                      ood_categories=("history", "philosophy"))
     pool = build_task_pool(all_tasks["mmlu_pro"], cfg)
     assert len(pool) == 3000 and pool["category"].nunique() == 14
@@ -195,8 +195,8 @@ def test_zeroeval_sources(all_tasks):
 
 
 def test_zeroeval_prompts_are_recorded_for_all_ten_models(all_tasks):
-    from pipeline.prompts import prompt_hash
-    from pipeline.replay import ReplayStore
+    from pipeline.collect.replay import ReplayStore
+    from pipeline.core.prompts import prompt_hash
 
     store = ReplayStore.load(data_dir() / "replay" / "zeroeval_outputs.parquet")
     assert len(store.models()) == 10 and len(store) == 28_400
@@ -207,7 +207,7 @@ def test_zeroeval_prompts_are_recorded_for_all_ten_models(all_tasks):
 
 def test_zeroeval_pool_split_by_source_with_geometry_out_of_distribution(all_tasks):
     tasks = pd.concat([all_tasks[k] for k in ("zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux")])
-    cfg = PoolConfig(size=2840, balance="category", stratify_column="source", ood_column="category",
+    cfg = TaskPoolConfig(size=2840, balance="category", stratify_column="source", ood_column="category",
                      ood_categories=("geometry",), split={"train": 0.6, "validation": 0.2, "test": 0.2})
     pool = build_task_pool(tasks, cfg)
     assert len(pool) == 2840 and pool["ood"].sum() == 123
@@ -219,7 +219,7 @@ def test_zeroeval_pool_split_by_source_with_geometry_out_of_distribution(all_tas
 
 
 def test_profile_ood_rule(tmp_path, monkeypatch):
-    from pipeline.config import load_profile
+    from pipeline.core.config import load_profile
 
     demo = load_profile("demo")
     assert demo.task_pool.ood_column == "category" and demo.task_pool.ood_categories == ("geometry",)
@@ -234,12 +234,14 @@ def test_profile_ood_rule(tmp_path, monkeypatch):
 def test_duplicate_task_ids_rejected(all_tasks):
     df = all_tasks["aime2025_i"]
     with pytest.raises(RouterLiteError, match="duplicate task_id"):
-        build_task_pool(pd.concat([df, df.iloc[:1]]), PoolConfig(size=10, balance="category", stratify_column="source"))
+        build_task_pool(pd.concat([df, df.iloc[:1]]), TaskPoolConfig(size=10, balance="category", stratify_column="source"))
 
 
 def test_importing_pipeline_pulls_in_no_dagster():
     code = ("import sys, importlib, pkgutil, pipeline\n"
-            "for m in pkgutil.iter_modules(pipeline.__path__): importlib.import_module('pipeline.' + m.name)\n"
+            "names = [m.name for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.')]\n"
+            "assert len(names) > 40, names\n"
+            "for n in names: importlib.import_module(n)\n"
             "bad = sorted(m for m in sys.modules if m == 'dagster' or m.startswith('dagster.'))\n"
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

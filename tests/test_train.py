@@ -4,12 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.errors import RouterLiteError
-from pipeline.evaluate import METRIC_KEYS, held_out_metrics, routing_report
-from pipeline.head import Head, n_params
-from pipeline.knn import KnnRouter
-from pipeline.ood import OODGuard
-from pipeline.train import TrainConfig, _Objective, best_single_agent, effective_rewards, population_scores, train_head
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.evaluate import METRIC_KEYS, held_out_metrics, routing_report
+from pipeline.route.head import Head, n_params
+from pipeline.route.knn import KnnRouter
+from pipeline.route.ood import OODGuard
+from pipeline.route.train import (
+    TrainConfig,
+    _Objective,
+    best_single_agent,
+    effective_rewards,
+    population_scores,
+    train_head,
+)
 
 
 def planted(n=2400, d=16, K=4, seed=0):
@@ -169,7 +176,7 @@ def test_held_out_metrics_keys_and_values():
 
 
 def test_prune_unearned_agent():
-    from pipeline.train import PRUNED_BIAS, prune_unearned
+    from pipeline.route.train import PRUNED_BIAS, prune_unearned
 
     # agent 1 is picked where x > 0 but is worse there than the best single agent 0; agent 2 earns its share
     X = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 2.0], [-1.0, -1.0]], dtype=np.float32)

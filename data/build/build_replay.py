@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.prompts import mcq_prompt, prompt_hash  # noqa: E402
+from pipeline.core.prompts import mcq_prompt, prompt_hash  # noqa: E402
 
 DEFAULT_SOURCE = Path("/work/shared/data/reward-matrices/mmlu-pro-tiger-eval-results")
 DEFAULT_OUT = ROOT / "data" / "replay" / "mmlu_pro_outputs.parquet"

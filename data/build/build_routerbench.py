@@ -9,7 +9,7 @@ builder drops them and counts them):
 - `sample_id`, `eval_name`, `split` (train | test, from the CSV file name), `source_file`, `source_row`
   (the CSV's unnamed index column);
 - `prompt`: the full prompt string (the source stores a Python-list repr; a few ARC rows hold the same prompt
-  twice, all such duplicates are identical, the last element is kept), `prompt_hash` (pipeline.prompts);
+  twice, all such duplicates are identical, the last element is kept), `prompt_hash` (pipeline.core.prompts);
 - per model `<model>` (0/1 score, null when missing) and `<model>|total_cost` (USD for that call).
 Dropped: model responses and `oracle_model_to_route_to` (derivable from the scores and costs).
 
@@ -27,8 +27,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pipeline.io import atomic_write_parquet  # noqa: E402
-from pipeline.prompts import prompt_hash  # noqa: E402
+from pipeline.core.io import atomic_write_parquet  # noqa: E402
+from pipeline.core.prompts import prompt_hash  # noqa: E402
 
 DEFAULT_SOURCE = Path("/work/shared/data/reward-matrices/routerbench-subset-via-routerdc")
 DEFAULT_OUT = REPO / "data" / "routerbench"

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.prompts import prompt_hash  # noqa: E402
+from pipeline.core.prompts import prompt_hash  # noqa: E402
 
 DEFAULT_SOURCE = Path("/work/shared/data/reward-matrices/zeroeval/records.parquet")
 TASKS_OUT = ROOT / "data" / "sources" / "zeroeval" / "tasks.parquet"
@@ -57,7 +57,7 @@ def _upstream_index(qid: str) -> int:
 
 
 def gsm8k_steps(questions: pd.Series, index: pd.Series) -> list[int]:
-    """Reference-solution steps per GSM8K question (the same count as `pipeline.tasks._gsm8k_gold`)."""
+    """Reference-solution steps per GSM8K question (the same count as `pipeline.tasks.sources._gsm8k_gold`)."""
     with gzip.open(GSM8K, "rt", encoding="utf-8") as fh:
         ref = [json.loads(line) for line in fh if line.strip()]
     steps = []

@@ -1,0 +1,206 @@
+"""`collect(...)`: the calls of (tasks x agents x repetition) missing from a `CallLog`, bounded concurrency per
+provider, each finished call graded and appended (group-committed, fsync'ed) at once; a progress line with rate and
+ETA every 10 s. `run_collect` / `run_sync`: the same from synchronous code."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.call_log import CallLog, call_key
+from pipeline.collect.client import call_once
+from pipeline.collect.grading import GRADERS, grade
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import RateLog
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------- collection
+GradeFn = Callable[[Any, str, str], tuple]
+TASK_COLUMNS = ("task_id", "prompt", "gold", "grader")
+
+
+def _check_tasks(tasks_df: pd.DataFrame) -> None:
+    missing = [c for c in TASK_COLUMNS if c not in tasks_df.columns]
+    if missing:
+        raise RouterLiteError(f"tasks frame lacks column(s) {missing} (has {list(tasks_df.columns)})")
+    dup = tasks_df["task_id"][tasks_df["task_id"].duplicated()].unique().tolist()
+    if dup:
+        raise RouterLiteError(f"duplicate task_id(s) in tasks frame: {dup[:5]}")
+    bad = [t for t, p in zip(tasks_df["task_id"], tasks_df["prompt"]) if not isinstance(p, str) or not p.strip()]
+    if bad:
+        raise RouterLiteError(f"task(s) without a prompt: {bad[:5]}")
+    graders = set(tasks_df["grader"]) - set(GRADERS)
+    if graders:
+        raise RouterLiteError(f"unknown grader(s) {sorted(map(str, graders))} in tasks frame; known: {', '.join(GRADERS)}")
+
+
+def check_agents(agents: list[AgentSpec]) -> None:
+    if not agents:
+        raise RouterLiteError("empty agent pool: nothing to collect")
+    dup = sorted(n for n, c in collections.Counter(a.name for a in agents).items() if c > 1)
+    if dup:
+        raise RouterLiteError(f"duplicate agent name(s) {dup}")
+
+
+class _GroupCommit:
+    """Appends rows to a CallLog from a background task: all rows waiting are written with one fsync per file;
+    `write(row)` returns once its row is on disk."""
+
+    def __init__(self, call_log: CallLog):
+        self.call_log = call_log
+        self.pending: list[tuple[dict, asyncio.Future]] = []
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    async def write(self, row: dict) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((row, fut))
+        self.wake.set()
+        await fut
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            batch, self.pending = self.pending, []
+            if batch:
+                try:
+                    await asyncio.to_thread(self.call_log.append_many, [r for r, _ in batch])
+                except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiting writer
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for _, f in batch:
+                    if not f.done():
+                        f.set_result(None)
+            elif self.closed:
+                return
+
+
+async def close_clients(clients: dict) -> None:
+    for c in {id(c): c for c in clients.values()}.values():
+        close = getattr(c, "close", None)
+        if close is not None:
+            try:
+                res = close()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
+async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: int, call_log: CallLog,
+                  client_for: Callable[[AgentSpec], Any], settings: CollectionSettings | None = None,
+                  grade_fn: GradeFn | None = None) -> pd.DataFrame:
+    """Make the calls of (tasks x agents x `repetition`) missing from `call_log`; return all of them, graded.
+
+    `tasks_df` needs task_id, prompt, gold, grader. Done = a row with status ok or empty in the log; error rows are
+    logged but retried by the next collection. At most `settings.concurrency` calls are in flight per provider.
+    Each finished call is graded (`grade_fn(text, gold, grader) -> (extracted, correct)`, default
+    `pipeline.collect.grading.grade`; errors are not graded: correct None) and appended to the log before the next call of
+    that worker starts. `client_for(agent)` is called once per agent before any call (so a missing key fails first);
+    the clients are closed at the end. Returns one row per call key (CALL_FIELDS columns), in task x agent order.
+    """
+    settings = settings or CollectionSettings()
+    grade_fn = grade_fn or grade
+    _check_tasks(tasks_df)
+    check_agents(agents)
+    sh = settings.hash()
+    clients = {a.name: client_for(a) for a in agents}
+    done = call_log.keys()
+    tasks = tasks_df[list(TASK_COLUMNS)].to_dict("records")
+    wanted, queues = _call_queues(tasks, agents, repetition, sh, done)
+    n_todo = sum(len(q) for q in queues.values())
+    log.info("collect: %d calls wanted, %d already done, %d to make", len(wanted), len(wanted) - n_todo, n_todo)
+    counts: collections.Counter = collections.Counter()
+    committer = _GroupCommit(call_log)
+    progress = RateLog("collect", "calls", log.info, every_s=10.0)  # rate + ETA, in the Dagster step log too
+
+    async def worker(queue: collections.deque) -> None:
+        while queue:
+            k, a, t = queue.popleft()
+            fields = await call_once(clients[a.name], a, t["prompt"], settings)
+            await committer.write(_graded_row(k, a, t, repetition, sh, fields, grade_fn))
+            counts[fields["status"]] += 1
+            progress(sum(counts.values()), n_todo)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            commit_task = tg.create_task(committer.run())
+            async with asyncio.TaskGroup() as workers:
+                for q in queues.values():
+                    for _ in range(min(settings.concurrency, len(q))):
+                        workers.create_task(worker(q))
+            committer.close()
+            await commit_task
+    finally:
+        await close_clients(clients)
+    log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
+    latest = call_log.latest()
+    order = {k: i for i, k in enumerate(wanted)}
+    out = latest[latest["call_key"].isin(order)].copy()
+    out["_order"] = out["call_key"].map(order)
+    return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _call_queues(tasks: list[dict], agents: list[AgentSpec], repetition: int, sh: str, done):
+    """(every wanted call key in task x agent order, per provider a queue of the (key, agent, task) not done)."""
+    wanted: list[str] = []
+    queues: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    for t in tasks:
+        for a in agents:
+            k = call_key(a.name, str(t["task_id"]), repetition, sh)
+            wanted.append(k)
+            if k not in done:
+                queues[a.provider].append((k, a, t))
+    return wanted, queues
+
+
+def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields: dict, grade_fn: GradeFn) -> dict:
+    """The call-log row of one finished call, graded (errors are not graded; an empty reply is not correct)."""
+    if fields["status"] == "error":
+        extracted, correct = None, None
+    else:
+        extracted, correct = grade_fn(fields["response_text"], str(t["gold"]), t["grader"])
+        correct = bool(correct) if fields["status"] == "ok" else False
+    return {"call_key": k, "agent": a.name, "model": a.model, "task_id": str(t["task_id"]),
+            "repetition": int(repetition), "settings_hash": sh, "status": fields["status"],
+            "error_kind": fields["error_kind"], "response_text": fields["response_text"],
+            "extracted": extracted, "correct": correct, "prompt_tokens": fields["prompt_tokens"],
+            "completion_tokens": fields["completion_tokens"], "cost_usd": fields["cost_usd"],
+            "latency_ms": fields["latency_ms"], "finish_reason": fields["finish_reason"],
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "attempts": fields["attempts"], "error_message": fields["error_message"],
+            "usage_source": fields["usage_source"]}
+
+
+def run_sync(coro):
+    """Run a coroutine from synchronous code: its own event loop, in a helper thread inside a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
+
+
+def run_collect(*args: Any, **kwargs: Any) -> pd.DataFrame:
+    """`collect` from synchronous code (its own event loop; a helper thread inside a running loop)."""
+    return run_sync(collect(*args, **kwargs))

@@ -1,0 +1,623 @@
+"""Answer extraction and grading of model replies (pure functions, no I/O).
+
+Extraction looks for the answer in decreasing order of explicitness: the `answer` field of a JSON object (the format
+the ZeroEval prompts ask for), a tagged answer, a boxed answer, a labelled answer ("the answer is ..."), then a
+last-resort fallback (last number; for multiple choice only a final line that is a bare letter). Each stage is
+scanned from the end of the reply, because models often revise themselves.
+
+Graders: `mcq_letter`, `integer`, `math_expression` (MATH-style equivalence) and `python_literal` (CRUXEval output
+prediction: both sides compared as Python literals with `==`, the semantics of CRUXEval's own `assert f(x) == pred`,
+when both parse with `ast.literal_eval`; else as whitespace-trimmed strings).
+
+Each grader is one `GraderSpec` row of `GRADER_SPECS` (name -> how one candidate answer is parsed, what the whole
+reply falls back to, how the answer is compared with the gold answer, and a description); `grade` and
+`extract_answer` dispatch through it. `register_grader(spec)` adds one (docs/architecture.md, "How to add a grader").
+"""
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+import sympy
+
+from pipeline.core.errors import RouterLiteError
+
+# Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
+_MAX_SYMPY_CHARS = 200
+_MAX_EXPONENT = 100
+_MAX_DIGITS = 30
+_MAX_NUMBER_CHARS = 400
+_SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
+_REL_TOL = 1e-9
+
+# an "answer" key of a JSON (or Python-dict style, single-quoted) object
+_JSON_KEY_RE = re.compile(r"""(["'])answer\1\s*:\s*""", re.I)
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "'": "'", "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+_JSON_LITERALS = {"true": "True", "false": "False", "null": "None"}
+_MAX_LITERAL_CHARS = 5000
+_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.I | re.S)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+# "the answer is (X)", "Answer: X", "Final answer: X", "**Answer:** X", "**Answer**: X"
+_LABEL_RE = re.compile(r"\banswer(?:\s+(?:is|would\s+be|should\s+be)|\s*\**\s*:)[\s*]*:?[\s*]*", re.I)
+_LETTER_RE = re.compile(r"((?:option|choice)\s+)?([(\[])?([A-J])([)\]])?(?![\w'])", re.I)
+_BARE_LETTER_LINE_RE = re.compile(r"^(?:(?:option|choice|answer)\s*:?\s*)?[(\[]?([A-J])[)\]]?\.?$")
+_NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
+_PLAIN_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+_UNITS = (r"(?:square\s+|sq\s+|cubic\s+)?(?:cm|mm|km|meters?|metres?|centimeters?|inches|inch|feet|foot|ft|yards?|"
+          r"miles?|units?|degrees?|dollars?|cents?|hours?|minutes?|seconds?|days?|weeks?|months?|years?|mph|"
+          r"pounds?|lbs?|kg|grams?|liters?|people|students|ways)")
+_TEXT_UNIT_RE = re.compile(r"\\(?:text|mbox|mathrm)\{\s*(?:" + _UNITS + r"|m|g|in)\s*\}(?:\^\{?[23]\}?)?")
+_TRAILING_UNIT_RE = re.compile(r"(?<=[\d}\s])\s*" + _UNITS + r"(?:\^\{?[23]\}?)?\s*$", re.I)
+_TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}")
+_VAR_PREFIX_RE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?=\S)")
+# spacing macros; a LaTeX line break \\ is matched first so that "\\ 2" is not read as "\" + "\ "
+_SPACING_RE = re.compile(r"\\\\|\\[!,;: ]")
+_DROP_TOKENS = ("\\displaystyle", "\\left", "\\right", "\\bigl", "\\bigr", "\\Bigl", "\\Bigr", "\\$", "$", "\\%",
+                "%", "^{\\circ}", "^\\circ", "\\circ", "°")
+
+_FUNCS = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
+          "exp": sympy.exp}
+_CONSTS = {"pi": sympy.pi, "oo": sympy.oo}
+_LATEX_WORDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "sin": "sin", "cos": "cos",
+                "tan": "tan", "ln": "log", "log": "log", "exp": "exp"}
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b}
+
+
+def is_empty(text) -> bool:
+    return text is None or not str(text).strip()
+
+
+def grader_spec(grader: str) -> GraderSpec:
+    """The table row of `grader`; an unknown name -> one error listing the known graders."""
+    spec = GRADER_SPECS.get(grader) if isinstance(grader, str) else None
+    if spec is None:
+        raise RouterLiteError(f"unknown grader {grader!r}; expected one of {', '.join(GRADER_SPECS)}")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------- candidates
+def _brace_group(s: str, i: int) -> tuple[str, int] | None:
+    """Content of the balanced {...} starting at s[i] and the index after it (None when unbalanced)."""
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {"{": 1, "}": -1}.get(s[j], 0)
+        if depth == 0:
+            return s[i + 1:j], j + 1
+    return None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...} in order; nested braces are matched, not regex-guessed."""
+    found = []
+    for m in _BOXED_RE.finditer(text):
+        i = m.end()
+        if text[i:i + 1] == "{":
+            group = _brace_group(text, i)
+            if group:
+                found.append(group[0])
+        elif i < len(text):  # "\boxed 5": the argument is the next token
+            found.append(re.match(r"\S+", text[i:]).group(0).rstrip("$."))
+    return found
+
+
+def _label_candidates(text: str) -> list[str]:
+    """Rest of the line after each answer label, in order."""
+    return [text[m.end():].split("\n", 1)[0][:200] for m in _LABEL_RE.finditer(text)]
+
+
+def _json_string(text: str, i: int, quote: str) -> str | None:
+    """The string literal opening at text[i] (a quote), unescaped tolerantly: a backslash before a letter that starts
+    a LaTeX command (\\frac, \\times, \\nu: an escape letter followed by another letter) is kept as written, since
+    models often forget to double it; None when the string never closes."""
+    out, j = [], i + 1
+    while j < len(text):
+        ch = text[j]
+        if ch == quote:
+            return "".join(out)
+        if ch == "\\" and j + 1 < len(text):
+            nxt = text[j + 1]
+            if nxt == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[j + 2:j + 6]):
+                out.append(chr(int(text[j + 2:j + 6], 16)))
+                j += 6
+                continue
+            latex = nxt.isalpha() and text[j + 2:j + 3].isalpha()
+            out.append("\\" + nxt if latex or nxt not in _JSON_ESCAPES else _JSON_ESCAPES[nxt])
+            j += 2
+            continue
+        out.append(ch)
+        j += 1
+    return None
+
+
+def _json_raw(text: str, i: int) -> str | None:
+    """A non-string JSON value at text[i] (number, list, object, true/false/null), up to the `,`, `}` or line end
+    that closes it at bracket depth 0; JSON true/false/null read as Python's True/False/None."""
+    depth, j, quote = 0, i, None
+    while j < len(text):
+        ch = text[j]
+        if quote:
+            if ch == "\\":
+                j += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif depth == 0 and ch in ",\n":
+            break
+        j += 1
+    raw = text[i:j].strip()
+    return _JSON_LITERALS.get(raw, raw) or None
+
+
+def _json_answers(text: str) -> list[str]:
+    """The value of every `"answer":` key in the reply, in order: fenced or bare JSON, trailing text allowed, LaTeX
+    backslashes tolerated; a single-quoted value is read only after a single-quoted key (a Python-style dict)."""
+    found = []
+    for m in _JSON_KEY_RE.finditer(text):
+        i = m.end()
+        if i >= len(text):
+            continue
+        quote = text[i] if text[i] in "\"'" else None
+        if quote == "'" and m.group(1) != "'":
+            quote = None
+        value = _json_string(text, i, quote) if quote else _json_raw(text, i)
+        if value == "" and quote:
+            value = quote * 2  # "answer": "" is the empty string (a CRUXEval output); no other grader accepts it
+        if value:
+            found.append(value)  # unstripped: a CRUXEval string output may begin or end with spaces
+    return found
+
+
+def _candidates(text: str) -> list[list[str]]:
+    """Stages in priority order; each lists its candidates last-first (the last occurrence wins)."""
+    tagged = [t.strip() for t in _TAG_RE.findall(text)]
+    tagged = [(_boxed_contents(t) or [t])[-1] for t in tagged]  # a boxed answer inside the tag is the answer
+    return [_json_answers(text)[::-1], tagged[::-1], _boxed_contents(text)[::-1], _label_candidates(text)[::-1]]
+
+
+def _strip_markup(s: str) -> str:
+    s = _TEXT_WRAP_RE.sub(r"\1", s)
+    return s.replace("**", "").replace("$", "").replace("\\(", "").replace("\\)", "").strip()
+
+
+# ------------------------------------------------------------------------------------------ per-grader parsing
+def _letter(candidate: str) -> str | None:
+    c = _strip_markup(candidate).lstrip(":").strip()
+    m = _LETTER_RE.match(c)
+    if not m:
+        return None
+    prefix, opened, letter, closed = m.groups()
+    # a lowercase letter is usually the article "a" ("the answer is a function..."): only accept it marked up
+    if letter.islower() and not (prefix or (opened and closed) or m.end() == len(c.rstrip("."))):
+        return None
+    return letter.upper()
+
+
+def _bare_letter_line(text: str) -> str | None:
+    """The final line when it is nothing but a letter ("C", "(C)", "**C.**"): the only unlabelled letter we trust."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    m = _BARE_LETTER_LINE_RE.match(_strip_markup(lines[-1])) if lines else None
+    return m.group(1) if m else None
+
+
+def _canonical_number(s: str) -> str | None:
+    """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number."""
+    if len(s) > _MAX_NUMBER_CHARS or not _PLAIN_NUMBER_RE.fullmatch(s):  # a runaway digit string is no answer
+        return None
+    try:
+        d = Decimal(s)
+    except InvalidOperation:
+        return None
+    if d == d.to_integral_value():
+        return str(int(d))
+    return format(d.normalize(), "f")
+
+
+def _integer(candidate: str) -> str | None:
+    candidate = _math(candidate) or ""
+    norm = normalize_math(candidate)
+    number = _canonical_number(norm)
+    if number is not None:
+        return number
+    value = _sympy_value(norm)  # "\frac{36}{2}" -> 18
+    if value is not None and value.is_Integer:
+        return str(value)
+    m = _NUMBER_RE.search(_strip_markup(candidate).replace(",", ""))  # "18 apples (since ...)"
+    return _canonical_number(m.group(0)) if m else None
+
+
+def _math(candidate: str) -> str | None:
+    """A labelled math answer: the first $...$ / \\(...\\) span if it opens the line, else up to the sentence end."""
+    c = candidate.strip().strip("*").strip()
+    m = re.match(r"\$\$?(.+?)(?<!\\)\$|\\[(\[](.+?)\\[)\]]", c)  # "\$" inside is a dollar sign
+    if m:
+        c = m.group(1) or m.group(2)
+    else:
+        c = re.split(r"(?<!\d)\.(?:\s|$)|\.\s", c, maxsplit=1)[0]
+    c = c.strip().rstrip(".").strip()
+    if "\\" not in c and len(re.findall(r"[a-zA-Z]{2,}", c)) > 3:  # prose ("Answer: Let's think step by step")
+        return None
+    return c or None
+
+
+def _last_number(text: str) -> str | None:
+    clean = text.replace("**", "").replace("\\$", "").replace("$", "").replace("{,}", "")
+    clean = re.sub(r"(?<=\d),(?=\d{3}\b)", "", clean)  # thousands separators
+    numbers = _NUMBER_RE.findall(clean)
+    return _canonical_number(numbers[-1]) if numbers else None
+
+
+_ASSERT_PREFIX_RE = re.compile(r"^(?:assert\s+)?f\(.*\)\s*==\s*", re.S)
+
+
+def _literal_text(candidate: str) -> str | None:
+    """A predicted CRUXEval output as written: code fences/backticks and an `assert f(...) ==` prefix removed; outer
+    spaces are kept otherwise (a string output may begin or end with spaces, and the JSON field is itself a string)."""
+    c = candidate.strip()
+    c = re.sub(r"^```(?:python)?\s*|\s*```$", "", c).strip().strip("`").strip()
+    c = _ASSERT_PREFIX_RE.sub("", c, count=1).strip()
+    if c == candidate.strip():
+        return candidate if candidate else None
+    return c or None
+
+
+def extract_answer(text: str, grader: str) -> str | None:
+    """The answer in `text` as the grader wants it (letter A-J, integer string, raw LaTeX), or None."""
+    spec = grader_spec(grader)
+    if is_empty(text):
+        return None
+    for stage in _candidates(text):
+        for candidate in stage:
+            answer = spec.parse(candidate)
+            if answer:
+                return answer
+    return spec.fallback(text) if spec.fallback is not None else None
+
+
+# ------------------------------------------------------------------------------------------ normalisation
+def normalize_math(s: str) -> str:
+    """MATH-style canonical string: no spacing/sizing macros, units, degrees, %, \\text wrappers, 'x =' prefix."""
+    s = re.sub(r"[₀-₉]+", lambda m: "_" + m.group(0).translate(_SUBSCRIPT_DIGITS), s)  # 1112₃ -> 1112_3 (a base)
+    s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s.strip())
+    for token in _DROP_TOKENS:
+        s = s.replace(token, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _TEXT_UNIT_RE.sub("", s)
+    while (unwrapped := _TEXT_WRAP_RE.sub(r"\1", s)) != s:
+        s = unwrapped
+    s = _TRAILING_UNIT_RE.sub("", s.strip()).strip().rstrip(".").strip()
+    s = _VAR_PREFIX_RE.sub("", s)
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # \frac12
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)  # \sqrt2
+    s = s.replace("{,}", "")
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):  # 1,000 (not a list: groups of exactly 3)
+        s = s.replace(",", "")
+    s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)  # .5 -> 0.5
+    return re.sub(r"^(-?\d+)\.0+$", r"\1", s)  # 18.0 -> 18
+
+
+def _split_top(s: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside (), [], {}."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            parts.append(s[start:i])
+            start = i + len(sep)
+    return parts + [s[start:]]
+
+
+# ------------------------------------------------------------------------------------------ LaTeX -> sympy
+def _latex_group(s: str, i: int) -> tuple[str, int]:
+    """The argument of a macro at s[i]: a balanced {...}, a \\command or one character."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        raise ValueError("missing macro argument")
+    if s[i] == "{":
+        group = _brace_group(s, i)
+        if group is None:
+            raise ValueError("unbalanced braces")
+        return group
+    m = re.match(r"\\[a-zA-Z]+", s[i:])
+    return (m.group(0), i + m.end()) if m else (s[i], i + 1)
+
+
+def _latex_to_py(s: str) -> str:
+    """Small LaTeX -> Python-expression converter (fractions, roots, pi, powers, a few functions).
+
+    sympy's own parse_latex needs antlr4 4.11 exactly and the environment ships 4.13, so it cannot be used.
+    """
+    out, i = [], 0
+    while i < len(s):
+        if s[i] != "\\":
+            out.append({"{": "(", "}": ")", "^": "**"}.get(s[i], s[i]))
+            i += 1
+            continue
+        m = re.match(r"\\([a-zA-Z]+)", s[i:])
+        if not m:
+            raise ValueError(f"unsupported LaTeX near {s[i:i + 10]!r}")
+        name, i = m.group(1), i + m.end()
+        if name == "frac":
+            num, i = _latex_group(s, i)
+            den, i = _latex_group(s, i)
+            out.append(f"(({_latex_to_py(num)})/({_latex_to_py(den)}))")
+        elif name == "sqrt":
+            index = None
+            if s[i:i + 1] == "[":
+                j = s.index("]", i)
+                index, i = s[i + 1:j], j + 1
+            arg, i = _latex_group(s, i)
+            arg = _latex_to_py(arg)
+            out.append(f"(({arg})**(1/({_latex_to_py(index)})))" if index else f"sqrt({arg})")
+        elif name in _LATEX_WORDS:
+            out.append(f" {_LATEX_WORDS[name]} ")
+        else:
+            raise ValueError(f"unsupported LaTeX command \\{name}")
+    return "".join(out)
+
+
+_PY_TOKEN_RE = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|([a-zA-Z]+)|(\*\*|[-+*/()]))")
+
+
+def _py_tokens(py: str) -> list[tuple[str, str]]:
+    """(kind, text) tokens; multi-letter names that are not functions/constants become single-letter symbols."""
+    tokens, pos = [], 0
+    while pos < len(py.rstrip()):
+        m = _PY_TOKEN_RE.match(py, pos)
+        if not m:
+            raise ValueError(f"unsupported characters in {py!r}")
+        number, name, op = m.groups()
+        if number:
+            tokens.append(("num", number))
+        elif name in _FUNCS:
+            tokens.append(("func", name))
+        elif name:
+            tokens += [("name", name)] if name in _CONSTS else [("name", ch) for ch in name]
+        else:
+            tokens.append(("op", op))
+        pos = m.end()
+    return tokens
+
+
+def _explicit_products(py: str) -> str:
+    """Insert the '*' that maths leaves implicit ("2x", "3sqrt(2)", ")(", "xy")."""
+    out, prev = [], None
+    for kind, text in _py_tokens(py):
+        left = prev is not None and (prev[0] in ("num", "name") or prev[1] == ")")
+        if left and (kind in ("num", "name", "func") or text == "("):
+            out.append("*")
+        out.append(text)
+        prev = (kind, text)
+    return " ".join(out)
+
+
+def _has_pow(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node))
+
+
+def _build(node: ast.AST, pow_depth: int = 0):
+    """sympy expression from a whitelisted AST (no eval of model text).
+
+    Exact powers are what can blow up (10^{10^{10}}), so exponents hold no power and small constants only, and
+    powers nest at most two deep in a base: the largest value stays around 10^300000, computed in milliseconds.
+    """
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        if isinstance(node.op, ast.Pow):
+            if pow_depth >= 2 or _has_pow(node.right) or any(
+                    isinstance(n, ast.Constant) and abs(n.value) > _MAX_EXPONENT for n in ast.walk(node.right)):
+                raise ValueError("exponent too large to evaluate safely")
+            return _build(node.left, pow_depth + 1) ** _build(node.right, pow_depth + 1)
+        return _BINOPS[type(node.op)](_build(node.left, pow_depth), _build(node.right, pow_depth))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _build(node.operand, pow_depth)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        text = str(node.value)
+        if len(text) > _MAX_DIGITS:
+            raise ValueError("number too long")
+        return sympy.Rational(text)  # exact: 0.5 == 1/2
+    if isinstance(node, ast.Name):
+        return _CONSTS.get(node.id) or sympy.Symbol(node.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
+            and len(node.args) == 1 and not node.keywords:
+        return _FUNCS[node.func.id](_build(node.args[0], pow_depth))
+    raise ValueError(f"unsupported expression node {type(node).__name__}")
+
+
+def _to_sympy(latex: str):
+    if len(latex) > _MAX_SYMPY_CHARS:
+        raise ValueError("expression too long")
+    py = _explicit_products(_latex_to_py(latex))
+    return _build(ast.parse(py, mode="eval").body)
+
+
+def _sympy_value(latex: str):
+    try:
+        return _to_sympy(latex)
+    except Exception:  # sympy/ast raise many exception types on odd input; unparseable just means "no value"
+        return None
+
+
+def _numeric(expr, subs: dict) -> complex:
+    return complex(expr.evalf(30, subs=subs))
+
+
+def _sympy_equal(a: str, b: str) -> bool:
+    ea, eb = _sympy_value(a), _sympy_value(b)
+    if ea is None or eb is None:
+        return False
+    try:
+        if ea == eb:
+            return True
+        symbols = sorted((ea - eb).free_symbols, key=str)
+        # compare values, at a few arbitrary points for symbolic answers: bounded, unlike simplify()/expand()
+        points = [{s: 0.37 + 0.61 * k + 0.13 * j for j, s in enumerate(symbols)} for k in range(3 if symbols else 1)]
+        for subs in points:
+            va, vb = _numeric(ea, subs), _numeric(eb, subs)
+            if abs(va - vb) > _REL_TOL * max(1.0, abs(vb)):
+                return False
+        return True
+    except Exception:  # nan/zoo/overflow in evalf: treat as not provably equal
+        return False
+
+
+# ------------------------------------------------------------------------------------------ comparison
+def _bracketed(s: str) -> bool:
+    return len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and len(_split_top(s[1:-1])) > 1
+
+
+def math_equal(pred: str, gold: str) -> bool:
+    """Equivalence of two MATH-style LaTeX answers: canonical strings, then element-wise, then sympy."""
+    p, g = normalize_math(pred), normalize_math(gold)
+    if p == g:
+        return True
+    if len(p) > _MAX_SYMPY_CHARS or len(g) > _MAX_SYMPY_CHARS:
+        return False
+    p_union, g_union = _split_top(p, "\\cup"), _split_top(g, "\\cup")
+    if len(p_union) > 1 or len(g_union) > 1:
+        return len(p_union) == len(g_union) and all(map(math_equal, p_union, g_union))
+    if _bracketed(p) or _bracketed(g):  # tuples and intervals: same brackets, equal elements in order
+        if not (_bracketed(p) and _bracketed(g)) or (p[0], p[-1]) != (g[0], g[-1]):
+            return False
+        p_items, g_items = _split_top(p[1:-1]), _split_top(g[1:-1])
+        return len(p_items) == len(g_items) and all(map(math_equal, p_items, g_items))
+    p_items, g_items = _split_top(p), _split_top(g)
+    if len(p_items) > 1 or len(g_items) > 1:  # a bare list of solutions: order does not matter
+        return len(p_items) == len(g_items) and _match_unordered(p_items, g_items)
+    return _sympy_equal(p, g)
+
+
+def _match_unordered(pred_items: list[str], gold_items: list[str]) -> bool:
+    remaining = list(gold_items)
+    for item in pred_items:
+        hit = next((i for i, g in enumerate(remaining) if math_equal(item, g)), None)
+        if hit is None:
+            return False
+        remaining.pop(hit)
+    return True
+
+
+def _integer_equal(pred: str, gold: str) -> bool:
+    p, g = _canonical_number(normalize_math(pred)), _canonical_number(normalize_math(gold))
+    return p is not None and p == g
+
+
+_NO_VALUE = object()
+
+
+def _py_literal(s: str):
+    if len(s) > _MAX_LITERAL_CHARS:
+        return _NO_VALUE
+    try:
+        with warnings.catch_warnings():  # "8.50x" makes the parser warn before it fails
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(s)
+    except Exception:  # SyntaxError, ValueError, MemoryError, RecursionError on odd text: not a literal
+        return _NO_VALUE
+
+
+def literal_equal(pred: str, gold: str) -> bool:
+    """CRUXEval outputs: equal as Python literals (`==`) when both parse, else equal as trimmed strings.
+
+    A gold string also matches its bare text, as value or as source between the quotes ('a\\nb' vs a\\nb): the JSON
+    `answer` field is itself a string, so `"answer": "abc"` gives the string abc without Python's quotes; and a
+    prediction wrapped in one pair of quotes that Python cannot parse ('it's') is compared by what they enclose."""
+    p, g = _py_literal(pred.strip()), _py_literal(gold.strip())
+    if p is not _NO_VALUE and g is not _NO_VALUE:
+        try:
+            if p == g:
+                return True
+        except Exception:  # comparisons of exotic literals: fall back to the text
+            pass
+    if isinstance(g, str):
+        quoted = gold.strip()
+        forms = {g, quoted[1:-1]} if quoted[:1] in "'\"" else {g}
+        s = pred.strip()
+        bare = {pred, s[1:-1]} if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else {pred}
+        if forms & bare:
+            return True
+    return pred.strip() == gold.strip()
+
+
+def grade(text: str | None, gold: str, grader: str) -> tuple[str | None, bool]:
+    """(extracted answer, correct). An empty reply or one without an extractable answer is never correct."""
+    spec = grader_spec(grader)
+    extracted = extract_answer(text, grader)
+    if extracted is None:
+        return None, False
+    return extracted, bool(spec.equal(extracted, str(gold)))
+
+
+# ------------------------------------------------------------------------------------------------ the table
+@dataclass(frozen=True)
+class GraderSpec:
+    """One grader. `parse` reads one explicit candidate (the JSON `answer` field, an <answer> tag, a boxed or a
+    labelled answer, tried in that order, last occurrence first) and returns the answer or None; `fallback` reads
+    the whole reply when no candidate parses (None: no guessing); `equal(extracted, gold)` is the verdict."""
+
+    name: str
+    parse: Callable[[str], str | None]
+    equal: Callable[[str, str], bool]
+    description: str
+    fallback: Callable[[str], str | None] | None = None
+
+
+def _letter_equal(pred: str, gold: str) -> bool:
+    return pred == (_letter(gold) or gold.strip().upper())
+
+
+GRADER_SPECS: dict[str, GraderSpec] = {g.name: g for g in [
+    GraderSpec("mcq_letter", _letter, _letter_equal, "multiple choice: one letter A-J",
+               fallback=_bare_letter_line),  # never guess from a stray letter in the reasoning
+    GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME): equal as canonical numbers",
+               fallback=_last_number),
+    GraderSpec("math_expression", _math, math_equal, "MATH-style LaTeX: canonical strings, then sympy equivalence",
+               fallback=_last_number),
+    GraderSpec("python_literal", _literal_text, literal_equal,
+               "CRUXEval output: equal as Python literals, else as trimmed strings"),  # never guessed from reasoning
+]}
+GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
+
+
+def register_grader(spec: GraderSpec, replace: bool = False) -> GraderSpec:
+    """Add a grader to the table (tasks may then name it in their `grader` column); a name already taken -> error
+    unless `replace`."""
+    if not isinstance(spec, GraderSpec) or not spec.name or not isinstance(spec.name, str):
+        raise RouterLiteError(f"register_grader needs a GraderSpec with a name, got {spec!r}")
+    if spec.name in GRADER_SPECS and not replace:
+        raise RouterLiteError(f"grader {spec.name!r} is already registered")
+    GRADER_SPECS[spec.name] = spec
+    return spec
+
+
+def unregister_grader(name: str) -> None:
+    GRADER_SPECS.pop(name, None)
+
+
+@contextmanager
+def graders_restored() -> Iterator[dict[str, GraderSpec]]:
+    """The grader table as it was on entry, restored on exit (tests that register toy graders)."""
+    saved = dict(GRADER_SPECS)
+    try:
+        yield GRADER_SPECS
+    finally:
+        GRADER_SPECS.clear()
+        GRADER_SPECS.update(saved)

@@ -1,0 +1,77 @@
+"""`CollectionSettings`: how one call is made (generation + transport); `.hash()` covers only what changes an answer,
+so changing timeouts, retries or concurrency never invalidates a call log."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from pipeline.core.errors import RouterLiteError
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionSettings:
+    """How one call is made (the call settings of a profile's `collection:` section; pycma style: option = default,
+    meaning). Only the answer-changing ones (``ANSWER_FIELDS``) enter the settings hash of every call key, so
+    timeouts, retries and concurrency can change without invalidating a call log.
+
+    max_tokens = 4096
+        Completion token cap sent with every call (answer-changing).
+    temperature = 0.1
+        Sampling temperature (answer-changing).
+    top_p = 1.0
+        Nucleus sampling mass (answer-changing).
+    reasoning_effort = "minimal"
+        Sent as ``extra_body={"reasoning": {"effort": ...}}`` (OpenRouter); None sends nothing (answer-changing).
+    timeout_s = 180.0
+        Seconds one attempt may take.
+    max_retries = 3
+        Retries after the first attempt of a failed call, with jittered exponential backoff.
+    concurrency = 16
+        Calls in flight per provider.
+    backoff_base_s = 1.0
+        Attempt k waits ``backoff_base_s * 2**k`` seconds (jittered), capped at ``backoff_max_s``.
+    backoff_max_s = 60.0
+        The longest backoff between attempts.
+    max_retry_after_s = 120.0
+        A longer Retry-After is not waited for: the call is recorded as ``rate_limit``.
+    """
+
+    max_tokens: int = 4096
+    temperature: float = 0.1
+    top_p: float = 1.0
+    reasoning_effort: str | None = "minimal"  # sent as extra_body={"reasoning": {"effort": ...}} (OpenRouter)
+    timeout_s: float = 180.0
+    max_retries: int = 3  # retries after the first attempt
+    concurrency: int = 16  # in-flight calls per provider
+    backoff_base_s: float = 1.0  # attempt k waits backoff_base_s * 2**k (jittered), capped at backoff_max_s
+    backoff_max_s: float = 60.0
+    max_retry_after_s: float = 120.0  # a longer Retry-After is not waited for: the call is recorded as rate_limit
+
+    # fields that change what a model answers: the settings hash in every call key
+    ANSWER_FIELDS = ("max_tokens", "temperature", "top_p", "reasoning_effort")
+
+    def __post_init__(self) -> None:
+        if int(self.max_tokens) < 1:
+            raise RouterLiteError(f"collection setting max_tokens={self.max_tokens!r} must be >= 1")
+        if int(self.concurrency) < 1:
+            raise RouterLiteError(f"collection setting concurrency={self.concurrency!r} must be >= 1")
+        if int(self.max_retries) < 0:
+            raise RouterLiteError(f"collection setting max_retries={self.max_retries!r} must be >= 0")
+        if float(self.timeout_s) <= 0:
+            raise RouterLiteError(f"collection setting timeout_s={self.timeout_s!r} must be > 0")
+
+    def hash(self) -> str:
+        """12 hex of the answer-changing fields (timeouts, retries, concurrency do not invalidate the log)."""
+        payload = {f: getattr(self, f) for f in self.ANSWER_FIELDS}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> CollectionSettings:
+        """From a profile's `collection:` section (`repetitions` is ignored: it is not a call setting)."""
+        d = {k: v for k, v in (d or {}).items() if k != "repetitions"}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise RouterLiteError(f"unknown collection setting(s) {unknown}; known: {', '.join(sorted(fields))}")
+        return cls(**d)

@@ -1,0 +1,1 @@
+"""Shared plumbing: errors, atomic IO, prompts, profiles (typed config), progress, secrets, input guards."""

@@ -1,0 +1,397 @@
+"""Profiles: one YAML file per way of running the lineage (config/profiles/<name>.yaml).
+
+The active profile is chosen by one setting — `ROUTER_LITE_PROFILE` (or `router-lite --profile NAME`) — never by
+code edits. Default: `demo`, the embedded default (replay pool, bundled data, bundled backbone).
+
+Every section of a profile is a typed, frozen dataclass whose docstring is its table of options (option = default,
+meaning; pycma style):
+
+    sources     dict source -> `SourceSettings`   which benchmarks, and where each one's rows come from
+    task_pool   `pipeline.tasks.task_pool.TaskPoolConfig`   size, balance, split and out-of-distribution set of the task pool
+    pool        `AgentPoolSettings`               the agent pool: kind, pool name(s), endpoint
+    collection  `CollectionConfig`                repetitions + `pipeline.collect.settings.CollectionSettings` (how one call is made)
+    backbone    `BackboneSettings`                the frozen embedding model (`resources.backbone.BackboneResource`)
+    train       `pipeline.route.train.TrainConfig`      the router head's CMA-ES training
+    benchmark   `BenchmarkSettings`               the routed benchmark and the replication suites
+
+`load_profile` validates the whole file once (`from_yaml`: the dataclass fields and their type hints are the
+schema): an unknown key, a value of the wrong type or outside its choices anywhere is one `RouterLiteError` naming
+the file and the dotted key. Everything downstream takes the typed `Profile`; nothing re-validates a section.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from pipeline.collect.settings import CollectionSettings
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.embed import DEFAULT_MODEL_ID
+from pipeline.route.train import TrainConfig
+from pipeline.tasks.sources import SOURCES
+from pipeline.tasks.task_pool import TaskPoolConfig
+
+DEFAULT_PROFILE = "demo"
+MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
+
+Suite = Literal["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]
+# The names of the agent-pool kinds. resources/pool.py owns each kind's client factory (`POOL_KINDS` there) and
+# adds a kind registered with `register_pool_kind` here, so a profile naming it loads (register before loading).
+POOL_KINDS: list[str] = ["replay", "openrouter", "openai_compatible"]
+BENCHMARK_SUITES: tuple[str, ...] = typing.get_args(Suite)
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("ROUTER_LITE_CONFIG", Path(__file__).resolve().parents[2] / "config"))
+
+
+def active_profile_name() -> str:
+    return os.environ.get("ROUTER_LITE_PROFILE", DEFAULT_PROFILE)
+
+
+# --- the sections -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SourceSettings:
+    """Where one source's rows come from (`sources.<source>`; `{}` = the bundled copy). First match wins.
+
+    hub_id = None
+        A hub dataset id (or a local dataset dir / data file) read through `datasets.load_dataset`.
+    hub_config = None
+        The hub dataset's configuration name (with ``hub_id``).
+    hub_split = "test"
+        The hub dataset's split (with ``hub_id``).
+    path = None
+        A local Parquet, JSONL (optionally .gz) or CSV file in the source's original format (docs/tasks.md).
+        Needed for a source without a bundled copy (rlpr).
+    """
+
+    hub_id: str | None = None
+    hub_config: str | None = None
+    hub_split: str = "test"
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class OodSpec:
+    """`task_pool.ood`: the general form of `task_pool.ood_categories` (set one or the other).
+
+    column = "category"
+        The task column whose values mark a task out-of-distribution.
+    values = ()
+        Values of ``column`` kept out of training entirely (split "test", ood=True). At least one.
+    """
+
+    column: str = "category"
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise RouterLiteError("task_pool.ood.values must name at least one value")
+
+
+@dataclass(frozen=True)
+class AgentPoolSettings:
+    """The agent pool (`pool:`): which agents of config/agents.yaml answer, and through which client.
+
+    kind = "replay"
+        "replay" (real recorded outputs, in process, no key), "openrouter" (needs OPENROUTER_API_KEY) or
+        "openai_compatible" (any OpenAI-protocol endpoint at ``base_url``). Also names the Dagster concurrency pool
+        `provider:<kind>` when the pool's agents mix providers, and the call-log directory.
+    name = "demo"
+        The pool in config/agents.yaml.
+    wide_name = None
+        A wider pool of the same kind that the re-collection schedule collects with (None = no re-collection).
+    base_url = None
+        Endpoint of the pool's client (None = the kind's default; required for openai_compatible).
+    key_hosts = ()
+        Hosts (``host`` or ``host:port``) besides openrouter.ai that may receive the API key.
+    """
+
+    kind: str = field(default="replay", metadata={"choices": lambda: POOL_KINDS})
+    name: str = "demo"
+    wide_name: str | None = None
+    base_url: str | None = None
+    key_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectionConfig(CollectionSettings):
+    """The `collection:` section: how many times each task is asked, plus every `pipeline.collect.settings.CollectionSettings`
+    option (how one call is made; its table is there). Only `repetitions` is not a call setting: it decides the
+    `graded_calls` partitions and never enters a call's settings hash.
+
+    repetitions = 3
+        Times each task is asked each agent (1..3; partitions ``repetition`` 0..repetitions-1). Use 1 with a replay
+        pool: a repetition would replay the same recorded reply.
+    """
+
+    repetitions: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.repetitions <= MAX_REPETITIONS:
+            raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
+
+
+@dataclass(frozen=True)
+class BackboneSettings:
+    """The frozen embedding model (`backbone:`); the fields of `resources.backbone.BackboneResource` a profile sets.
+
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+        Hub id or local dir; the MiniLM id maps to the bundled copy.
+    pooling = "mean"
+        "mean" (sentence-transformers encoders) or "last_token" (decoders, e.g. Qwen/Qwen3-1.7B).
+    device = "auto"
+        "auto" (CUDA when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N".
+    dtype = "auto"
+        "auto" (float16 on CUDA; on the CPU bf16 OpenVINO where the CPU has it, else float32), "float32",
+        "float16" or "bfloat16".
+    batch_size = 64
+        Prompts per forward pass.
+    max_seq_length = 256
+        Tokens per prompt; longer prompts are cut. Part of the embedding cache key.
+    revision = None
+        Hub revision of ``model`` (None = the default branch).
+    log_every = 10
+        A progress log line every this many batches.
+    backend = "auto"
+        "auto" (OpenVINO on the CPU for mean pooling, torch on CUDA), "torch", "openvino" or "onnx"
+        (docs/backbones.md has the measurements behind the choice).
+    export_dir = None
+        Where ONNX exports and compiled blobs go (None = $ROUTER_LITE_HOME/backbones).
+    """
+
+    model: str = DEFAULT_MODEL_ID
+    pooling: Literal["mean", "last_token"] = "mean"
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    batch_size: int = 64
+    max_seq_length: int = 256
+    revision: str | None = None
+    log_every: int = 10
+    backend: Literal["auto", "torch", "openvino", "onnx"] = "auto"
+    export_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise RouterLiteError(f"backbone.device {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        for name in ("batch_size", "max_seq_length"):
+            if getattr(self, name) < 1:
+                raise RouterLiteError(f"backbone.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """The routed benchmark and the replication suites (`benchmark:`).
+
+    file = None
+        An extra benchmark file (`pipeline.report.benchmark.load_benchmark`) routed next to the held-out test split.
+    target = None
+        The operating point the routed benchmark uses (e.g. "parity"; ROUTER_LITE_TARGET overrides; None = the
+        head's default).
+    suites = ()
+        The `routerbench_replication` partitions `router-lite run` materialises, of "routerbench",
+        "mmlu-pro-outputs", "zeroeval-outputs" (() = all).
+    """
+
+    file: str | None = None
+    target: str | None = None
+    suites: tuple[Suite, ...] = ()
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One profile file (config/profiles/<name>.yaml): its sections, each typed and validated by `load_profile`.
+
+    name = the file name
+        Shown in the UI, the printed report and the tasks dataset card.
+    description = ""
+        One line about the profile.
+    sources = {}
+        Source key -> `SourceSettings` (`{}` = bundled copy); at least one of `pipeline.tasks.sources.SOURCES`.
+    task_pool = TaskPoolConfig()
+        The task pool (`pipeline.tasks.task_pool.TaskPoolConfig`).
+    pool = AgentPoolSettings()
+        The agent pool.
+    collection = CollectionConfig()
+        Repetitions and call settings.
+    backbone = BackboneSettings()
+        The embedding model.
+    train = TrainConfig()
+        The router head's training (`pipeline.route.train.TrainConfig`).
+    benchmark = BenchmarkSettings()
+        The routed benchmark and replication suites.
+    """
+
+    name: str = ""
+    description: str = ""
+    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})  # live: a registered source counts
+    task_pool: TaskPoolConfig = field(default_factory=TaskPoolConfig)
+    pool: AgentPoolSettings = field(default_factory=AgentPoolSettings)
+    collection: CollectionConfig = field(default_factory=CollectionConfig)
+    backbone: BackboneSettings = field(default_factory=BackboneSettings)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    path: str = field(default="", metadata={"yaml": False})  # the file it was read from, not a key
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise RouterLiteError(f"`sources` is empty; name at least one of {', '.join(SOURCES)}")
+
+    @property
+    def repetitions(self) -> int:
+        return self.collection.repetitions
+
+
+SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, BackboneSettings, BenchmarkSettings,
+            Profile, TaskPoolConfig, CollectionSettings, TrainConfig)  # every dataclass a profile is read into
+
+
+# --- the one validator --------------------------------------------------------------------------------------------
+def _what(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"[:80]
+
+
+def _join(key: str, name: Any) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def from_yaml(cls: type, raw: Any, key: str = "") -> Any:
+    """An instance of dataclass `cls` from the YAML mapping `raw` found at dotted `key`: every key must be a field,
+    every value must fit the field's type hint (`_coerce`). The dataclass's own checks (`__post_init__`, and
+    `validate()` where it has one) run last. Errors: one `RouterLiteError` "<dotted key>: <problem>"."""
+    if raw is None:  # an empty section (`train:`) means every default
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RouterLiteError(f"{key or 'the profile'}: expected a mapping, got {_what(raw)}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init and f.metadata.get("yaml", True)}
+    for name in raw:
+        if name not in known:
+            raise RouterLiteError(f"{_join(key, name)}: unknown key; known: {', '.join(known)}")
+    values = {name: _coerce(hints[name], value, _join(key, name), known[name].metadata)
+              for name, value in raw.items()}
+    obj = cls(**values)
+    if callable(getattr(obj, "validate", None)):
+        obj.validate()
+    return obj
+
+
+def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingProxyType({})) -> Any:
+    """`value` as type `tp`, or a RouterLiteError naming `key`. Only lossless conversions: an integral float for an
+    int, an int or a numeric string for a float (PyYAML reads `1e-3` as a string), a list for a tuple; a string is
+    never a number of an int field, and nothing is ever turned into a string or a bool."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if value is None and len(options) < len(args):
+            return None
+        problems = []
+        for option in options:
+            try:
+                return _coerce(option, value, key)
+            except RouterLiteError as exc:
+                problems.append(str(exc))
+        raise RouterLiteError(problems[0] if len(problems) == 1 else f"{key}: expected one of {tp}, got {_what(value)}")
+    if origin is Literal:
+        if value in args and isinstance(value, str):
+            return value
+        raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(map(str, args))}")
+    if dataclasses.is_dataclass(tp):
+        return from_yaml(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise RouterLiteError(f"{key}: expected true or false, got {_what(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise RouterLiteError(f"{key}: expected an integer, got {_what(value)}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value  # an int stays an int: `top_p: 1` keeps the call-settings hash it always had
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise RouterLiteError(f"{key}: expected a number, got {_what(value)}")
+    if tp is str:
+        choices = meta.get("choices")
+        choices = list(choices()) if callable(choices) else choices
+        if isinstance(value, str) and (choices is None or value in choices):
+            return value
+        if isinstance(value, str):
+            raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(choices)}")
+        raise RouterLiteError(f"{key}: expected a string, got {_what(value)}")
+    if tp is tuple or origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise RouterLiteError(f"{key}: expected a list, got {_what(value)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        return tuple(value)
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise RouterLiteError(f"{key}: expected a mapping, got {_what(value)}")
+        allowed = meta.get("keys")
+        allowed = list(allowed()) if callable(allowed) else allowed
+        for k in value:
+            if allowed is not None and k not in allowed:
+                raise RouterLiteError(f"{_join(key, k)}: unknown key; known: {', '.join(allowed)}")
+        if not args:
+            return dict(value)
+        return {_coerce(args[0], k, _join(key, k)): _coerce(args[1], v, _join(key, k)) for k, v in value.items()}
+    raise TypeError(f"{key}: no YAML reading for type {tp!r}")  # a schema bug, not a user error
+
+
+# --- loading ------------------------------------------------------------------------------------------------------
+def _read_yaml(path: Path) -> Any:
+    """The one read of a profile file (a test counts these)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RouterLiteError(f"{path}: not valid YAML ({exc})") from None
+
+
+def _ood_form(raw: dict) -> dict:
+    """`task_pool.ood: {column, values}` -> TaskPoolConfig's `ood_column` / `ood_categories`."""
+    tp = raw.get("task_pool")
+    if not isinstance(tp, dict) or "ood" not in tp:
+        return raw
+    tp = dict(tp)
+    ood = from_yaml(OodSpec, tp.pop("ood"), "task_pool.ood")
+    if tp.get("ood_categories"):
+        raise RouterLiteError("task_pool.ood: replaces task_pool.ood_categories; set one of them")
+    tp["ood_column"], tp["ood_categories"] = ood.column, list(ood.values)
+    return {**raw, "task_pool": tp}
+
+
+def load_profile(name: str | None = None) -> Profile:
+    """Read and validate config/profiles/<name>.yaml (default: the active profile) into a typed `Profile`."""
+    name = name or active_profile_name()
+    path = config_dir() / "profiles" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (config_dir() / "profiles").glob("*.yaml"))
+        raise RouterLiteError(f"unknown profile {name!r} (ROUTER_LITE_PROFILE); known profiles: {', '.join(known)}")
+    try:
+        raw = _read_yaml(path)
+        profile = from_yaml(Profile, _ood_form(raw) if isinstance(raw, dict) else raw)
+    except RouterLiteError as exc:
+        raise RouterLiteError(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
+    return dataclasses.replace(profile, name=profile.name or name, path=str(path))
+
+
+def as_profile(profile: Profile | str | None) -> Profile:
+    """A `Profile` as given, or the named (default: the active) one loaded."""
+    return profile if isinstance(profile, Profile) else load_profile(profile or None)

@@ -1,0 +1,1 @@
+"""Evidence and reports: frontier, suites, benchmark, replication, pool report, value, publishing."""

@@ -1,0 +1,82 @@
+"""Routed benchmark: a multiple-choice file routed question by question, the picked agent's real reply scored.
+
+Benchmark file (JSONL, CSV or Parquet), one question per row:
+    id        str   question id
+    question  str   the stem
+    options   list  option texts, lettered A, B, C, ... in order
+    answer    str   gold letter
+    group     str   difficulty or category the report breaks down by (optional; `category`/`difficulty` accepted)
+The prompt sent is `pipeline.core.prompts.mcq_prompt(question, options)`, the same format the pool was measured with.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.errors import RouterLiteError
+from pipeline.core.prompts import LETTERS, mcq_prompt
+from pipeline.tasks.sources import read_table
+
+
+def load_benchmark(path: str | Path) -> pd.DataFrame:
+    rows = read_table(Path(path))
+    out = []
+    for i, r in enumerate(rows):
+        where = f"{path}: row {i}"
+        for col in ("question", "options", "answer"):
+            if r.get(col) is None or (isinstance(r.get(col), str) and not r[col].strip()):
+                raise RouterLiteError(f"{where}: missing {col!r}")
+        options = list(r["options"])
+        gold = str(r["answer"]).strip().upper()
+        if gold not in LETTERS[:len(options)]:
+            raise RouterLiteError(f"{where}: answer {gold!r} is not one of the {len(options)} option letters")
+        out.append({"id": str(r.get("id", i)), "prompt": mcq_prompt(r["question"], options), "gold": gold,
+                    "grader": "mcq_letter",
+                    "group": str(r.get("group") or r.get("category") or r.get("difficulty") or "all")})
+    return pd.DataFrame(out)
+
+
+def benchmark_from_tasks(tasks: pd.DataFrame) -> pd.DataFrame:
+    """The demo benchmark: pool tasks (already in prompt form, with their grader) as benchmark rows."""
+    return pd.DataFrame({"id": tasks["task_id"], "prompt": tasks["prompt"], "gold": tasks["gold"],
+                         "group": tasks["category"].where(tasks["category"] != "", tasks["difficulty"]),
+                         "grader": tasks["grader"]})
+
+
+def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.DataFrame,
+          agents: list[str]) -> dict:
+    """Per-question table of the routed answers + summary, per group, per agent and oracle on the same questions.
+
+    `calls` holds one graded call per (id as task_id, agent): the real replies of the pool on these questions.
+    """
+    by = calls.set_index(["task_id", "agent"])
+    rows = []
+    for i, q in bench.reset_index(drop=True).iterrows():
+        agent = agents[int(picks[i])]
+        c = by.loc[(q["id"], agent)]
+        rows.append({"id": q["id"], "group": q["group"], "picked_agent": agent, "ood_guard": bool(fired[i]),
+                     "status": c["status"], "answer": c["extracted"], "gold": q["gold"],
+                     "correct": bool(c["correct"]) if c["status"] == "ok" else False,
+                     "cost_usd": float(c["cost_usd"] or 0.0), "latency_ms": float(c["latency_ms"] or 0.0)})
+    per_q = pd.DataFrame(rows)
+    ok = calls[calls["status"] != "error"]
+    single = ok.assign(correct=ok["correct"].eq(True).astype(float)).pivot_table(
+        index="task_id", columns="agent", values="correct").reindex(columns=agents)
+    comparison = pd.DataFrame(
+        [{"policy": "router", "accuracy": per_q["correct"].mean(), "cost_usd": per_q["cost_usd"].sum()}]
+        + [{"policy": a, "accuracy": single[a].mean(),
+            "cost_usd": calls[calls["agent"] == a]["cost_usd"].fillna(0).sum()} for a in agents]
+        + [{"policy": "oracle", "accuracy": single.max(axis=1).mean(), "cost_usd": float("nan")}])
+    groups = per_q.groupby("group").agg(n=("correct", "size"), router_accuracy=("correct", "mean")).join(
+        single.join(bench.set_index("id")["group"]).groupby("group")[agents].mean())
+    return {
+        "per_question": per_q, "comparison": comparison, "by_group": groups.reset_index(),
+        "summary": {"n": len(per_q), "accuracy": float(per_q["correct"].mean()),
+                    "empty_responses": int((per_q["status"] == "empty").sum()),
+                    "errors": int((per_q["status"] == "error").sum()),
+                    "ood_guard_fired": float(per_q["ood_guard"].mean()),
+                    "distribution": per_q["picked_agent"].value_counts(normalize=True).round(4).to_dict(),
+                    "cost_usd": float(per_q["cost_usd"].sum()), "mean_latency_ms": float(per_q["latency_ms"].mean())},
+    }

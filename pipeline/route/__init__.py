@@ -1,0 +1,1 @@
+"""Routers: backbone embeddings, heads and kNN, sep-CMA-ES training, fitting, OOD guard, targets, registry."""

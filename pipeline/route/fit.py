@@ -1,0 +1,179 @@
+"""Fit a router on (embeddings, reward rows, split) and measure it on held-out rows.
+
+One function serves the `router_head` asset and `router-lite train`: sep-CMA-ES head, kNN baseline, OOD guard,
+held-out metrics, routing report. Pure: same inputs and config → same head and numbers.
+
+The head and the kNN baseline are both routers of the protocol in pipeline/route/routers.py: the ship gate, the guard and
+the held-out metrics use only `pick`, so either (or a new type) can be measured, shipped and registered alike.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from pipeline.collect.rewards import to_arrays
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
+from pipeline.route.head import Head
+from pipeline.route.knn import KnnRouter
+from pipeline.route.ood import OODGuard
+from pipeline.route.routers import Router
+from pipeline.route.train import TrainConfig, best_single_agent, effective_rewards, train_head
+
+
+@dataclass
+class RouterFit:
+    agents: list[str]
+    head: Router  # the shipped router: the trained Head, or a constant head when the ship gate refused it
+    guard: OODGuard
+    best_single: int
+    knn_k: int
+    curve: list[dict]
+    metrics: dict  # held-out metrics (METRIC_KEYS) of the head with its OOD guard
+    extra: dict = field(default_factory=dict)  # train fit, unguarded head, guard fire rate, routing report, ...
+    scorer: Head | None = None  # value scorer: predicted rewards, for the cost-aware operating points
+    cost_scorer: Head | None = None  # predicted cost per query and agent (None when the matrix has no costs)
+    operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.route.targets)
+    value: dict = field(default_factory=dict)  # held-out value report (pipeline.report.value.held_out_value)
+    knn: Router | None = None  # the fitted kNN baseline (registrable like the head: kind "knn")
+
+
+def validation_slice(ids: list[str], fraction: float = 0.2) -> np.ndarray:
+    """A stable slice of training rows (hash of the id), for when the data has no validation split."""
+    return np.array([int(hashlib.sha256(str(q).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction for q in ids])
+
+
+def split_masks(split: pd.Series, held_out: str = "test", ids: list[str] | None = None) -> dict[str, np.ndarray]:
+    s = split.fillna("").astype(str).to_numpy()
+    masks = {"train": s == "train", "validation": s == "validation", "held_out": s == held_out}
+    if not masks["validation"].any() and ids is not None:  # early stopping, kNN's k and the guard need one
+        carve = masks["train"] & validation_slice(ids)
+        masks["train"], masks["validation"] = masks["train"] & ~carve, carve
+    if not masks["train"].any():
+        raise RouterLiteError("no training rows: the tasks need a `split` column with 'train' rows")
+    if not masks["held_out"].any():
+        raise RouterLiteError(f"no held-out rows: no task has split {held_out!r}")
+    return masks
+
+
+def ship_gate(head: Router, best: int, X_val: np.ndarray, R_val: np.ndarray, B_val: np.ndarray,
+              margin: float = 0.0, confidence: float = 0.0) -> dict:
+    """Ship the trained head only if it beats the best single agent on validation; otherwise the router falls back
+    to that agent (a router that cannot beat it should not pretend to).
+
+    With `confidence` 0 (default) the point gain must exceed `margin`; with confidence c > 0 the gain's one-sided
+    c lower bound (paired bootstrap over the validation rows) must. The head was chosen on these same rows (ridge
+    alpha, early stopping), so its validation gain is optimistic: at a few hundred rows a +0.005 point gain is noise
+    (docs/training.md). The 95 % interval of the validation gain is always reported (`validation_gain_ci`).
+    """
+    R_eff = effective_rewards(R_val, B_val)
+    picks = head.pick(X_val)
+    head_val = float(R_eff[np.arange(len(R_eff)), picks].mean())
+    best_val = float(R_eff[:, best].mean())
+    ci = paired_gain_ci(picks, R_eff, best, one_sided=confidence if confidence > 0 else None)
+    gate = {"head_validation": head_val, "best_single_validation": best_val, "margin": margin,
+            "confidence": confidence, "validation_gain_ci": ci}
+    if confidence > 0:
+        gate["gain_lower_bound"] = ci["lower_one_sided"]
+        ok = gate["gain_lower_bound"] > margin
+    else:
+        ok = head_val > best_val + margin
+    return {"shipped": "head" if ok else "best_single", **gate}
+
+
+def constant_head(like: Router, best: int) -> Head:
+    """A head that always picks agent `best` (same input dim and agents as the router `like`, so the registry treats
+    it alike)."""
+    b1 = np.zeros(like.K, np.float32)
+    b1[best] = 1.0
+    return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
+
+
+def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
+               held_out: str = "test", cost_lambda: float = 0.0, labels=None) -> RouterFit:
+    """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
+    (optional) the domain a user knows for it (the per-domain label router's input)."""
+    agents, R, B, C = to_arrays(rewards)
+    if len(X) != len(R):
+        raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
+    m = split_masks(split.reset_index(drop=True), held_out, rewards["task_id"].astype(str).tolist())
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    has_val = bool(va.any())
+    cfg = cfg or TrainConfig()
+    if cost_lambda:
+        cfg = replace(cfg, cost_lambda=cost_lambda)
+    head, curve = train_head(X[tr], R[tr], B[tr], X[va] if has_val else None, R[va] if has_val else None,
+                             B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
+                             agents=agents)
+    best = best_single_agent(R[tr], B[tr])
+    gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
+            else {"shipped": "head"})
+    trained = head
+    if gate["shipped"] != "head":
+        head = constant_head(head, best)
+    knn = KnnRouter(agents=agents).fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
+    # the guard's threshold comes from in-distribution rows that were not trained on
+    guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
+    raw_picks = head.pick(X[te])
+    picks = guard.route(raw_picks, X[te], best)
+    knn_picks = knn.pick(X[te])
+    metrics = held_out_metrics(picks, R[te], B[te], knn_picks=knn_picks, best_single=best, agents=agents,
+                               n_train=int(tr.sum()))
+    unguarded = held_out_metrics(raw_picks, R[te], B[te], best_single=best, agents=agents)["head"]
+    U_te = effective_rewards(R[te], B[te])
+    extra = {
+        "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
+        "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
+        "n_validation": int(va.sum()), "gate": gate, "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
+        # is the held-out gain over the best single agent more than row-sampling noise?
+        "head_gain_ci": paired_gain_ci(picks, U_te, best),
+        "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
+    }
+    value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
+    return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
+                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
+
+
+def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
+                     labels, picks_te, knn_picks_te) -> dict:
+    """The value scorer, the λ path on validation (pipeline.route.targets) and the held-out value report."""
+    from pipeline.report.value import (
+        agent_costs,
+        fit_cost_scorer,
+        fit_value_scorer,
+        held_out_value,
+        label_router_metrics,
+        pick_costs,
+    )
+    from pipeline.route.targets import operating_path
+
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    fit_rows = va if va.any() else tr
+    R_eff = effective_rewards(R, B)
+    scorer, info = fit_value_scorer(trained, X[tr], R_eff[tr], X[fit_rows], R_eff[fit_rows])
+    cost = agent_costs(C[tr])
+    cost_scorer = None
+    if np.any(C[tr] > 0):
+        cost_scorer, cinfo = fit_cost_scorer(trained, X[tr], C[tr], X[fit_rows], C[fit_rows])
+        info = {**info, "cost_alpha": cinfo["alpha"], "cost_val_r2": cinfo["val_r2"]}
+    path = operating_path(scorer.scores(X[fit_rows]), guard.route(shipped.pick(X[fit_rows]), X[fit_rows], best),
+                          R_eff[fit_rows], C[fit_rows], cost, best, agents,
+                          pick_cost_val=pick_costs(cost_scorer, X[fit_rows], cost))
+    path["scorer"] = info
+    path["cost_model"] = "predicted per query" if cost_scorer is not None else "agent mean"
+    value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard,
+                           cost_scorer=cost_scorer)
+    rows = np.arange(int(te.sum()))
+    value["knn"] = float(R_eff[te][rows, knn_picks_te].mean())
+    if labels is not None:
+        labels = np.asarray(labels, dtype=object)
+        value["label_router"] = label_router_metrics(labels[tr], R_eff[tr], labels[te], R_eff[te], best, picks_te,
+                                                     agents)
+    value["head_minus_knn"] = paired_gain_ci(np.zeros(len(rows), np.int64),
+                                             np.column_stack([R_eff[te][rows, picks_te], R_eff[te][rows, knn_picks_te]]),
+                                             1)
+    return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
+

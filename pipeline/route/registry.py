@@ -1,0 +1,277 @@
+"""Registered heads: `registry/<name>/` with a stable name, manifest, weights and reference code.
+
+A registered "head" is any router of the protocol in pipeline/route/routers.py: a trained `Head` (kind ``head``), the kNN
+baseline (kind ``knn``) or a type added with `register_router`. The manifest records the kind (`router_kind`; a
+manifest without one, written before kinds existed, is a ``head``) and `load` asks that class to read its files.
+
+name = `<kind>-<backbone slug>-<10 hex>` (`head-...` for heads) where the hex is a content hash of (the router's
+`fingerprint`, agents, backbone key, training config, data hashes): the same inputs register under the same name;
+anything else gets a new one.
+Files: the router's own (`head.safetensors` for a head, `knn.safetensors` for kNN), `guard.npz` (OOD guard: training
+embeddings in float16 + threshold), `manifest.json`, and for heads `reference.py` (standalone embed-and-pick with
+numpy + sentence-transformers; it reads head weights only, so other kinds do not get it). Never pickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
+from pipeline.route.routers import ROUTER_TYPES, Router, router_class, router_kinds
+
+MANIFEST = "manifest.json"
+WEIGHTS = "head.safetensors"
+GUARD = "guard.npz"
+SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
+COST_SCORER = "cost_scorer.safetensors"  # predicted cost per query and agent (the λ·cost term)
+REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
+
+
+def _slug(backbone_id: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", backbone_id.split("/")[-1].lower()).strip("-")[:40]
+
+
+def content_hash(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass
+class RegisteredHead:
+    path: Path
+    manifest: dict
+    head: Router  # a Head, a KnnRouter, or any registered router type (pipeline/route/routers.py)
+    guard: OODGuard
+    best_single: int
+    scorer: Head | None = None
+    cost_scorer: Head | None = None
+
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def agents(self) -> list[dict]:
+        return self.manifest["agents"]
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.get("router_kind", "head")
+
+    @property
+    def operating_points(self) -> dict | None:
+        return self.manifest.get("operating_points")
+
+    def resolve_target(self, target=None) -> dict:
+        """The operating point (pipeline.route.targets.resolve) a target selects on this head's stored λ path."""
+        from pipeline.route.targets import parse_target, resolve
+
+        t = parse_target(target)
+        if t.kind == "max-quality" and not self.operating_points:
+            return {"target": t.name, "lambda": 0.0}
+        if not self.operating_points or self.scorer is None:
+            raise RouterLiteError(f"head {self.name} has no operating points (registered before targets existed); "
+                                  f"only target max-quality is available")
+        return resolve(t, self.operating_points)
+
+    def at(self, target) -> TargetedHead:
+        """This head at one operating point: an object with `.name` and `.route(X)` (what the server's DecisionBatcher uses)."""
+        return TargetedHead(self, self.resolve_target(target))
+
+    def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
+        """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
+        (None = max-quality: the shipped head; see pipeline.route.targets)."""
+        fired = self.guard.fires(X)
+        lam = self.resolve_target(target)["lambda"] if target is not None else 0.0
+        if lam > 0:
+            from pipeline.report.value import pick_costs
+            from pipeline.route.targets import cost_aware_pick
+
+            cost = pick_costs(self.cost_scorer, X, self.operating_points["agent_cost"])
+            picks = cost_aware_pick(self.scorer.scores(X), cost, lam, self.operating_points.get("allowed"))
+        else:
+            picks = self.head.pick(X)
+        picks[fired] = self.best_single
+        return picks, fired
+
+
+@dataclass
+class TargetedHead:
+    registered: RegisteredHead
+    point: dict  # pipeline.route.targets.resolve output (target, lambda, ...)
+
+    @property
+    def name(self) -> str:
+        return self.registered.name
+
+    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.registered.route(X, None if self.point["lambda"] == 0 else self.point["target"])
+
+
+def save_guard(guard: OODGuard, path: Path) -> None:
+    """The guard's reference embeddings (float16: the guard only thresholds cosine distances) and threshold."""
+    with open(path, "wb") as fh:
+        np.savez(fh, X=guard.X.astype(np.float16), threshold=np.float64(guard.threshold), k=np.int64(guard.k),
+                 quantile=np.float64(guard.quantile))
+
+
+def load_guard(path: Path) -> OODGuard:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            guard = OODGuard(k=int(z["k"]), quantile=float(z["quantile"]))
+            guard.X = np.asarray(z["X"], dtype=np.float32)
+            guard.threshold = float(z["threshold"])
+    except FileNotFoundError:
+        raise RouterLiteError(f"{path} is missing") from None
+    except Exception as exc:
+        raise RouterLiteError(f"{path} is corrupt: {type(exc).__name__}: {exc}") from None
+    return guard
+
+
+def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
+             training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
+             operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
+    """Write the router `head` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
+    return that directory."""
+    kind = getattr(head, "kind", None)
+    if ROUTER_TYPES.get(kind) is not type(head):
+        raise RouterLiteError(f"{type(head).__name__} is not a registered router type (kind {kind!r}; known kinds: "
+                              f"{', '.join(router_kinds())}); see pipeline.route.routers.register_router")
+    if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
+        raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".register.", dir=root))
+    try:
+        fields = dict(head.save_files(tmp))
+        router_files = fields.pop("files")
+        taken = sorted(set(fields) & {"name", "format_version", "router_kind", "backbone", "dim", "agents",
+                                      "best_single", "ood_guard", "training", "data_hashes", "metrics",
+                                      "operating_points"})
+        if taken or set(router_files) & {"guard", "reference", "scorer", "cost_scorer"}:
+            raise RouterLiteError(f"router kind {kind!r}: save_files returned manifest fields the registry owns "
+                                  f"({taken or sorted(router_files)})")
+        save_guard(guard, tmp / GUARD)
+        if scorer is not None:
+            scorer.save(tmp / SCORER)
+        if cost_scorer is not None:
+            cost_scorer.save(tmp / COST_SCORER)
+        # hash array contents, not file bytes: zip (npz) entries carry write times
+        arrays, settings = head.fingerprint()
+        digest = content_hash(*arrays,
+                              guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
+                              b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
+                              b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
+                                                                                  np.float32).tobytes(),
+                              json.dumps(operating_points, sort_keys=True, default=str),
+                              json.dumps([*settings, agents, backbone, training, data_hashes],
+                                         sort_keys=True, default=str))
+        name = f"{kind}-{_slug(backbone['id'])}-{digest[:10]}"
+        manifest = {
+            "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": head.d, **fields,
+            "agents": agents, "best_single": agents[best_single]["name"],
+            "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
+                          "n_reference": int(len(guard.X))},
+            "training": training, "data_hashes": data_hashes, "metrics": metrics,
+            "files": {**router_files, "guard": GUARD, **({"reference": "reference.py"} if kind == "head" else {}),
+                      **({"scorer": SCORER} if scorer is not None else {}),
+                      **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
+        }
+        if operating_points is not None:
+            manifest["operating_points"] = operating_points
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        if kind == "head":  # the reference code applies head weights only
+            shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)
+        final = root / name
+        if final.exists():  # same content hash → same head: keep the existing entry
+            shutil.rmtree(tmp)
+            return final
+        tmp.rename(final)
+        return final
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_manifest(mf: Path, m) -> None:
+    """The keys `load`, `route` and `serve` read, present and of the right kind: one error naming the key."""
+    if not isinstance(m, dict):
+        raise RouterLiteError(f"{mf} is corrupt: a JSON object is expected, got {type(m).__name__}")
+    for key, kind in (("name", str), ("backbone", dict), ("dim", int), ("agents", list), ("best_single", str)):
+        if key not in m:
+            raise RouterLiteError(f"{mf}: required key {key!r} is missing")
+        if not isinstance(m[key], kind) or isinstance(m[key], bool):
+            raise RouterLiteError(f"{mf}: key {key!r} must be a {kind.__name__}, got {type(m[key]).__name__}")
+    if not isinstance(m["backbone"].get("id"), str) or not m["backbone"]["id"]:
+        raise RouterLiteError(f"{mf}: required key 'backbone.id' (the embedding model) is missing")
+    for i, a in enumerate(m["agents"]):
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str) or not isinstance(a.get("model"), str):
+            raise RouterLiteError(f"{mf}: agents[{i}] must be an object with string 'name' and 'model'")
+    if not isinstance(m.get("files", {}), dict):
+        raise RouterLiteError(f"{mf}: key 'files' must be an object of file names")
+
+
+def _inside(head_dir: Path, name, mf: Path, key: str) -> Path:
+    """A file the manifest names: a plain relative name that stays inside the head directory, not a symlink
+    (a manifest must not make `load` read files elsewhere)."""
+    if not isinstance(name, str) or not name:
+        raise RouterLiteError(f"{mf}: {key} must be a file name, got {name!r}")
+    f = head_dir / name
+    root = head_dir.resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts or f.is_symlink() or f.is_dir() or \
+            not f.resolve().is_relative_to(root) or f.resolve().parent != root:
+        raise RouterLiteError(f"{mf}: {key} {name!r} must name a file directly inside the head directory "
+                              f"{head_dir} (no absolute path, '..' or symlink)")
+    return f
+
+
+def load(path: str | Path) -> RegisteredHead:
+    """Load a registered head; any missing, corrupt or mismatched file → one error naming it."""
+    path = Path(path)
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise RouterLiteError(f"{path} is not a registered head: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(mf.read_text())
+    except ValueError as exc:
+        raise RouterLiteError(f"{mf} is corrupt: {exc}") from None
+    _check_manifest(mf, manifest)
+    names = [a["name"] for a in manifest["agents"]]
+    dim = int(manifest["dim"])
+    files = manifest.get("files", {})
+    kind = manifest.get("router_kind", "head")  # manifests from before router kinds hold heads
+    try:
+        cls = router_class(kind)
+    except RouterLiteError as exc:
+        raise RouterLiteError(f"{mf}: {exc}") from None
+    for role, fname in files.items():  # every file the manifest names stays inside the entry
+        _inside(path, fname, mf, f"files.{role}")
+    head = cls.from_files(path, manifest)
+    gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
+    guard = load_guard(gf)
+    if guard.X.ndim != 2 or guard.X.shape[1] != dim:
+        raise RouterLiteError(f"{gf}: reference embeddings of shape {guard.X.shape} do not match dim {dim}")
+    if manifest.get("best_single") not in names:
+        raise RouterLiteError(f"{mf}: best_single {manifest.get('best_single')!r} is not one of the agents {names}")
+    scorer = None
+    if manifest.get("files", {}).get("scorer"):
+        scorer = Head.load(path / manifest["files"]["scorer"], d=dim, K=len(names), agents=names)
+    cost_scorer = None
+    if manifest.get("files", {}).get("cost_scorer"):
+        cost_scorer = Head.load(path / manifest["files"]["cost_scorer"], d=dim, K=len(names), agents=names)
+    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]), scorer, cost_scorer)

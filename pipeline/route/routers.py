@@ -1,0 +1,116 @@
+"""What every router type is, and the name -> class table the registry and the server read.
+
+A router maps query embeddings ``X (n, d)`` to one score per pool member (``scores``: (n, K), higher is better) and
+picks one agent per row (``pick``: (n,) indices into ``agents``). Fitting (pipeline/route/fit.py,
+pipeline/report/replication.py), the frontier (`pipeline.report.frontier.router_policies`), the registry (pipeline/route/registry.py)
+and the server (pipeline/serve/app.py, through the registry's `route`) use only this protocol, so a trained head
+(`pipeline.route.head.Head`, kind ``head``) and the kNN baseline (`pipeline.route.knn.KnnRouter`, kind ``knn``) are
+interchangeable, and a new type needs one class and one ``@register_router("name")`` line
+(docs/architecture.md, "How to add a router type").
+
+Files: ``save_files(directory)`` writes the router's files into a directory and returns the manifest fields that
+describe them (at least ``files``: role -> file name, directly inside the directory); the classmethod
+``from_files(directory, manifest)`` reads them back from a manifest holding those fields plus ``dim`` and
+``agents`` (the registry's manifest). The names differ from `Head.save` / `Head.load`, which keep their one-file
+signatures (the value scorers are saved with them). ``fingerprint()`` returns (array bytes, JSON-able settings)
+that determine the picks: the registry's content hash, so the same router registers under the same name.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from pipeline.core.errors import RouterLiteError
+
+
+@runtime_checkable
+class Router(Protocol):
+    kind: ClassVar[str]  # the name it is registered under; recorded in the registry's manifest
+    agents: list[str] | None  # agent names, in score-column order
+
+    @property
+    def d(self) -> int: ...  # input (embedding) dimension
+
+    @property
+    def K(self) -> int: ...  # number of agents (score columns)
+
+    def scores(self, X: np.ndarray) -> np.ndarray: ...
+
+    def pick(self, X: np.ndarray) -> np.ndarray: ...
+
+    def save_files(self, directory: str | Path) -> dict: ...
+
+    @classmethod
+    def from_files(cls, directory: str | Path, manifest: dict) -> Router: ...
+
+    def fingerprint(self) -> tuple[list[bytes], list]: ...
+
+
+ROUTER_TYPES: dict[str, type] = {}
+
+
+def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
+    """Class decorator: ``@register_router("knn") class KnnRouter: ...`` makes the registry able to load it."""
+    if not isinstance(kind, str) or not kind.strip() or "/" in kind:
+        raise RouterLiteError(f"a router kind must be a non-empty name without '/', got {kind!r}")
+
+    def add(cls: type) -> type:
+        missing = [m for m in ("scores", "pick", "save_files", "from_files", "fingerprint") if not hasattr(cls, m)]
+        if missing:
+            raise RouterLiteError(f"router type {cls.__name__} lacks {missing} (see pipeline.route.routers.Router)")
+        if kind in ROUTER_TYPES and ROUTER_TYPES[kind] is not cls and not replace:
+            raise RouterLiteError(f"router kind {kind!r} is already registered ({ROUTER_TYPES[kind].__name__})")
+        cls.kind = kind
+        ROUTER_TYPES[kind] = cls
+        return cls
+
+    return add
+
+
+def _builtins() -> None:
+    import pipeline.route.head  # noqa: F401 - registers "head"
+    import pipeline.route.knn  # noqa: F401 - registers "knn"
+
+
+def router_class(kind: str) -> type:
+    """The class registered under `kind`; an unknown kind -> one error listing the known ones."""
+    _builtins()
+    cls = ROUTER_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RouterLiteError(f"unknown router kind {kind!r}; known kinds: {', '.join(sorted(ROUTER_TYPES))}")
+    return cls
+
+
+def router_kinds() -> list[str]:
+    _builtins()
+    return sorted(ROUTER_TYPES)
+
+
+def unregister_router(kind: str) -> None:
+    ROUTER_TYPES.pop(kind, None)
+
+
+@contextmanager
+def routers_restored() -> Iterator[dict[str, type]]:
+    """The router table as it was on entry, restored on exit (tests that register toy router types)."""
+    _builtins()
+    saved = dict(ROUTER_TYPES)
+    try:
+        yield ROUTER_TYPES
+    finally:
+        ROUTER_TYPES.clear()
+        ROUTER_TYPES.update(saved)
+
+
+def check_scores(router, X: np.ndarray) -> np.ndarray:
+    """`router.scores(X)` as an (n, K) float array; a router that answers another shape -> one error naming it."""
+    S = np.asarray(router.scores(X))
+    n = len(X)
+    if S.ndim != 2 or S.shape[0] != n or (getattr(router, "agents", None) and S.shape[1] != len(router.agents)):
+        raise RouterLiteError(f"router {type(router).__name__} (kind {getattr(router, 'kind', '?')!r}) returned scores "
+                              f"of shape {S.shape} for {n} queries")
+    return S

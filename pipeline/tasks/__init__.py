@@ -1,0 +1,1 @@
+"""Task sources (normalised benchmark questions) and the task pool (balanced, seeded split)."""
