@@ -35,6 +35,7 @@ from pydantic import Field, PrivateAttr
 from pipeline.collect.agents import AgentSpec, load_agents
 from pipeline.core import config
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.tables import restored
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_HOST = "openrouter.ai"
@@ -305,10 +306,5 @@ def unregister_pool_kind(kind: str) -> None:
 @contextmanager
 def pool_kinds_restored() -> Iterator[dict[str, PoolKind]]:
     """The pool-kind table as it was on entry, restored on exit (tests that register toy kinds)."""
-    saved = dict(POOL_KINDS)
-    try:
-        yield POOL_KINDS
-    finally:
-        POOL_KINDS.clear()
-        POOL_KINDS.update(saved)
-        _sync_profile_kinds()
+    with restored(POOL_KINDS, after=_sync_profile_kinds) as table:
+        yield table

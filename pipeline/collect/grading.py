@@ -26,6 +26,7 @@ from decimal import Decimal, InvalidOperation
 import sympy
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.tables import restored
 
 # Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
 _MAX_SYMPY_CHARS = 200
@@ -615,9 +616,5 @@ def unregister_grader(name: str) -> None:
 @contextmanager
 def graders_restored() -> Iterator[dict[str, GraderSpec]]:
     """The grader table as it was on entry, restored on exit (tests that register toy graders)."""
-    saved = dict(GRADER_SPECS)
-    try:
-        yield GRADER_SPECS
-    finally:
-        GRADER_SPECS.clear()
-        GRADER_SPECS.update(saved)
+    with restored(GRADER_SPECS) as table:
+        yield table

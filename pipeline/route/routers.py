@@ -25,6 +25,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.tables import restored
 
 
 @runtime_checkable
@@ -98,12 +99,8 @@ def unregister_router(kind: str) -> None:
 def routers_restored() -> Iterator[dict[str, type]]:
     """The router table as it was on entry, restored on exit (tests that register toy router types)."""
     _builtins()
-    saved = dict(ROUTER_TYPES)
-    try:
-        yield ROUTER_TYPES
-    finally:
-        ROUTER_TYPES.clear()
-        ROUTER_TYPES.update(saved)
+    with restored(ROUTER_TYPES) as table:
+        yield table
 
 
 def check_scores(router, X: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import LETTERS, math_prompt, mcq_prompt
+from pipeline.core.tables import restored
 
 TASK_COLUMNS = [
     "task_id", "source", "prompt", "gold", "grader", "domain", "difficulty",
@@ -395,12 +396,8 @@ def register_source(spec: SourceSpec, replace: bool = False) -> SourceSpec:
 @contextmanager
 def sources_restored() -> Iterator[dict[str, SourceSpec]]:
     """The source table as it was on entry, restored on exit (tests that register toy sources)."""
-    saved = dict(SOURCES)
-    try:
-        yield SOURCES
-    finally:
-        SOURCES.clear()
-        SOURCES.update(saved)
+    with restored(SOURCES) as table:
+        yield table
 
 
 def load_source(key: str, path: str | None = None, hub_id: str | None = None, hub_config: str | None = None,
