@@ -73,7 +73,7 @@ def cmd_train(args) -> int:
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
     X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
-    from pipeline.collect.rewards import to_arrays
+    from pipeline.collect.rewards import costs_are_estimated, to_arrays
     from pipeline.report.pool_report import domain_column, labels_of, pool_report, report_markdown
     from pipeline.report.value import targets_markdown, value_line
     from pipeline.route.targets import path_table
@@ -83,7 +83,8 @@ def cmd_train(args) -> int:
     agents, R, _, C = to_arrays(rewards)
     split = joined["split"].fillna("").astype(str).to_numpy(dtype=object)
     rep = pool_report(R, C, agents, labels, split, X=X,
-                      difficulty=labels_of(joined, "difficulty") if "difficulty" in joined else None, domain_name=col)
+                      difficulty=labels_of(joined, "difficulty") if "difficulty" in joined else None, domain_name=col,
+                      costs_estimated=costs_are_estimated(rewards))
     print("## Pool report\n\n" + report_markdown(rep), file=sys.stderr)
     fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split, labels=labels)
     import pandas as pd

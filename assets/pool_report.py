@@ -11,7 +11,7 @@ from dagster import (
 )
 
 from assets.router import reward_embeddings, training_split
-from pipeline.collect.rewards import to_arrays
+from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
@@ -30,7 +30,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     col = domain_column(t)
     split = training_split(rewards, tasks).to_numpy(dtype=object)
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
-                       difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col)
+                       difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
+                       costs_estimated=costs_are_estimated(rewards))
     md = report_markdown(rep)
     atomic_write_text(md, storage.path("reports") / "pool_report.md")
     atomic_write_json(rep, storage.path("reports") / "pool_report.json")

@@ -41,6 +41,10 @@ def test_quality_dominated_pool():
     md = report_markdown(rep)
     assert md.splitlines()[0].startswith("**Pool verdict: quality-dominated")
     assert "routing can pay here on cost, not on quality" in md
+    # the cost column says "(est.)" only where the costs are known to be estimates (replayed token counts)
+    assert "cost $/1k |" in md.replace("cost $/1k (est.)", "") and "estimated USD" not in md
+    est = report_markdown(pool_report(R, C, AGENTS, dom, split, X=X, domain_name="source", costs_estimated=True))
+    assert "cost $/1k (est.)" in est and "cost is estimated USD per 1k queries" in est
 
 
 def test_complementary_pool():

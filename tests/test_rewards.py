@@ -2,7 +2,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.collect.rewards import baselines, collection_totals, cost_basis, reward_matrix, to_arrays
+from pipeline.collect.rewards import (
+    baselines,
+    collection_totals,
+    cost_basis,
+    cost_per_1k_label,
+    costs_are_estimated,
+    reward_matrix,
+    to_arrays,
+)
 from pipeline.core.errors import RouterLiteError
 
 AGENTS = ["a", "b"]
@@ -73,3 +81,16 @@ def test_collection_totals():
     assert "cost_usd" in t.columns and "estimated" not in cost_basis(calls)
     est = calls.assign(usage_source="provider_estimate")  # replayed token counts
     assert "est_cost_usd" in collection_totals(est).columns and "ESTIMATED" in cost_basis(est)
+
+
+def test_cost_provenance_travels_with_the_matrix():
+    """A task's costs are estimated when any of its usable calls counted tokens itself (replay: ceil(chars/4));
+    provider-reported usage is not; a matrix without the column claims nothing."""
+    rows = [_call("t1", "a", 0), _call("t1", "b", 0), _call("t2", "a", 0), _call("t2", "b", 0)]
+    usage = ["provider", "provider", "provider", "provider_estimate"]
+    calls = pd.DataFrame([{**r, "usage_source": u} for r, u in zip(rows, usage)])
+    m = reward_matrix(calls, AGENTS).rows.set_index("task_id")
+    assert m["cost_estimated"].to_dict() == {"t1": False, "t2": True}
+    assert costs_are_estimated(m) is True and costs_are_estimated(m.loc[["t1"]]) is False
+    assert costs_are_estimated(m.drop(columns="cost_estimated")) is None
+    assert cost_per_1k_label(True) == "$/1k (est.)" and cost_per_1k_label(False) == cost_per_1k_label(None) == "$/1k"

@@ -14,7 +14,7 @@ import pandas as pd
 from pipeline.core.errors import RouterLiteError
 
 REWARD_COLUMNS = ["task_id", "agent_order", "mean_reward", "best_agents", "is_tie",
-                  "empty_count", "error_count", "mean_cost", "n_repetitions"]
+                  "empty_count", "error_count", "mean_cost", "n_repetitions", "cost_estimated"]
 TIE_TOL = 1e-9
 
 
@@ -31,8 +31,11 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
     unknown = sorted(set(calls["agent"]) - set(agents))
     if unknown:
         calls = calls[calls["agent"].isin(agents)]  # e.g. agents that failed pre-flight
+    from pipeline.collect.preflight import ESTIMATED_USAGE
+
     calls = calls.assign(
         usable=calls["status"].isin(["ok", "empty"]),
+        estimated=calls["usage_source"].isin(ESTIMATED_USAGE) if "usage_source" in calls else False,
         reward=np.where(calls["status"].eq("ok"), calls["correct"].eq(True).astype(float), 0.0),
     )
     g = calls.groupby(["task_id", "agent"], sort=True)
@@ -42,6 +45,7 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
         "cost_sum": g.apply(lambda d: d.loc[d["usable"], "cost_usd"].fillna(0).sum(), include_groups=False),
         "empty": g["status"].apply(lambda s: int((s == "empty").sum())),
         "error": g["status"].apply(lambda s: int((s == "error").sum())),
+        "estimated": g.apply(lambda d: bool(d.loc[d["usable"], "estimated"].any()), include_groups=False),
     }).reset_index()
     wide = per.pivot(index="task_id", columns="agent").reindex(columns=agents, level=1)
     usable = wide["usable"].fillna(0).to_numpy()
@@ -63,9 +67,21 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
             "empty_count": wide["empty"].to_numpy()[i].astype(int).tolist(),
             "error_count": wide["error"].to_numpy()[i].astype(int).tolist(),
             "mean_cost": cost[i].tolist(), "n_repetitions": int(usable[i].min()),
+            "cost_estimated": bool(np.any(wide["estimated"].to_numpy()[i] == True)),  # noqa: E712 (object array)
         })
     return RewardMatrix(pd.DataFrame(rows, columns=REWARD_COLUMNS),
                         pd.DataFrame(inc, columns=["task_id", "agent", "error_count"]))
+
+
+def costs_are_estimated(rewards: pd.DataFrame) -> bool | None:
+    """Whether any cost of a reward matrix comes from estimated token counts (the replay's ceil(chars/4)); None for
+    a matrix that does not say (a user's own file without `cost_estimated`): reports then claim nothing."""
+    return bool(rewards["cost_estimated"].fillna(False).astype(bool).any()) if "cost_estimated" in rewards else None
+
+
+def cost_per_1k_label(estimated: bool | None) -> str:
+    """The cost column's header: "(est.)" only where the costs are known to be estimates."""
+    return "$/1k (est.)" if estimated else "$/1k"
 
 
 def to_arrays(rewards: pd.DataFrame) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import bootstrap_means
 
@@ -147,8 +148,9 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
 
 def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.ndarray, split: np.ndarray,
                 X: np.ndarray | None = None, difficulty: np.ndarray | None = None,
-                domain_name: str | None = None) -> dict:
-    """The whole report (JSON-safe) on the development rows; the headroom on the training rows only."""
+                domain_name: str | None = None, costs_estimated: bool | None = None) -> dict:
+    """The whole report (JSON-safe) on the development rows; the headroom on the training rows only.
+    `costs_estimated` (`rewards.costs_are_estimated`) only labels the cost column."""
     split = np.asarray(split, dtype=object)
     dev = np.isin(split, ["train", "validation"])
     tr = split == "train"
@@ -161,6 +163,7 @@ def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.nda
     v = verdict(lead, R[dev], agents)
     by_domain = group_table(R[dev], C[dev], domains[dev], agents)
     rep = {"domain_column": domain_name, "n_rows": int(dev.sum()), "verdict": v, "leaders": lead,
+           "costs_estimated": costs_estimated,
            "by_domain": by_domain.to_dict("records"),
            "overall": group_table(R[dev], C[dev], np.full(int(dev.sum()), "all", dtype=object),
                                   agents).to_dict("records"),
@@ -171,13 +174,13 @@ def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.nda
     return rep
 
 
-def _pivot(records: list[dict]) -> str:
+def _pivot(records: list[dict], cost_label: str) -> str:
     df = pd.DataFrame(records)
     df["cell"] = [f"{a:.3f} [{lo:.3f}, {hi:.3f}]" for a, lo, hi in zip(df["accuracy"], df["ci_low"], df["ci_high"])]
     table = df.pivot(index="agent", columns="group", values="cell")
     cost = df.groupby("agent", sort=False)["cost_per_1k"].mean()
     table = table.loc[list(dict.fromkeys(df["agent"]))]
-    table["cost $/1k (est.)"] = [f"{cost[a]:.3f}" for a in table.index]
+    table[f"cost {cost_label}"] = [f"{cost[a]:.3f}" for a in table.index]
     n = df.groupby("group")["n"].first()
     table.columns = [f"{c} (n={n[c]})" if c in n else c for c in table.columns]
     return table.reset_index().to_markdown(index=False)
@@ -187,15 +190,17 @@ def report_markdown(rep: dict) -> str:
     """The pool report as Markdown, the verdict first."""
     h = rep["headroom"]
     lines = [f"**Pool verdict: {rep['verdict']['text']}**", ""]
+    label = cost_per_1k_label(rep.get("costs_estimated"))
+    est = "estimated " if rep.get("costs_estimated") else ""
     if rep["verdict"]["kind"] == "quality-dominated":
         lines += [f"Warning: {WARNING}.", ""]
     lines += [(f"Accuracy with 95 % CI per agent × {rep.get('domain_column') or 'domain'} on {rep['n_rows']} "
-               "development rows (train + validation); cost is estimated USD per 1k queries:"), "",
-              _pivot(rep["by_domain"]), ""]
+               f"development rows (train + validation); cost is {est}USD per 1k queries:"), "",
+              _pivot(rep["by_domain"], label), ""]
     lines += ["Leaders (top agent, and agents whose paired 95 % CI of the gap to it contains 0): "
               + "; ".join(f"{g}: {', '.join(v['tied_leaders'])}" for g, v in rep["leaders"].items()), ""]
     if rep.get("by_difficulty"):
-        lines += ["By difficulty:", "", _pivot(rep["by_difficulty"]), ""]
+        lines += ["By difficulty:", "", _pivot(rep["by_difficulty"], label), ""]
     parts = [f"best single (CV) {h['best_single_cv']:.4f}, oracle headroom +{h['oracle_headroom']:.4f}"]
     for name in ("label_router", "knn"):
         if name in h:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.head import Head
 from pipeline.route.targets import REPORT_TARGETS, cost_aware_pick, point_stats, resolve
@@ -178,19 +179,20 @@ def targets_markdown(value: dict) -> str:
     """The held-out per-target table (Markdown) of a value report, then the RouteLLM metrics."""
     import pandas as pd
 
+    label = cost_per_1k_label(value.get("costs_estimated"))
     rows = []
     order = {name: i for i, name in enumerate(REPORT_TARGETS)}  # the report's order (stored JSON sorts its keys)
     for name, t in sorted(value["targets"].items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])):
         rows.append({"target": name, "λ": t["lambda"], "quality": t["quality"],
                      "95% CI": f"{t['ci_low']:.3f}-{t['ci_high']:.3f}",
                      "vs best single": f"{t['gain']:+.3f} [{t['gain_low']:+.3f}, {t['gain_high']:+.3f}]",
-                     "$/1k (est.)": t["cost_per_1k"],
+                     label: t["cost_per_1k"],
                      "cost ratio": t["cost_ratio"],
                      "shares": ", ".join(f"{a} {s:.0%}" for a, s in t["shares"].items() if s >= 0.005)})
     bs, orc = value["best_single"], value["oracle"]
-    rows.append({"target": f"best single ({bs['agent']})", "quality": bs["quality"], "$/1k (est.)": bs["cost_per_1k"],
+    rows.append({"target": f"best single ({bs['agent']})", "quality": bs["quality"], label: bs["cost_per_1k"],
                  "cost ratio": 1.0})
-    rows.append({"target": "oracle", "quality": orc["quality"], "$/1k (est.)": orc["cost_per_1k"],
+    rows.append({"target": "oracle", "quality": orc["quality"], label: orc["cost_per_1k"],
                  "cost ratio": orc["cost_per_1k"] / bs["cost_per_1k"] if bs["cost_per_1k"] else None})
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
     df = pd.DataFrame(rows)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from pipeline.collect.rewards import to_arrays
+from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.head import Head
@@ -133,6 +133,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
     }
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
+    value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
                      cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
 
