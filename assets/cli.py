@@ -128,7 +128,7 @@ def cmd_route(args) -> int:
             raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
-    picks, fired = reg.route(_head_backbone(reg, args.device).encode(args.prompt), args.target)
+    picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
     print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)
     for p, f in zip(picks, fired):
         agent = reg.agents[int(p)]

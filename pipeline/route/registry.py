@@ -93,8 +93,13 @@ class RegisteredHead:
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
         """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
         (None = max-quality: the shipped head; see pipeline.route.targets)."""
+        return self.route_at(X, self.resolve_target(target) if target is not None else {"lambda": 0.0})
+
+    def route_at(self, X: np.ndarray, point: dict) -> tuple[np.ndarray, np.ndarray]:
+        """`route` at an operating point already resolved by `resolve_target` (a server resolves once per target,
+        not once per batch)."""
         fired = self.guard.fires(X)
-        lam = self.resolve_target(target)["lambda"] if target is not None else 0.0
+        lam = point["lambda"]
         if lam > 0:
             from pipeline.report.value import pick_costs
             from pipeline.route.targets import cost_aware_pick
@@ -117,7 +122,7 @@ class TargetedHead:
         return self.registered.name
 
     def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.registered.route(X, None if self.point["lambda"] == 0 else self.point["target"])
+        return self.registered.route_at(X, self.point)
 
 
 def save_guard(guard: OODGuard, path: Path) -> None:
