@@ -3,6 +3,8 @@
 Not one of `router-lite run`'s stages (assets/run.py): materialise `hub_release` in the UI with run config
 `repo_id` (and `dry_run: true` to only list the commit), or use `router-lite publish`.
 """
+import os
+
 from dagster import AssetExecutionContext, Config, EnvVar, MetadataValue, Output, asset
 
 from assets.collection import reward_matrix
@@ -13,8 +15,10 @@ from resources.storage import StorageResource
 
 
 def hub_resource() -> HubResource:
-    """The token as an EnvVar: resolved when a run that publishes launches, shown in the UI by name only."""
-    return HubResource(token=EnvVar(HF_TOKEN_ENV))
+    """The token as an EnvVar (resolved when a run launches, shown in the UI by name only) when HF_TOKEN is set for
+    the code location; without it a dry run still works (an EnvVar of an unset variable would fail every run that
+    uses the resource) and a push stops with one message saying to set it and reload."""
+    return HubResource(token=EnvVar(HF_TOKEN_ENV)) if os.environ.get(HF_TOKEN_ENV) else HubResource()
 
 
 class PublishConfig(Config):

@@ -128,6 +128,26 @@ def test_hub_release_asset_is_opt_in_and_dry_runs_in_dagster(published, monkeypa
     assert "hf_NotARealToken" not in repr(mat.metadata) + repr([e.message for e in result.all_events])
 
 
+def test_hub_release_dry_runs_without_a_token_and_a_push_says_what_is_missing(published, monkeypatch):
+    from dagster import DagsterInstance, materialize
+
+    from assets.definitions import build_assets, build_resources
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+    def run(dry_run: bool):
+        return materialize(build_assets("smoke"), selection=["hub_release"], raise_on_error=False,
+                           resources=build_resources(str(published), "smoke"), instance=DagsterInstance.ephemeral(),
+                           run_config={"ops": {"hub_release": {"config": {"repo_id": "me/rl", "dry_run": dry_run}}}})
+
+    dry = run(True)
+    assert dry.success and dry.output_for_node("hub_release")["commits"] == []
+    push = run(False)
+    assert not push.success
+    failure = next(e for e in push.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "HF_TOKEN is not set" in str(failure.event_specific_data.error)
+
+
 def test_a_card_licence_is_one_hub_id_only_when_every_source_shares_it():
     assert _license(["mmlu", "gsm8k"]) == {"license": "mit"}
     mixed = _license(["mmlu_pro", "gsm8k"])
