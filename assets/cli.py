@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_command(sub) -> None:
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
-    p.add_argument("--profile", default=None, help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
+    p.add_argument("--profile", default=None,
+                   help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
     p.add_argument("--wait-for-collection", action="store_true",
@@ -280,7 +281,8 @@ def _add_run_command(sub) -> None:
 
 def _add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
-    p.add_argument("--rewards", required=True, help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
+    p.add_argument("--rewards", required=True,
+                   help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
     p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
     p.add_argument("--held-out-split", default="test")
     p.add_argument("--hidden-dim", type=int, default=0)

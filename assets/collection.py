@@ -127,7 +127,8 @@ def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
     df = pd.DataFrame([{"agent": a.name, "model": a.model, "provider": a.provider, "role": a.role,
                         "price_in_per_mtok": a.price_in_per_mtok, "price_out_per_mtok": a.price_out_per_mtok}
                        for a in agents])
-    return Output(df, metadata={"pool": pool.pool, "kind": pool.kind, "agents": MetadataValue.md(df.to_markdown(index=False))})
+    return Output(df, metadata={"pool": pool.pool, "kind": pool.kind,
+                                "agents": MetadataValue.md(df.to_markdown(index=False))})
 
 
 @asset(deps=[agent_pool], group_name="collection", io_manager_key="io_manager",
@@ -141,7 +142,8 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
         prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
     else:
         prompts = [LIVE_PREFLIGHT_PROMPT]
-    result = run_preflight(pool.client_for, agents, prompts, _settings(prof)).assign(pool=pool.pool, pool_kind=pool.kind)
+    result = (run_preflight(pool.client_for, agents, prompts, _settings(prof))
+              .assign(pool=pool.pool, pool_kind=pool.kind))
     failed = result[~result["passed"]]
     for _, r in failed.iterrows():
         context.log.warning(f"pre-flight failed for {r['agent']} ({r['model']}): {r['reason']}")
@@ -150,7 +152,8 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
     return Output(result, metadata={
         "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
-        "passed": int(result["passed"].sum()), "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
+        "passed": int(result["passed"].sum()),
+        "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
         "table": MetadataValue.md(result.drop(columns=["reason"]).to_markdown(index=False)),
     })
 
@@ -175,7 +178,8 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
     tasks = task_pool[task_pool["source"] == source]
     agents = passed_agents(pool, preflight)
     log = CallLog(storage.calls_dir(pool.kind, source, rep))
-    # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits when asked
+    # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
+    # when asked
     wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
@@ -219,8 +223,8 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
 
 def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition = collection_partitions
                        ) -> AssetsDefinition:
-    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_concurrency_pool`), one
-    partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
+    """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_concurrency_pool`),
+    one partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
     return asset(
         name="graded_calls", partitions_def=partitions_def,
         group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
@@ -263,7 +267,8 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
         context.log.warning(f"{matrix.incomplete['task_id'].nunique()} tasks held back: an agent has only errors")
     return Output(matrix.rows, metadata={
         "tasks": len(matrix.rows), "agents": MetadataValue.json(agents), "cost_basis": cost_basis(calls),
-        "tie_rate": float(matrix.rows["is_tie"].mean()), "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
+        "tie_rate": float(matrix.rows["is_tie"].mean()),
+        "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
         "dataset_dir": str(out),
     })
 

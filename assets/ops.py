@@ -32,7 +32,8 @@ from dagster import (
     schedule,
 )
 
-from assets.automation import REFRESH_SENSOR, refresh_sensor  # noqa: F401 - REFRESH_SENSOR: the automation sensor's name
+# REFRESH_SENSOR: the automation sensor's name
+from assets.automation import REFRESH_SENSOR, refresh_sensor  # noqa: F401
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
 from pipeline.core.config import Profile

@@ -1,4 +1,5 @@
-"""Lineage stage 3a: the pool report — is this pool complementary or quality-dominated? (pipeline/report/pool_report.py)"""
+"""Lineage stage 3a: the pool report — is this pool complementary or quality-dominated?
+(pipeline/report/pool_report.py)"""
 import pandas as pd
 from dagster import (
     AssetCheckResult,

@@ -106,7 +106,8 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
         "held_out": shown_table(table),
         "routing": MetadataValue.md(pd.DataFrame(fit.extra["routing"]).to_markdown(index=False, floatfmt=".3f")),
         "training_curve": MetadataValue.md(curve[[c for c in ("generation", "best_reward_so_far", "mean_train_reward",
-                                                              "val_reward") if c in curve]].iloc[::5].to_markdown(index=False, floatfmt=".4f")),
+                                                              "val_reward") if c in curve]].iloc[::5]
+                                           .to_markdown(index=False, floatfmt=".4f")),
     }))
 
 

@@ -143,7 +143,8 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = N
                 raise _failure(result, stage, pk)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
-                level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"  # non-blocking: reported only
+                # non-blocking: reported only
+                level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"
                 log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
         times["stages"][stage] = round(time.time() - t0, 1)
         log(f"[{stage}] {', '.join(keys)} done in {time.time() - t0:.1f}s")

@@ -30,7 +30,8 @@ def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> O
         "rows": len(tasks),
         "by_difficulty": MetadataValue.json(tasks["difficulty"].value_counts().to_dict()),
         "grader": str(tasks["grader"].iloc[0]),
-        "preview": MetadataValue.md(tasks.head(5)[["task_id", "gold", "grader", "difficulty"]].to_markdown(index=False)),
+        "preview": MetadataValue.md(tasks.head(5)[["task_id", "gold", "grader", "difficulty"]]
+                                    .to_markdown(index=False)),
     })
 
 
@@ -109,8 +110,9 @@ def task_pool_proportions(task_pool: pd.DataFrame, profile: ProfileResource) -> 
         off.update({f"domain:{d}": abs(share - 1 / 3) * 100
                     for d, share in task_pool["domain"].value_counts(normalize=True).items()})
     worst = max(off, key=off.get)
-    return AssetCheckResult(passed=bool(off[worst] <= 2.0), metadata={"worst": worst, "points_off": float(round(off[worst], 2)),
-                                                                "all_points_off": {k: float(round(v, 2)) for k, v in off.items()}})
+    return AssetCheckResult(passed=bool(off[worst] <= 2.0),
+                            metadata={"worst": worst, "points_off": float(round(off[worst], 2)),
+                                      "all_points_off": {k: float(round(v, 2)) for k, v in off.items()}})
 
 
 @asset_check(asset=task_pool, additional_ins={"source_tasks": AssetIn("source_tasks")},

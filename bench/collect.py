@@ -1,8 +1,8 @@
 """Collection benchmarks.
 
-1. Throughput (default): graded calls/s of `pipeline.collect.collect.collect` (real openai client, durable call log, grading)
-   against a local OpenAI-protocol endpoint with a fixed 100 ms latency (tests/fault_server.py, its own process),
-   at concurrency 8, 32, 128. The ideal rate is concurrency / latency; the ratio to it is printed
+1. Throughput (default): graded calls/s of `pipeline.collect.collect.collect` (real openai client, durable call log,
+   grading) against a local OpenAI-protocol endpoint with a fixed 100 ms latency (tests/fault_server.py, its own
+   process), at concurrency 8, 32, 128. The ideal rate is concurrency / latency; the ratio to it is printed
    (goal: >= 0.9 at each level). Each level makes enough calls for >= 3.5 s at the ideal rate. When one process
    misses the goal at a level and the machine has more than one core, the level is measured again sharded over
    `--processes` collector processes (default: the core count), each with concurrency/N and its own call log - what

@@ -77,7 +77,9 @@ def _read_file(path: Path) -> list[str]:
 
 def synthetic_prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    words = ["energy", "mass", "velocity", "market", "price", "contract", "enzyme", "protein", "court", "statute", "integral", "matrix", "series", "voltage", "current", "torque", "entropy", "inflation", "demand", "cell", "membrane", "gene", "neuron", "theorem", "proof"]
+    words = ["energy", "mass", "velocity", "market", "price", "contract", "enzyme", "protein", "court", "statute",
+             "integral", "matrix", "series", "voltage", "current", "torque", "entropy", "inflation", "demand", "cell",
+             "membrane", "gene", "neuron", "theorem", "proof"]
     out = []
     for i in range(n):
         q = " ".join(rng.choice(words) for _ in range(rng.randint(15, 120))).capitalize() + "?"
@@ -330,11 +332,13 @@ def main(argv=None) -> int:
     for name in variants:
         s, r = sp[name], (rt or {}).get(name)
         ok = verdict(s, r)
-        q = (f"{r['decision_agreement']:>6.3f} {r['quality']:>7.4f} "
-             f"[{r['quality_diff_ci95'][0]:+.4f},{r['quality_diff_ci95'][1]:+.4f}]") if r else f"{'-':>6} {'-':>7} {'-':>17}"
+        q = ((f"{r['decision_agreement']:>6.3f} {r['quality']:>7.4f} "
+              f"[{r['quality_diff_ci95'][0]:+.4f},{r['quality_diff_ci95'][1]:+.4f}]") if r
+             else f"{'-':>6} {'-':>7} {'-':>17}")
         mark = "*" if name == chosen else " "
         print(f"{name + mark:<14} {s['prompts_per_s']:>9.1f} {s['speedup_wall']:>11.2f} {s['speedup_cpu']:>6.2f} "
-              f"{s['cosine_min']:>8.5f} {q}  {'all met' if all(ok.values()) else 'missing ' + ','.join(k for k, v in ok.items() if not v)}")
+              f"{s['cosine_min']:>8.5f} {q}  "
+              f"{'all met' if all(ok.values()) else 'missing ' + ','.join(k for k, v in ok.items() if not v)}")
     if rt:
         print(f"fp32 head held-out reward {rt['fp32_quality']:.4f}, 95 % CI {rt['fp32_quality_ci95']} "
               f"(n={rt['n_test']}, {rt['head_picks_distinct']} distinct agents picked); * = default CPU backend")

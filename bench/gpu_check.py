@@ -103,10 +103,12 @@ def main(argv=None) -> int:
           f"BackboneResource device auto -> {auto}", flush=True)
 
     t0 = time.perf_counter()
-    cpu = Backbone(args.model, device="cpu", batch_size=min(args.batch_size, 64), backend="torch")  # the float32 reference
+    # the float32 reference
+    cpu = Backbone(args.model, device="cpu", batch_size=min(args.batch_size, 64), backend="torch")
     cpu_e, cpu_rate = timed_encode(cpu, prompts[: args.cpu_n])
     summary["cpu_fp32"] = {"prompts_per_s": round(cpu_rate, 1), "n": len(cpu_e)}
-    print(f"cpu  fp32   {cpu_rate:9.1f} prompts/s on {len(cpu_e)} prompts ({time.perf_counter() - t0:.1f}s)", flush=True)
+    print(f"cpu  fp32   {cpu_rate:9.1f} prompts/s on {len(cpu_e)} prompts ({time.perf_counter() - t0:.1f}s)",
+          flush=True)
     summary["key"] = cpu.key
 
     if not torch.cuda.is_available():

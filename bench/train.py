@@ -5,7 +5,8 @@
 Synthetic data (planted rule: agent argmax(x @ A) answers, others 30 %), linear head, sep-CMA-ES from zeros with the
 same seed for both variants, so both see the same candidates and must report the same rewards. Prints, side by
 side: seconds per generation (whole ask/evaluate/tell, and the fitness evaluation alone), total seconds, peak
-traced memory of one population's fitness evaluation (tracemalloc: numpy allocations are traced) and the ratio loop / vectorised; then the process's peak RSS (resource.getrusage).
+traced memory of one population's fitness evaluation (tracemalloc: numpy allocations are traced) and the ratio
+loop / vectorised; then the process's peak RSS (resource.getrusage).
 """
 from __future__ import annotations
 

@@ -73,11 +73,17 @@ CPU_BACKEND_CHOICE = {
     "measured_by": "bench/embed.py --n 256 --rounds 3 (demo MMLU-Pro prompts, 2-core AMD EPYC with AVX512-BF16)",
     "fp32_head_quality_ci95": [0.6873, 0.7519],  # held-out reward of the head trained on float32 embeddings, n=774
     "rows": [
-        {"backend": "torch-fp32", "x_fp32_wall": 1.0, "x_fp32_cpu": 1.0, "cosine_min": 1.0, "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
-        {"backend": "torch-bf16", "x_fp32_wall": 1.853, "x_fp32_cpu": 1.957, "cosine_min": 0.999967, "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
-        {"backend": "onnx-fp32", "x_fp32_wall": 1.49, "x_fp32_cpu": 1.622, "cosine_min": 1.0, "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
-        {"backend": "onnx-int8", "x_fp32_wall": 2.195, "x_fp32_cpu": 2.513, "cosine_min": 0.992676, "decision_agreement": 0.9935, "quality": 0.7196, "quality_in_fp32_ci": True},
-        {"backend": "openvino-fp32", "x_fp32_wall": 2.3, "x_fp32_cpu": 2.454, "cosine_min": 1.0, "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
-        {"backend": "openvino-bf16", "x_fp32_wall": 4.15, "x_fp32_cpu": 4.238, "cosine_min": 0.999963, "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "torch-fp32", "x_fp32_wall": 1.0, "x_fp32_cpu": 1.0, "cosine_min": 1.0,
+         "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "torch-bf16", "x_fp32_wall": 1.853, "x_fp32_cpu": 1.957, "cosine_min": 0.999967,
+         "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "onnx-fp32", "x_fp32_wall": 1.49, "x_fp32_cpu": 1.622, "cosine_min": 1.0,
+         "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "onnx-int8", "x_fp32_wall": 2.195, "x_fp32_cpu": 2.513, "cosine_min": 0.992676,
+         "decision_agreement": 0.9935, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "openvino-fp32", "x_fp32_wall": 2.3, "x_fp32_cpu": 2.454, "cosine_min": 1.0,
+         "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
+        {"backend": "openvino-bf16", "x_fp32_wall": 4.15, "x_fp32_cpu": 4.238, "cosine_min": 0.999963,
+         "decision_agreement": 1.0, "quality": 0.7196, "quality_in_fp32_ci": True},
     ],
 }

@@ -16,8 +16,8 @@ Each kind is one `PoolKind` row of `POOL_KINDS`: a client factory `(resource, ag
 an optional pre-flight check `(resource, agents)`; `register_pool_kind` adds one (docs/architecture.md, "How to add
 an agent pool").
 
-The clients have `max_retries=0`: `pipeline.collect.client.call_once` owns retries. The key is never logged, printed, put in
-metadata, the call log, or exception text (`repr` hides it; `call_once` scrubs it from recorded errors).
+The clients have `max_retries=0`: `pipeline.collect.client.call_once` owns retries. The key is never logged, printed,
+put in metadata, the call log, or exception text (`repr` hides it; `call_once` scrubs it from recorded errors).
 """
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ class PoolResource(ConfigurableResource):
     base_url: str | None = None
     api_key: str | None = Field(default=None, repr=False)
     api_key_env: str = OPENROUTER_KEY_ENV  # fallback when api_key is not set (openrouter / openai_compatible)
-    key_hosts: list[str] = Field(default_factory=list)  # hosts (host or host:port) besides openrouter.ai that may receive the key
+    # hosts (host or host:port) besides openrouter.ai that may receive the key
+    key_hosts: list[str] = Field(default_factory=list)
     replay_path: str | None = None  # default: data/replay/mmlu_pro_outputs.parquet under $ROUTER_LITE_DATA|data/
     timeout_s: float = 180.0
     app_title: str = "BenchGen Router Lite"  # OpenRouter attribution header (X-Title)

@@ -3,7 +3,8 @@
 Independent count: correctness = the official `pred` field == gold, straight from TIGER-Lab's zips (no replay, no
 our grading), over the same task pool. Differences come only from answer extraction (bench/extraction_agreement.py
 explains them). Usage (maintainers; needs the public zips):
-    python scripts/independent_count.py --home .router-lite --zips ../shared/data/reward-matrices/mmlu-pro-tiger-eval-results
+    python scripts/independent_count.py --home .router-lite \
+        --zips ../shared/data/reward-matrices/mmlu-pro-tiger-eval-results
 """
 import argparse
 import json
@@ -21,7 +22,8 @@ from resources.storage import asset_path
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--home", default=".router-lite")
-    ap.add_argument("--zips", default=str(Path(__file__).resolve().parents[2] / "shared/data/reward-matrices/mmlu-pro-tiger-eval-results"))
+    ap.add_argument("--zips", default=str(Path(__file__).resolve().parents[2]
+                                          / "shared/data/reward-matrices/mmlu-pro-tiger-eval-results"))
     ap.add_argument("--pool", default="mmlu_pro")
     a = ap.parse_args()
     home = Path(a.home)
@@ -37,7 +39,8 @@ def main() -> None:
             recs = {r["question_id"]: r for r in json.loads(z.read(z.namelist()[0])) if isinstance(r, dict)}
         official[:, j] = [float(recs[q]["pred"] == recs[q]["answer"]) for q in qid]
     test = pool.set_index("task_id").loc[rewards["task_id"], "split"].eq("test").to_numpy()
-    for name, M in (("project (replay + our grading, mean of 3 reps)", R), ("independent (official pred == gold)", official)):
+    for name, M in (("project (replay + our grading, mean of 3 reps)", R),
+                    ("independent (official pred == gold)", official)):
         best = int(np.argmax(M.mean(axis=0)))
         print(f"{name}:\n  per agent {dict(zip(agents, M.mean(axis=0).round(4).tolist()))}\n"
               f"  best single {agents[best]} {M[:, best].mean():.4f} | oracle {M.max(axis=1).mean():.4f} | "

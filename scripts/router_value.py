@@ -56,7 +56,8 @@ def routerbench_data():
     from resources.storage import default_home
 
     s = build_suite("routerbench")
-    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(s.query_text, Backbone("sentence-transformers/all-MiniLM-L6-v2", max_seq_length=256))
+    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(
+        s.query_text, Backbone("sentence-transformers/all-MiniLM-L6-v2", max_seq_length=256))
     rewards = pd.DataFrame({"task_id": s.query_ids, "agent_order": [s.models] * len(s.query_ids),
                             "mean_reward": list(s.quality), "mean_cost": list(s.cost)})
     return X, rewards, pd.Series(s.split), np.asarray(s.meta["per_query"]["eval_name"], dtype=object), "routerbench"
@@ -102,8 +103,10 @@ def main() -> int:
         cfg = TrainConfig(**{"generations": args.generations, "log_every": 0, **kw})
         fit = fit_router(X, rewards, split, cfg, labels=labels)
         v, g = fit.value, fit.extra["gate"]
-        row = {"lever": lever, "val_head_trained": g.get("head_validation"), "val_best_single": g.get("best_single_validation"),
-               "shipped": g["shipped"], "test_head": fit.metrics["head"], "test_best_single": fit.metrics["best_single"],
+        row = {"lever": lever, "val_head_trained": g.get("head_validation"),
+               "val_best_single": g.get("best_single_validation"),
+               "shipped": g["shipped"], "test_head": fit.metrics["head"],
+               "test_best_single": fit.metrics["best_single"],
                "test_knn": fit.metrics["knn"], "test_label_router": v.get("label_router", {}).get("quality"),
                "oracle": fit.metrics["oracle"], "head-label (95% CI)": ci(v["label_router"]["head_minus_label_router"]),
                "head-knn (95% CI)": ci(v["head_minus_knn"]), "head-best (95% CI)": ci(fit.extra["head_gain_ci"]),

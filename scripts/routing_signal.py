@@ -163,7 +163,8 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
         base = R[te, bs].mean()
         row = {"best single (absolute)": base, "oracle − best single": R[te].max(1).mean() - base}
         cat_best = {c: int(R[tr][cats[tr] == c].mean(0).argmax()) for c in np.unique(cats)}
-        row["per-category best agent (category label given)"] = reward(R[te], np.array([cat_best[c] for c in cats[te]])) - base
+        row["per-category best agent (category label given)"] = reward(
+            R[te], np.array([cat_best[c] for c in cats[te]])) - base
         for name, X in feats.items():
             knn = KnnRouter().fit(X[tr], R[tr], X_val=X[va], R_val=R[va])
             row[f"kNN on {name}"] = reward(R[te], knn.pick(X[te])) - base
@@ -185,7 +186,8 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
 
 
 def table(res: dict[str, list[float]], title: str) -> str:
-    lines = [f"#### {title}", "", "| method | test − best single (mean ± sd) | splits above best single |", "|---|---|---|"]
+    lines = [f"#### {title}", "", "| method | test − best single (mean ± sd) | splits above best single |",
+             "|---|---|---|"]
     for k, v in res.items():
         a = np.array(v)
         above = "-" if "absolute" in k or "oracle" in k else f"{int((a > 0).sum())}/{len(a)}"
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--sizes", type=int, nargs="+", default=[0, 3000], help="0 = all questions")
     ap.add_argument("--without", nargs="+", default=[], metavar="MODEL",
-                    help="drop these demo models from the pool (e.g. gemini-1.5-pro-002: a pool without its best agent)")
+                    help="drop these demo models from the pool "
+                         "(e.g. gemini-1.5-pro-002: a pool without its best agent)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/routing_signal.md"))
     a = ap.parse_args(argv)
     models = [m for m in demo_models() if m not in a.without]

@@ -56,7 +56,8 @@ def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys
     monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path))
     tasks = pd.read_parquet(own_files / "tasks.parquet").drop(columns=["split"])
     tasks.to_parquet(tmp_path / "nosplit.parquet")
-    assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(tmp_path / "nosplit.parquet")]) == 2
+    assert main(["train", "--rewards", str(own_files / "rewards.jsonl"),
+                 "--tasks", str(tmp_path / "nosplit.parquet")]) == 2
     assert "lacks column 'split'" in capsys.readouterr().err
     assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),
                  "--ship-confidence", "1.5"]) == 2

@@ -29,7 +29,8 @@ def log_rows(home):
 
 def test_lock_fails_fast_names_partition_and_pid_or_waits(tmp_path):
     with collection_lock(tmp_path / "log", "mmlu_pro repetition 0"):
-        with pytest.raises(RouterLiteError, match=rf"collection for mmlu_pro repetition 0 is running \(pid {os.getpid()}\)"), \
+        with pytest.raises(RouterLiteError,
+                           match=rf"collection for mmlu_pro repetition 0 is running \(pid {os.getpid()}\)"), \
                 collection_lock(tmp_path / "log", "mmlu_pro repetition 0"):
             pass
         t0 = time.monotonic()

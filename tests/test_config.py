@@ -1,5 +1,6 @@
 """Profiles are typed and validated once: every bundled profile loads; a bad key or value anywhere is one error
-naming the file and the dotted key; every option sits in its section's table; a definitions build reads the file once."""
+naming the file and the dotted key; every option sits in its section's table; a definitions build reads the file
+once."""
 import dataclasses
 import re
 import shutil

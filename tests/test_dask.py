@@ -76,7 +76,8 @@ def test_collection_partitions_run_on_dask_workers(smoke_home_copy, tmp_path, mo
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
         for pk in keys:
-            tags = {"dagster/partition": str(pk), **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
+            tags = {"dagster/partition": str(pk),
+                    **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
             with execute_job(reconstructable(dask_collection_job), instance=inst, tags=tags) as result:
                 assert result.success, [e.message for e in result.all_events if e.is_failure]
         records = inst.fetch_materializations(AssetKey("graded_calls"), limit=10).records
@@ -100,7 +101,8 @@ def test_collection_partitions_run_on_dask_workers(smoke_home_copy, tmp_path, mo
         before = len(ran_on)
         with DagsterInstance.local_temp(str(tmp_path / "dagster")) as inst:
             pk = keys[0]
-            tags = {"dagster/partition": str(pk), **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
+            tags = {"dagster/partition": str(pk),
+                    **{f"dagster/partition/{d}": k for d, k in pk.keys_by_dimension.items()}}
             with execute_job(reconstructable(dask_collection_job), instance=inst, tags=tags) as result:
                 assert result.success
             (rec,) = inst.fetch_materializations(AssetKey("graded_calls"), limit=1).records
@@ -114,7 +116,8 @@ def test_the_shims_private_dagster_names_still_exist():
     """Fails on a Dagster upgrade that removes a private name the shim uses, saying which and what to do."""
     for module, name in PRIVATE_NAMES:
         assert callable(private_name(module, name)), f"{module}.{name}"
-    with pytest.raises(ImportError, match=r"needs the private Dagster name dagster\._utils\.no_such_name.*drop the shim"):
+    with pytest.raises(ImportError,
+                       match=r"needs the private Dagster name dagster\._utils\.no_such_name.*drop the shim"):
         private_name("dagster._utils", "no_such_name")
 
 

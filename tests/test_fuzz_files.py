@@ -40,12 +40,13 @@ def good_tasks():
 
 # --- invalid values per field -----------------------------------------------------------------------------------
 no_list_text = st.text(max_size=8).filter(lambda t: not t.lstrip().startswith(("[", "(")))  # CSV would parse it
-junk = st.one_of(st.none(), st.booleans(), no_list_text, st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+junk = st.one_of(st.none(), st.booleans(), no_list_text,
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
                  st.lists(st.integers(), max_size=2), st.integers())
 out_of_range = st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not 0.0 <= x <= 1.0)
 bad_reward_entry = st.one_of(out_of_range, st.text(max_size=6), st.none(), st.booleans(),
-                             st.lists(st.floats(0, 1), max_size=2), st.dictionaries(st.text(max_size=2), st.floats(0, 1),
-                                                                                     max_size=1))
+                             st.lists(st.floats(0, 1), max_size=2),
+                             st.dictionaries(st.text(max_size=2), st.floats(0, 1), max_size=1))
 bad_reward_list = st.one_of(
     st.lists(st.floats(0, 1), max_size=6).filter(lambda v: len(v) != 3),       # wrong length
     st.integers(0, 2).flatmap(lambda j: bad_reward_entry.map(lambda x: (j, x))),  # one bad entry
@@ -71,7 +72,8 @@ def broken_rewards(draw):
         else:
             rows[i]["mean_reward"] = v
     elif kind == "order":
-        rows[i]["agent_order"] = draw(bad_agent_order) if i else draw(st.sampled_from([["a"], [], ["a", "a", "b"], [1, 2, 3]]))
+        rows[i]["agent_order"] = (draw(bad_agent_order) if i
+                                  else draw(st.sampled_from([["a"], [], ["a", "a", "b"], [1, 2, 3]])))
     elif kind == "task_id":
         rows[i]["task_id"] = draw(st.one_of(st.none(), st.just(""), st.just(f"t{(i + 1) % N}")))
     elif kind == "dup":

@@ -266,7 +266,8 @@ def test_grade_returns_extracted_even_when_wrong():
 
 
 # ------------------------------------------------------------------------------ JSON answers (ZeroEval prompts)
-ZE_REPLY = '```json\n{\n    "reasoning": "16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 20? No.",\n    "answer": "18"\n}\n```'
+ZE_REPLY = ('```json\n{\n    "reasoning": "16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 20? No.",\n'
+            '    "answer": "18"\n}\n```')
 
 
 def test_json_answer_beats_labels_and_fences():

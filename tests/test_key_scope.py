@@ -77,7 +77,8 @@ def test_openrouter_pool_refuses_a_foreign_base_url(monkeypatch):
             pool.check()
         with pytest.raises(RouterLiteError, match="is not OpenRouter's"):
             pool.client_for(pool.agents()[0])
-    ok = PoolResource(kind="openrouter", pool="pilot", base_url="https://evil.example/api/v1", key_hosts=["evil.example"])
+    ok = PoolResource(kind="openrouter", pool="pilot", base_url="https://evil.example/api/v1",
+                      key_hosts=["evil.example"])
     ok.check()
     assert ok.client_for(ok.agents()[0]).api_key == KEY
     assert PoolResource(kind="openrouter", pool="pilot").client_for(AGENT).api_key == KEY

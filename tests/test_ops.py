@@ -251,7 +251,8 @@ def test_a_preflight_on_a_pool_of_another_kind_or_a_stale_pool_tag_is_one_clear_
     res = defs.resolve_job_def(COLLECTION_JOB).execute_in_process(partition_key="0|mmlu_pro", raise_on_error=False)
     assert not res.success
     msg = next(e for e in res.all_events if e.event_type_value == "STEP_FAILURE").step_failure_data.error.to_string()
-    assert "the pre-flight this stage consumes ran on pool 'pilot_wide'" in msg and "materialise `preflight` again" in msg
+    assert ("the pre-flight this stage consumes ran on pool 'pilot_wide'" in msg
+            and "materialise `preflight` again" in msg)
     assert not (home / "calls").exists() or call_log_rows(home) == {}
 
 
@@ -290,7 +291,8 @@ def test_one_source_backfill_materialises_that_source_only(tmp_path, temp_instan
         assert inst.get_latest_materialization_event(AssetKey("task_pool")) is None
         gsm8k = pd.read_parquet(asset_path(home, "source_tasks", "gsm8k"))
         assert len(gsm8k) > 0 and set(gsm8k["source"]) == {"gsm8k"}
-        print(f"\n[backfill] source_tasks[gsm8k]: {len(gsm8k)} tasks; files {sorted(p.name for p in mmlu_pro.parent.iterdir())}")
+        print(f"\n[backfill] source_tasks[gsm8k]: {len(gsm8k)} tasks; "
+              f"files {sorted(p.name for p in mmlu_pro.parent.iterdir())}")
     finally:
         inst.dispose()
 

@@ -75,7 +75,8 @@ def test_user_matrix_validation():
 
 
 def test_collection_totals():
-    calls = pd.DataFrame([_call("t1", "a", 0), _call("t1", "a", 1, status="error"), _call("t1", "b", 0, status="empty")])
+    calls = pd.DataFrame([_call("t1", "a", 0), _call("t1", "a", 1, status="error"),
+                          _call("t1", "b", 0, status="empty")])
     t = collection_totals(calls).set_index("agent")
     assert t.loc["a", "error"] == 1 and t.loc["a", "accuracy"] == 1.0 and t.loc["b", "empty"] == 1
     assert "cost_usd" in t.columns and "estimated" not in cost_basis(calls)

@@ -1,4 +1,5 @@
-"""The router endpoint (pipeline/serve/app.py) on loopback, with the `openai` SDK as the client, against the replay pool.
+"""The router endpoint (pipeline/serve/app.py) on loopback, with the `openai` SDK as the client,
+against the replay pool.
 
 A head is trained here in seconds: MiniLM embeddings of 100 real MMLU-Pro prompts recorded for all five mmlu_pro
 models, rewards = whether each model's recorded reply is correct, a few CMA-ES generations; then registered and

@@ -1,5 +1,5 @@
-"""The router endpoint's micro-batcher (pipeline.serve.app.DecisionBatcher) and input guards, without a model: a backbone whose
-embedding encodes the prompt's number, so every decision can be checked against the prompt it answers."""
+"""The router endpoint's micro-batcher (pipeline.serve.app.DecisionBatcher) and input guards, without a model: a
+backbone whose embedding encodes the prompt's number, so every decision can be checked against the prompt it answers."""
 from __future__ import annotations
 
 import asyncio
@@ -51,7 +51,8 @@ def run(coro):
 
 def test_pairing_under_concurrency():
     """300 concurrent decisions with random arrival: each gets the pick for its own prompt (a swap would show)."""
-    router = DecisionBatcher(NumberHead(), NumberBackbone(), ServeSettings(max_batch=16, batch_wait_ms=2, embed_cache_size=0))
+    router = DecisionBatcher(NumberHead(), NumberBackbone(),
+                             ServeSettings(max_batch=16, batch_wait_ms=2, embed_cache_size=0))
 
     async def one(n):
         await asyncio.sleep(random.random() * 0.05)
@@ -196,7 +197,8 @@ def test_lone_surrogate_is_refused_up_front():
         assert ei.value.status == 400 and ei.value.code == "invalid_text", raw
         json.dumps(ei.value.body()).encode("utf-8")  # the message itself is valid text
     # a valid pair (an emoji as \\ud83d\\ude00) and RTL text are fine
-    r = parse_chat_request(b'{"messages":[{"role":"user","content":"\\ud83d\\ude00 \\u202e\\u05e9\\u05dc\\u05d5\\u05dd"}]}',
+    r = parse_chat_request(b'{"messages":[{"role":"user","content":'
+                           b'"\\ud83d\\ude00 \\u202e\\u05e9\\u05dc\\u05d5\\u05dd"}]}',
                            "h", ServeSettings())
     assert r.text.startswith("\U0001f600")
 

@@ -1,4 +1,5 @@
-"""Operating points (pipeline/route/targets.py), the value report (pipeline/report/value.py) and targets through the registry."""
+"""Operating points (pipeline/route/targets.py), the value report (pipeline/report/value.py)
+and targets through the registry."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,8 @@ from pipeline.route.train import TrainConfig
 
 
 @pytest.mark.parametrize("text, want", [
-    (None, Target("max-quality", None)), ("", Target("max-quality", None)), ("max-quality", Target("max-quality", None)),
+    (None, Target("max-quality", None)), ("", Target("max-quality", None)),
+    ("max-quality", Target("max-quality", None)),
     (" Parity ", Target("parity", None)), ("quality>=0.98", Target("quality", 0.98)),
     ("quality >= 1", Target("quality", 1.0)), ("budget=0.5", Target("budget", 0.5)),
     ("lambda=0", Target("lambda", 0.0)),

@@ -124,7 +124,8 @@ def test_hub_path_through_datasets_load_dataset(tmp_path):
     # a hub-style dataset directory (parquet) in the schema of cais/mmlu: choices list + integer answer
     d = tmp_path / "mmlu_hub"
     d.mkdir()
-    pd.DataFrame({"question": ["Capital of France?"], "subject": ["geography"], "choices": [["Rome", "Paris", "Oslo", "Bern"]],
+    pd.DataFrame({"question": ["Capital of France?"], "subject": ["geography"],
+                  "choices": [["Rome", "Paris", "Oslo", "Bern"]],
                   "answer": [1]}).to_parquet(d / "test.parquet")
     df = load_source("mmlu", hub_id=str(d), hub_split="test")  # split inferred from the file name
     assert df.iloc[0]["gold"] == "B" and "B. Paris" in df.iloc[0]["prompt"]
@@ -234,7 +235,8 @@ def test_profile_ood_rule(tmp_path, monkeypatch):
 def test_duplicate_task_ids_rejected(all_tasks):
     df = all_tasks["aime2025_i"]
     with pytest.raises(RouterLiteError, match="duplicate task_id"):
-        build_task_pool(pd.concat([df, df.iloc[:1]]), TaskPoolConfig(size=10, balance="category", stratify_column="source"))
+        build_task_pool(pd.concat([df, df.iloc[:1]]),
+                        TaskPoolConfig(size=10, balance="category", stratify_column="source"))
 
 
 def test_importing_pipeline_pulls_in_no_dagster():

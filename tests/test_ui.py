@@ -13,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINEAGE = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "reward_matrix", "baselines",
-           "prompt_embeddings", "pool_report", "router_head", "registered_head", "benchmark_report", "routerbench_replication"}
+           "prompt_embeddings", "pool_report", "router_head", "registered_head", "benchmark_report",
+           "routerbench_replication"}
 
 ASSET_GRAPH = "{ assetNodes { assetKey { path } dependencyKeys { path } pools } }"
 REPORT = """{ assetOrError(assetKey: {path: ["benchmark_report"]}) {
@@ -27,7 +28,8 @@ OPERATIONS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { na
   schedules { name cronSchedule scheduleState { status } }
   sensors { name sensorState { status } }
   jobs { name } } } } }"""
-LOCATION = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"
+LOCATION = ("{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus "
+            "locationOrLoadError { __typename ... on PythonError { message } } } } } }")
 
 
 def _free_port() -> int:
@@ -62,7 +64,8 @@ def webserver(smoke_home, tmp_path):
         deadline, status = time.time() + 180, None
         while time.time() < deadline:
             if proc.poll() is not None:
-                pytest.fail(f"dagster-webserver exited ({proc.returncode}):\n{(tmp_path / 'webserver.log').read_text()[-3000:]}")
+                pytest.fail(f"dagster-webserver exited ({proc.returncode}):\n"
+                            f"{(tmp_path / 'webserver.log').read_text()[-3000:]}")
             try:
                 entries = _gql(url, LOCATION)["workspaceOrError"]["locationEntries"]
                 status = [(e["loadStatus"], e["locationOrLoadError"]) for e in entries]

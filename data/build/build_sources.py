@@ -34,7 +34,8 @@ def build_mmlu(shared: Path) -> None:
             text = z.read(name).decode("utf-8")
             for i, rec in enumerate(csv.reader(io.StringIO(text))):
                 q, a, b, c, d, ans = rec
-                rows.append({"subject": subject, "row": i, "question": q, "A": a, "B": b, "C": c, "D": d, "answer": ans})
+                rows.append({"subject": subject, "row": i, "question": q, "A": a, "B": b, "C": c, "D": d,
+                             "answer": ans})
     out = OUT / "mmlu" / "test.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out, index=False, compression="zstd")

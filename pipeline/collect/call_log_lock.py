@@ -1,7 +1,7 @@
 """One collection at a time per call-log directory.
 
-The call log has one writer per directory by design (`pipeline.collect.call_log`); two collections of the same partition at
-once (a UI backfill next to `make run`, two `router-lite run`) would each read the same "done" keys and make the
+The call log has one writer per directory by design (`pipeline.collect.call_log`); two collections of the same partition
+at once (a UI backfill next to `make run`, two `router-lite run`) would each read the same "done" keys and make the
 missing calls twice, doubling a paid provider's bill. `collection_lock` holds an exclusive `flock` on
 `<call-log dir>/.collect.lock` for the whole collection of a partition. The kernel drops the lock when its holder
 exits, even on kill -9, so a crashed run never leaves a stale lock behind. `flock` locks belong to an open file,

@@ -41,7 +41,8 @@ def _check_tasks(tasks_df: pd.DataFrame) -> None:
         raise RouterLiteError(f"task(s) without a prompt: {bad[:5]}")
     graders = set(tasks_df["grader"]) - set(GRADERS)
     if graders:
-        raise RouterLiteError(f"unknown grader(s) {sorted(map(str, graders))} in tasks frame; known: {', '.join(GRADERS)}")
+        raise RouterLiteError(f"unknown grader(s) {sorted(map(str, graders))} in tasks frame; "
+                              f"known: {', '.join(GRADERS)}")
 
 
 def check_agents(agents: list[AgentSpec]) -> None:
@@ -114,8 +115,8 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     `tasks_df` needs task_id, prompt, gold, grader. Done = a row with status ok or empty in the log; error rows are
     logged but retried by the next collection. At most `settings.concurrency` calls are in flight per provider.
     Each finished call is graded (`grade_fn(text, gold, grader) -> (extracted, correct)`, default
-    `pipeline.collect.grading.grade`; errors are not graded: correct None) and appended to the log before the next call of
-    that worker starts. `client_for(agent)` is called once per agent before any call (so a missing key fails first);
+    `pipeline.collect.grading.grade`; errors are not graded: correct None) and appended to the log before the next call
+    of that worker starts. `client_for(agent)` is called once per agent before any call (so a missing key fails first);
     the clients are closed at the end. Returns one row per call key (CALL_FIELDS columns), in task x agent order.
     """
     settings = settings or CollectionSettings()

@@ -16,9 +16,9 @@ protocol, so the collection code cannot tell it from a live provider:
 Token counts are a deterministic approximation (no tokenizer download): `approx_tokens(text) = ceil(len(text) / 4)`
 (Unicode characters; OpenAI's "1 token ~ 4 characters of English" rule of thumb), 0 for empty text. `prompt_tokens`
 sums it over the content of every request message; `usage.token_count_method` says so, and the collection records
-such calls with `usage_source` "provider_estimate", so every cost derived from them is reported as estimated. When the recorded text is longer than `max_tokens`
-(or `max_completion_tokens`), it is cut to its first `4 * max_tokens` characters and `finish_reason` is "length", as a
-provider stops generating at the limit.
+such calls with `usage_source` "provider_estimate", so every cost derived from them is reported as estimated.
+When the recorded text is longer than `max_tokens` (or `max_completion_tokens`), it is cut to its first `4 * max_tokens`
+characters and `finish_reason` is "length", as a provider stops generating at the limit.
 
 Three front ends share one request handler: `replay_transport(store)` (an `httpx.AsyncBaseTransport`, no socket),
 `replay_sync_transport(store)` (`httpx.BaseTransport`) and `serve(store)` (starlette + uvicorn on a loopback port, in a

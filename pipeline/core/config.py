@@ -7,9 +7,11 @@ Every section of a profile is a typed, frozen dataclass whose docstring is its t
 meaning; pycma style):
 
     sources     dict source -> `SourceSettings`   which benchmarks, and where each one's rows come from
-    task_pool   `pipeline.tasks.task_pool.TaskPoolConfig`   size, balance, split and out-of-distribution set of the task pool
+    task_pool   `pipeline.tasks.task_pool.TaskPoolConfig`   size, balance, split and out-of-distribution set
+                                                            of the task pool
     pool        `AgentPoolSettings`               the agent pool: kind, pool name(s), endpoint
-    collection  `CollectionConfig`                repetitions + `pipeline.collect.settings.CollectionSettings` (how one call is made)
+    collection  `CollectionConfig`                repetitions + `pipeline.collect.settings.CollectionSettings`
+                                                  (how one call is made)
     backbone    `BackboneSettings`                the frozen embedding model (`resources.backbone.BackboneResource`)
     train       `pipeline.route.train.TrainConfig`      the router head's CMA-ES training
     benchmark   `BenchmarkSettings`               the routed benchmark and the replication suites
@@ -123,9 +125,10 @@ class AgentPoolSettings:
 
 @dataclass(frozen=True)
 class CollectionConfig(CollectionSettings):
-    """The `collection:` section: how many times each task is asked, plus every `pipeline.collect.settings.CollectionSettings`
-    option (how one call is made; its table is there). Only `repetitions` is not a call setting: it decides the
-    `graded_calls` partitions and never enters a call's settings hash.
+    """The `collection:` section: how many times each task is asked, plus every
+    `pipeline.collect.settings.CollectionSettings` option (how one call is made; its table is there). Only
+    `repetitions` is not a call setting: it decides the `graded_calls` partitions and never enters a call's
+    settings hash.
 
     repetitions = 3
         Times each task is asked each agent (1..3; partitions ``repetition`` 0..repetitions-1). Use 1 with a replay
@@ -232,7 +235,8 @@ class Profile:
 
     name: str = ""
     description: str = ""
-    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})  # live: a registered source counts
+    # live: a registered source counts
+    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})
     task_pool: TaskPoolConfig = field(default_factory=TaskPoolConfig)
     pool: AgentPoolSettings = field(default_factory=AgentPoolSettings)
     collection: CollectionConfig = field(default_factory=CollectionConfig)

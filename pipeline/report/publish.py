@@ -10,8 +10,10 @@ import pandas as pd
 SOURCE_LICENCES = {
     "math500": "MIT (openai/prm800k, hendrycks/math) — via ZubinGou/math-evaluation-harness @ db77bc6",
     "gsm8k": "MIT (openai/grade-school-math @ 3101c7d)",
-    "aime2025_i": "MAA AIME 2025 problems (MAA copyright; no licence stated) — via yukangZhuu/basic_evaluator @ a85b668",
-    "aime2025_ii": "MAA AIME 2025 problems (MAA copyright; no licence stated) — via yukangZhuu/basic_evaluator @ a85b668",
+    "aime2025_i": "MAA AIME 2025 problems (MAA copyright; no licence stated) — "
+                  "via yukangZhuu/basic_evaluator @ a85b668",
+    "aime2025_ii": "MAA AIME 2025 problems (MAA copyright; no licence stated) — "
+                   "via yukangZhuu/basic_evaluator @ a85b668",
     "arc_challenge": "CC-BY-SA-4.0 (allenai/ai2_arc) — reformatted copy via yukangZhuu/basic_evaluator @ a85b668",
     "mmlu": "MIT (hendrycks/test) — via hiyouga/LLaMA-Factory @ 65ea7a0",
     "mmlu_pro": "Apache-2.0 (TIGER-AI-Lab/MMLU-Pro @ f418b11)",

@@ -78,12 +78,14 @@ class Profile:
             raise RouterLiteError(f"profile {self.name!r}: unknown split values {bad} (allowed: {list(SPLITS)})")
         if len(set(self.query_ids)) != n:
             dup = pd.Series(self.query_ids)
-            raise RouterLiteError(f"profile {self.name!r}: duplicate query ids {sorted(set(dup[dup.duplicated()]))[:5]}")
+            raise RouterLiteError(f"profile {self.name!r}: duplicate query ids "
+                                  f"{sorted(set(dup[dup.duplicated()]))[:5]}")
         if len(set(self.models)) != k:
             raise RouterLiteError(f"profile {self.name!r}: duplicate model names in {self.models}")
         for key, values in self.meta.get("per_query", {}).items():
             if len(values) != n:
-                raise RouterLiteError(f"profile {self.name!r}: meta per_query[{key!r}] has {len(values)} values, not {n}")
+                raise RouterLiteError(f"profile {self.name!r}: meta per_query[{key!r}] has {len(values)} values, "
+                                      f"not {n}")
 
     @property
     def n(self) -> int:
@@ -140,11 +142,13 @@ def load_suites(path: str | Path | None = None) -> dict[str, SuiteSpec]:
             raise RouterLiteError(f"suites config {path}: suite {name!r} must be a mapping")
         kind = body.get("kind")
         if kind not in KINDS:
-            raise RouterLiteError(f"suites config {path}: suite {name!r} has kind {kind!r}, expected one of {list(KINDS)}")
+            raise RouterLiteError(f"suites config {path}: suite {name!r} has kind {kind!r}, "
+                                  f"expected one of {list(KINDS)}")
         builder = body.get("builder")
         if kind == "profile" and builder not in PROFILE_BUILDERS:
             raise RouterLiteError(
-                f"suites config {path}: suite {name!r} has builder {builder!r}, expected one of {sorted(PROFILE_BUILDERS)}"
+                f"suites config {path}: suite {name!r} has builder {builder!r}, "
+                f"expected one of {sorted(PROFILE_BUILDERS)}"
             )
         options = {k: v for k, v in body.items() if k not in ("kind", "builder", "description")}
         out[str(name)] = SuiteSpec(str(name), kind, builder, str(body.get("description", "")).strip(), options)
@@ -283,7 +287,8 @@ def build_routerbench(path: str | Path | None = None) -> Profile:
     }
     texts = [final_query(p, e) for p, e in zip(kept["prompt"], kept["eval_name"])]
     by_split = pd.DataFrame({"text": texts, "split": kept["split"].to_numpy()})
-    shared = set(by_split.loc[by_split["split"] == "train", "text"]) & set(by_split.loc[by_split["split"] == "test", "text"])
+    shared = (set(by_split.loc[by_split["split"] == "train", "text"])
+              & set(by_split.loc[by_split["split"] == "test", "text"]))
     meta["query_text_in_both_splits"] = len(shared)  # the source split's own overlap (2 MBPP tasks), kept as is
     return Profile(
         name="routerbench",

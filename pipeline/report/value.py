@@ -2,9 +2,9 @@
 
 Value scorer: a linear head whose scores are **predicted rewards** (reward units): per-agent ridge regression of the
 (tie-aware) training rewards on the standardised embeddings, the ridge strength chosen by validation mean squared
-error. `pipeline.route.targets.cost_aware_pick` subtracts λ × the predicted cost of each agent on the query (a second ridge,
-the *cost scorer*, same features, fitted on the training costs; chosen over each agent's mean training cost by the
-validation area under the λ path, docs/training.md) from these
+error. `pipeline.route.targets.cost_aware_pick` subtracts λ × the predicted cost of each agent on the query (a second
+ridge, the *cost scorer*, same features, fitted on the training costs; chosen over each agent's mean training cost by
+the validation area under the λ path, docs/training.md) from these
 predictions. (Ridge of ``reward − λ·cost`` is ridge of the reward minus λ × ridge of the cost; with the cost
 predicted by its per-agent mean this is the same pick, so one fit serves every λ.)
 

@@ -3,8 +3,8 @@
 One function serves the `router_head` asset and `router-lite train`: sep-CMA-ES head, kNN baseline, OOD guard,
 held-out metrics, routing report. Pure: same inputs and config → same head and numbers.
 
-The head and the kNN baseline are both routers of the protocol in pipeline/route/routers.py: the ship gate, the guard and
-the held-out metrics use only `pick`, so either (or a new type) can be measured, shipped and registered alike.
+The head and the kNN baseline are both routers of the protocol in pipeline/route/routers.py: the ship gate, the guard
+and the held-out metrics use only `pick`, so either (or a new type) can be measured, shipped and registered alike.
 """
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     extra = {
         "head_unguarded": unguarded, "ood_fire_rate": guard.fire_rate(X[te]),
         "train_fit": float(held_out_metrics(head.pick(X[tr]), R[tr], B[tr], best_single=best)["head"]),
-        "n_validation": int(va.sum()), "gate": gate, "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
+        "n_validation": int(va.sum()), "gate": gate,
+        "routing": routing_report(picks, R[te], B[te], best_single=best, agents=agents),
         # is the held-out gain over the best single agent more than row-sampling noise?
         "head_gain_ci": paired_gain_ci(picks, U_te, best),
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
@@ -174,7 +175,8 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
         value["label_router"] = label_router_metrics(labels[tr], R_eff[tr], labels[te], R_eff[te], best, picks_te,
                                                      agents)
     value["head_minus_knn"] = paired_gain_ci(np.zeros(len(rows), np.int64),
-                                             np.column_stack([R_eff[te][rows, picks_te], R_eff[te][rows, knn_picks_te]]),
+                                             np.column_stack([R_eff[te][rows, picks_te],
+                                                              R_eff[te][rows, knn_picks_te]]),
                                              1)
     return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
 

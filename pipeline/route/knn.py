@@ -141,5 +141,6 @@ class KnnRouter:
         return knn
 
     def fingerprint(self) -> tuple[list[bytes], list]:
-        return ([np.ascontiguousarray(self.X, np.float32).tobytes(), np.ascontiguousarray(self.R, np.float32).tobytes()],
+        return ([np.ascontiguousarray(self.X, np.float32).tobytes(),
+                 np.ascontiguousarray(self.R, np.float32).tobytes()],
                 ["knn", int(self.k)])

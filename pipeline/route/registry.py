@@ -1,7 +1,7 @@
 """Registered heads: `registry/<name>/` with a stable name, manifest, weights and reference code.
 
-A registered "head" is any router of the protocol in pipeline/route/routers.py: a trained `Head` (kind ``head``), the kNN
-baseline (kind ``knn``) or a type added with `register_router`. The manifest records the kind (`router_kind`; a
+A registered "head" is any router of the protocol in pipeline/route/routers.py: a trained `Head` (kind ``head``), the
+kNN baseline (kind ``knn``) or a type added with `register_router`. The manifest records the kind (`router_kind`; a
 manifest without one, written before kinds existed, is a ``head``) and `load` asks that class to read its files.
 
 name = `<kind>-<backbone slug>-<10 hex>` (`head-...` for heads) where the hex is a content hash of (the router's
@@ -87,7 +87,8 @@ class RegisteredHead:
         return resolve(t, self.operating_points)
 
     def at(self, target) -> TargetedHead:
-        """This head at one operating point: an object with `.name` and `.route(X)` (what the server's DecisionBatcher uses)."""
+        """This head at one operating point: an object with `.name` and `.route(X)` (what the server's
+        DecisionBatcher uses)."""
         return TargetedHead(self, self.resolve_target(target))
 
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:

@@ -2,11 +2,11 @@
 
 A router maps query embeddings ``X (n, d)`` to one score per pool member (``scores``: (n, K), higher is better) and
 picks one agent per row (``pick``: (n,) indices into ``agents``). Fitting (pipeline/route/fit.py,
-pipeline/report/replication.py), the frontier (`pipeline.report.frontier.router_policies`), the registry (pipeline/route/registry.py)
-and the server (pipeline/serve/app.py, through the registry's `route`) use only this protocol, so a trained head
-(`pipeline.route.head.Head`, kind ``head``) and the kNN baseline (`pipeline.route.knn.KnnRouter`, kind ``knn``) are
-interchangeable, and a new type needs one class and one ``@register_router("name")`` line
-(docs/architecture.md, "How to add a router type").
+pipeline/report/replication.py), the frontier (`pipeline.report.frontier.router_policies`), the registry
+(pipeline/route/registry.py) and the server (pipeline/serve/app.py, through the registry's `route`) use only this
+protocol, so a trained head (`pipeline.route.head.Head`, kind ``head``) and the kNN baseline
+(`pipeline.route.knn.KnnRouter`, kind ``knn``) are interchangeable, and a new type needs one class and one
+``@register_router("name")`` line (docs/architecture.md, "How to add a router type").
 
 Files: ``save_files(directory)`` writes the router's files into a directory and returns the manifest fields that
 describe them (at least ``files``: role -> file name, directly inside the directory); the classmethod

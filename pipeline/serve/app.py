@@ -115,8 +115,8 @@ class ServeSettings:
 
     @classmethod
     def from_collection(cls, collection, **kw) -> ServeSettings:
-        """Defaults from a `pipeline.collect.settings.CollectionSettings` (max_tokens, temperature, top_p, reasoning effort,
-        timeout): agents answer under the settings their rewards were measured with."""
+        """Defaults from a `pipeline.collect.settings.CollectionSettings` (max_tokens, temperature, top_p, reasoning
+        effort, timeout): agents answer under the settings their rewards were measured with."""
         defaults = {"max_tokens": int(collection.max_tokens), "temperature": collection.temperature,
                     "top_p": collection.top_p}
         if collection.reasoning_effort:
@@ -333,8 +333,8 @@ class DecisionBatcher:
         return out
 
     async def decide(self, text: str, head=None, tag: str = "") -> Decision:
-        """The pick for `text` by `head` (a view of the head at one operating point; default: the DecisionBatcher's own),
-        cached under `tag` + text (the tag names the operating point)."""
+        """The pick for `text` by `head` (a view of the head at one operating point; default: the DecisionBatcher's
+        own), cached under `tag` + text (the tag names the operating point)."""
         head = self.registered if head is None else head
         key = hashlib.sha256(tag.encode() + b"\0" + text.encode("utf-8", "surrogatepass")).digest()
         hit = self._cache.get(key)
@@ -436,7 +436,8 @@ async def _read_body(request, limit: int) -> bytes:
             buf += chunk
             if len(buf) > limit:
                 raise RequestError(400, f"request body is over the limit of {limit} bytes", "body_too_large")
-    except ClientDisconnect:  # gone, or closed by the body read timeout (pipeline/serve/http_server.py): no one reads this
+    except ClientDisconnect:
+        # gone, or closed by the body read timeout (pipeline/serve/http_server.py): no one reads this
         raise RequestError(400, "the client disconnected before sending the whole body", "incomplete_body") from None
     return bytes(buf)
 
@@ -482,8 +483,8 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     clients = [client_for(a) for a in specs]
     default_point = registered.resolve_target(settings.default_target) if hasattr(registered, "resolve_target") \
         else {"target": "max-quality", "lambda": 0.0}
-    router = DecisionBatcher(registered.at(settings.default_target) if hasattr(registered, "at") else registered, backbone,
-                    settings)
+    router = DecisionBatcher(registered.at(settings.default_target) if hasattr(registered, "at") else registered,
+                             backbone, settings)
     routes = [
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),

@@ -84,7 +84,8 @@ def load_hub(hub_id: str, config: str | None = None, split: str = "test") -> lis
         else:
             ds = datasets.load_dataset(hub_id, config, split=split)
     except Exception as exc:
-        raise RouterLiteError(f"hub dataset {hub_id!r} (config {config!r}, split {split!r}) cannot be loaded: {exc}") from None
+        raise RouterLiteError(f"hub dataset {hub_id!r} (config {config!r}, split {split!r}) "
+                              f"cannot be loaded: {exc}") from None
     return ds.to_pandas().to_dict("records")
 
 
@@ -252,7 +253,8 @@ def norm_arc_challenge(rows: Iterable[dict], where: str) -> list[dict]:
 def _mmlu_difficulty(subject: str) -> str:
     if subject.startswith(("elementary_", "high_school_")):
         return "easy"
-    if subject.startswith(("college_", "professional_")) or subject in {"abstract_algebra", "formal_logic", "econometrics"}:
+    if (subject.startswith(("college_", "professional_"))
+            or subject in {"abstract_algebra", "formal_logic", "econometrics"}):
         return "hard"
     return "medium"
 

@@ -51,7 +51,8 @@ class TaskPoolConfig:
     stratify_column: str = "category"  # for balance="category"
     split: dict[str, float] = field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22},
                                     metadata={"keys": SPLITS})
-    ood_categories: tuple[str, ...] = ()  # values of `ood_column` kept out of training entirely (split "test", ood=True)
+    # values of `ood_column` kept out of training entirely (split "test", ood=True)
+    ood_categories: tuple[str, ...] = ()
     ood_column: str = "category"
 
     def __post_init__(self):
