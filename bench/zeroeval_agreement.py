@@ -19,7 +19,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.collect.collect import load_agents  # noqa: E402
+from pipeline.collect.agents import load_agents  # noqa: E402
 from pipeline.collect.grading import grade  # noqa: E402
 from pipeline.collect.replay import data_dir  # noqa: E402
 from pipeline.core.prompts import prompt_hash  # noqa: E402
