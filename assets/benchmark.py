@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
-from assets.collection import _settings, passed_agents, pool_of
+from assets.collection import passed_agents, pool_of
 from assets.router import registered_head, reward_embeddings, training_split
 from assets.shown import rounded
 from pipeline.collect.call_log import CallLog
@@ -94,7 +94,7 @@ def _routed_variants(prof, task_pool: pd.DataFrame, reg, target, specs: list, po
         picks, fired = reg.route(X, target)
         tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
-        calls = run_collect(tasks, specs, 0, log, pool.client_for, _settings(prof))
+        calls = run_collect(tasks, specs, 0, log, pool.client_for, prof.collection)
         res = score(bench, picks, fired, calls, agents)
         if variant == "test":
             md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]

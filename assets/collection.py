@@ -114,10 +114,6 @@ def pool_of(pool: PoolResource, preflight: pd.DataFrame) -> PoolResource:
                               f"{pool.pool!r} cannot stand in for ({e}): materialise `preflight` again") from None
 
 
-def _settings(profile) -> CollectionSettings:
-    return profile.collection  # a CollectionConfig: the call settings + repetitions, validated by load_profile
-
-
 @asset(group_name="collection", io_manager_key="io_manager",
        description="Agents of the profile's pool: role, model, provider, list price (a pre-flight on another "
                    "pool, chosen by run config, records that pool's agents itself).")
@@ -142,7 +138,7 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
         prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
     else:
         prompts = [LIVE_PREFLIGHT_PROMPT]
-    result = (run_preflight(pool.client_for, agents, prompts, _settings(prof))
+    result = (run_preflight(pool.client_for, agents, prompts, prof.collection)
               .assign(pool=pool.pool, pool_kind=pool.kind))
     failed = result[~result["passed"]]
     for _, r in failed.iterrows():
@@ -184,9 +180,9 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
         if context.run.tags.get(REGRADE_TAG) == "true":  # the regrade job: stored completions only, zero calls
-            calls = regrade_from_log(log, tasks, agents, rep, _settings(prof))
+            calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
         else:
-            calls = run_collect(tasks, agents, rep, log, pool.client_for, _settings(prof))
+            calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection)
         made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")

@@ -33,7 +33,7 @@ from dagster import (
 )
 
 # REFRESH_SENSOR: the automation sensor's name
-from assets.automation import REFRESH_SENSOR, refresh_sensor  # noqa: F401
+from assets.automation import BENCHMARK, FREE_REFRESH, REFRESH_SENSOR, refresh_sensor  # noqa: F401
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
 from pipeline.core.config import Profile
@@ -52,9 +52,8 @@ SCHEDULE = "recollect_wide_pool"
 COLLECT_SENSOR = "recollect_collect_partitions"
 
 # the manual refresh job (no daemon, or a live pool's benchmark): everything downstream of the rewards that is not
-# partitioned
-REFRESH_ASSETS = ["reward_matrix", "baselines", "prompt_embeddings", "pool_report", "router_head", "registered_head",
-                  "benchmark_report"]
+# partitioned: what the automation refreshes, the embeddings, and the benchmark on any pool
+REFRESH_ASSETS = [*FREE_REFRESH, "prompt_embeddings", BENCHMARK]
 
 
 def preflight_run_config(pool: str) -> dict:

@@ -299,11 +299,6 @@ def register_pool_kind(kind: str, client: Callable[[PoolResource, AgentSpec], An
     return spec
 
 
-def unregister_pool_kind(kind: str) -> None:
-    POOL_KINDS.pop(kind, None)
-    _sync_profile_kinds()
-
-
 @contextmanager
 def pool_kinds_restored() -> Iterator[dict[str, PoolKind]]:
     """The pool-kind table as it was on entry, restored on exit (tests that register toy kinds)."""

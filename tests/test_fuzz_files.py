@@ -59,6 +59,16 @@ bad_text = st.one_of(st.none(), st.just(""), st.just("   "), st.integers(), st.f
                      st.lists(st.text(max_size=3), max_size=2))
 
 
+non_object_row = st.one_of(st.lists(st.integers(), max_size=3), st.text(max_size=5), st.integers())
+
+
+def drop_column(draw, rows: list[dict], columns: list[str]) -> None:
+    """Remove one required column (drawn from `columns`) from every row."""
+    col = draw(st.sampled_from(columns))
+    for r in rows:
+        r.pop(col)
+
+
 @st.composite
 def broken_rewards(draw):
     rows = good_rewards()
@@ -86,11 +96,9 @@ def broken_rewards(draw):
         for r in rows:
             r.setdefault("best_agents", ["a"])
     elif kind == "drop_col":
-        col = draw(st.sampled_from(["task_id", "agent_order", "mean_reward"]))
-        for r in rows:
-            r.pop(col)
+        drop_column(draw, rows, ["task_id", "agent_order", "mean_reward"])
     else:
-        rows[i] = draw(st.one_of(st.lists(st.integers(), max_size=3), st.text(max_size=5), st.integers()))
+        rows[i] = draw(non_object_row)
     return kind, rows
 
 
@@ -111,11 +119,9 @@ def broken_tasks(draw, ext):
     elif kind == "missing_row":
         rows.pop(i)
     elif kind == "drop_col":
-        col = draw(st.sampled_from(["task_id", "prompt", "split"]))
-        for r in rows:
-            r.pop(col)
+        drop_column(draw, rows, ["task_id", "prompt", "split"])
     else:
-        rows[i] = draw(st.one_of(st.lists(st.integers(), max_size=3), st.text(max_size=5), st.integers()))
+        rows[i] = draw(non_object_row)
     return kind, rows
 
 

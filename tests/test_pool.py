@@ -20,6 +20,7 @@ from pipeline.collect.collect import collect
 from pipeline.collect.preflight import preflight
 from pipeline.collect.replay import default_recordings_path
 from pipeline.collect.settings import CollectionSettings
+from pipeline.core.config import CollectionConfig, from_yaml
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import mcq_prompt
 
@@ -78,7 +79,7 @@ def test_pool_errors_name_the_input(tmp_path):
         load_agents(tmp_path / "missing.yaml", "p")
 
 
-def test_settings_hash_and_from_dict():
+def test_settings_hash_and_the_profile_section():
     s = CollectionSettings()
     assert (s.max_tokens, s.temperature, s.top_p, s.reasoning_effort, s.timeout_s, s.max_retries, s.concurrency) == (
         4096, 0.1, 1.0, "minimal", 180.0, 3, 16)
@@ -86,10 +87,11 @@ def test_settings_hash_and_from_dict():
     assert CollectionSettings(concurrency=64, timeout_s=5, max_retries=0).hash() == s.hash()  # transport only
     assert CollectionSettings(temperature=0.0).hash() != s.hash()
     assert CollectionSettings(max_tokens=512).hash() != s.hash()
-    prof = CollectionSettings.from_dict({"repetitions": 3, "max_tokens": 4096, "concurrency": 32})
+    # a profile's `collection:` section: repetitions is no call setting (never in the hash)
+    prof = from_yaml(CollectionConfig, {"repetitions": 3, "max_tokens": 4096, "concurrency": 32}, "collection")
     assert prof.concurrency == 32 and prof.hash() == s.hash()
     with pytest.raises(RouterLiteError, match="max_tokenz"):
-        CollectionSettings.from_dict({"max_tokenz": 5})
+        from_yaml(CollectionConfig, {"max_tokenz": 5}, "collection")
 
 
 def test_retry_after_parsing():

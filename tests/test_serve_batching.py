@@ -238,7 +238,7 @@ def test_sampling_bounds_accept_the_edges_and_follow_the_profile_cap():
     r = parse_chat_request(body(max_tokens=32768, seed=(1 << 63) - 1), "h", ServeSettings())
     assert r.upstream["max_tokens"] == 32768 and r.upstream["seed"] == (1 << 63) - 1
     parse_chat_request(body(seed=-(1 << 63)), "h", ServeSettings())
-    s = ServeSettings.from_collection(CollectionSettings.from_dict({"max_tokens": 4096}))
+    s = ServeSettings.from_collection(CollectionSettings(max_tokens=4096))
     assert s.max_tokens_cap == 4096
     parse_chat_request(body(max_tokens=4096), "h", s)
     with pytest.raises(RequestError, match=r"\[1, 4096\]"):

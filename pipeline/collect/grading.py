@@ -609,10 +609,6 @@ def register_grader(spec: GraderSpec, replace: bool = False) -> GraderSpec:
     return spec
 
 
-def unregister_grader(name: str) -> None:
-    GRADER_SPECS.pop(name, None)
-
-
 @contextmanager
 def graders_restored() -> Iterator[dict[str, GraderSpec]]:
     """The grader table as it was on entry, restored on exit (tests that register toy graders)."""

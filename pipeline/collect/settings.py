@@ -65,13 +65,3 @@ class CollectionSettings:
         """12 hex of the answer-changing fields (timeouts, retries, concurrency do not invalidate the log)."""
         payload = {f: getattr(self, f) for f in self.ANSWER_FIELDS}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> CollectionSettings:
-        """From a profile's `collection:` section (`repetitions` is ignored: it is not a call setting)."""
-        d = {k: v for k, v in (d or {}).items() if k != "repetitions"}
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise RouterLiteError(f"unknown collection setting(s) {unknown}; known: {', '.join(sorted(fields))}")
-        return cls(**d)

@@ -91,10 +91,6 @@ def router_kinds() -> list[str]:
     return sorted(ROUTER_TYPES)
 
 
-def unregister_router(kind: str) -> None:
-    ROUTER_TYPES.pop(kind, None)
-
-
 @contextmanager
 def routers_restored() -> Iterator[dict[str, type]]:
     """The router table as it was on entry, restored on exit (tests that register toy router types)."""
