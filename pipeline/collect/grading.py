@@ -579,6 +579,20 @@ class GraderSpec:
     equal: Callable[[str, str], bool]
     description: str
     fallback: Callable[[str], str | None] | None = None
+    # do two agents' extracted answers say the same thing? (a cascade's agreement test). None: `equal` both ways,
+    # which makes the grader's own comparison symmetric (gold-side conveniences apply to either answer)
+    same: Callable[[str, str], bool] | None = None
+
+    def agree(self, a: str | None, b: str | None) -> bool:
+        """Symmetric equivalence of two extracted answers; a missing answer agrees with nothing."""
+        if a is None or b is None or is_empty(a) or is_empty(b):
+            return False
+        a, b = str(a), str(b)
+        if a == b:
+            return True
+        if self.same is not None:
+            return bool(self.same(a, b))
+        return bool(self.equal(a, b) or self.equal(b, a))
 
 
 def _letter_equal(pred: str, gold: str) -> bool:
@@ -596,6 +610,11 @@ GRADER_SPECS: dict[str, GraderSpec] = {g.name: g for g in [
                "CRUXEval output: equal as Python literals, else as trimmed strings"),  # never guessed from reasoning
 ]}
 GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
+
+
+def answers_agree(a: str | None, b: str | None, grader: str) -> bool:
+    """Whether two extracted answers are equivalent under `grader` (symmetric; None never agrees)."""
+    return grader_spec(grader).agree(a, b)
 
 
 def register_grader(spec: GraderSpec, replace: bool = False) -> GraderSpec:

@@ -1,0 +1,88 @@
+"""Graded calls → the answer each agent gives each task, and which agents agree (a cascade's evidence).
+
+A task's answer for an agent is its majority extracted answer over the usable repetitions (ok or empty); an empty
+reply or one without an extractable answer votes for "no answer". Ties are broken by the earliest repetition and
+recorded (`answer_tie`), so a report can say how often the majority was a coin flip. Errors never vote.
+
+`agreement(answers, graders)` is the (n, K, K) boolean tensor the cascade is fitted and scored on: agents j and l
+agree on task i when both have an answer and the task's grader says the two answers are equivalent
+(`GraderSpec.agree`, symmetric). With it every cascade policy can be scored on the static matrix, zero API calls.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from pipeline.collect.grading import grader_spec
+from pipeline.core.errors import RouterLiteError
+
+ANSWER_COLUMNS = ["task_id", "agent_order", "answers", "answer_votes", "answer_tie", "no_answer"]
+
+
+def majority(extracted: list) -> tuple[str | None, int, bool]:
+    """(answer, its votes, tie) over one agent's repetitions in repetition order; None = "no answer"."""
+    norm = [None if a is None or (isinstance(a, float) and np.isnan(a)) or not str(a).strip() else str(a)
+            for a in extracted]
+    if not norm:
+        return None, 0, False
+    votes = Counter(norm)
+    top = max(votes.values())
+    leaders = {a for a, c in votes.items() if c == top}
+    first = next(a for a in norm if a in leaders)
+    return first, top, len(leaders) > 1
+
+
+def agent_answers(calls: pd.DataFrame, agents: list[str]) -> pd.DataFrame:
+    """One row per task (ANSWER_COLUMNS): per agent, in `agents` order, the majority answer (None: none), its
+    votes, whether it tied, and how many usable repetitions gave no answer."""
+    if not agents:
+        raise RouterLiteError("agent answers need at least one agent")
+    usable = calls[calls["agent"].isin(agents) & calls["status"].isin(["ok", "empty"])]
+    usable = usable.sort_values(["task_id", "agent", "repetition"])
+    per = {}
+    for (task, agent), d in usable.groupby(["task_id", "agent"], sort=False):
+        ex = d["extracted"].where(d["status"].eq("ok"), None).tolist()
+        ans, votes, tie = majority(ex)
+        per[(task, agent)] = (ans, votes, tie, sum(1 for a in ex if a is None or not str(a).strip()))
+    rows = []
+    for task in sorted({t for t, _ in per}):
+        got = [per.get((task, a), (None, 0, False, 0)) for a in agents]
+        rows.append({"task_id": task, "agent_order": list(agents), "answers": [g[0] for g in got],
+                     "answer_votes": [int(g[1]) for g in got], "answer_tie": [bool(g[2]) for g in got],
+                     "no_answer": [int(g[3]) for g in got]})
+    return pd.DataFrame(rows, columns=ANSWER_COLUMNS)
+
+
+def answers_matrix(answers: pd.DataFrame, task_ids, agents: list[str]) -> list[list[str | None]]:
+    """Answers (n lists of K) for `task_ids` in that order; a task without answers -> all None."""
+    by_task = {}
+    for t, order, ans in zip(answers["task_id"], answers["agent_order"], answers["answers"]):
+        pos = {a: i for i, a in enumerate(order)}
+        by_task[t] = [ans[pos[a]] if a in pos else None for a in agents]
+    return [by_task.get(t, [None] * len(agents)) for t in task_ids]
+
+
+def agreement(answers: list[list[str | None]], graders: list[str]) -> np.ndarray:
+    """(n, K, K) bool: E[i, j, l] = agents j and l give equivalent answers to task i (E[i, j, j] = j answered)."""
+    if len(answers) != len(graders):
+        raise RouterLiteError(f"{len(answers)} answer rows for {len(graders)} graders")
+    n = len(answers)
+    K = len(answers[0]) if n else 0
+    E = np.zeros((n, K, K), dtype=bool)
+    cache: dict[tuple, bool] = {}
+    for i, (row, g) in enumerate(zip(answers, graders)):
+        spec = grader_spec(g)
+        for j in range(K):
+            if row[j] is None:
+                continue
+            E[i, j, j] = True
+            for m in range(j + 1, K):
+                if row[m] is None:
+                    continue
+                key = (g, row[j], row[m]) if row[j] <= row[m] else (g, row[m], row[j])
+                if key not in cache:
+                    cache[key] = spec.agree(row[j], row[m])
+                E[i, j, m] = E[i, m, j] = cache[key]
+    return E
