@@ -73,6 +73,7 @@ def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
 
 
 def _builtins() -> None:
+    import pipeline.route.cascade  # noqa: F401 - registers "cascade"
     import pipeline.route.head  # noqa: F401 - registers "head"
     import pipeline.route.knn  # noqa: F401 - registers "knn"
 

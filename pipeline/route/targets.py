@@ -199,7 +199,10 @@ def resolve(target: Target | str | None, path: dict) -> dict:
         if t.kind == "parity":
             ok = [k for k, p in enumerate(pts) if p["gain_high"] >= 0]
         else:
-            ok = [k for k, p in enumerate(pts) if p["quality"] >= t.value * bs_q - 1e-12]
+            # a path may carry a guard against the winner's curse (cascades: pipeline/route/cascade_fit.py):
+            # the fraction must hold by guard_z standard errors of the point's paired difference
+            z = float(path.get("guard_z") or 0.0)
+            ok = [k for k, p in enumerate(pts) if p["quality"] - z * p.get("gain_se", 0.0) >= t.value * bs_q - 1e-12]
         i = min(ok, key=lambda k: (pts[k]["cost_per_1k"], -pts[k]["quality"])) if ok else 0
     return {"target": t.name, "index": i, **_public(pts[i])}
 

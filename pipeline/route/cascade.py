@@ -1,0 +1,360 @@
+"""Cascade policies: ask cheap agents first, accept their answer when they agree, escalate when they do not.
+
+A policy is an ordered list of stages. Stage t calls `agents` (in parallel; an agent already called is not called
+again) and accepts when at least `k` of the agents called so far give equivalent answers (the task's grader decides
+equivalence: pipeline/collect/answers.py); the accepted reply is that of the agreeing agent with the best training
+accuracy. The last stage has one agent and answers without condition. The prompt router may add two shortcuts,
+each a threshold on its predicted success (the value scorer's calibrated predicted reward) of the first stage's
+lead agent: below `skip_below` the cheap stages are skipped (the query looks hard: straight to the last agent);
+at or above `accept_above` the lead agent alone is asked and its reply accepted without a check.
+
+Everything here is a pure function of arrays, so a policy is scored exactly on the static reward matrix:
+R (n, K) rewards, C (n, K) costs, E (n, K, K) agreement, P (n, K) predicted success. Cost is every call made,
+including those of stages that escalated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.routers import register_router
+
+
+@dataclass(frozen=True)
+class Stage:
+    agents: tuple[int, ...]  # agent indices called at this stage
+    k: int = 0  # accept when >= k of the agents called so far agree; 0: answer without condition (last stage)
+
+
+@dataclass(frozen=True)
+class Policy:
+    stages: tuple[Stage, ...]
+    skip_below: float | None = None  # predicted success of the lead agent below this: skip to the last stage
+    accept_above: float | None = None  # at or above this: ask the lead agent alone and accept its reply
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise RouterLiteError("a cascade policy needs at least one stage")
+        last = self.stages[-1]
+        if len(last.agents) != 1 or last.k != 0:
+            raise RouterLiteError(f"a cascade's last stage asks one agent and answers without condition, got {last}")
+        for s in self.stages[:-1]:
+            if not s.agents or not 1 <= s.k:
+                raise RouterLiteError(f"a cascade stage before the last needs agents and k >= 1, got {s}")
+
+    @property
+    def lead(self) -> int:
+        return self.stages[0].agents[0]
+
+    @property
+    def final(self) -> int:
+        return self.stages[-1].agents[0]
+
+    def to_dict(self, agents: list[str]) -> dict:
+        return {"stages": [{"agents": [agents[j] for j in s.agents], "k": s.k} for s in self.stages],
+                "skip_below": self.skip_below, "accept_above": self.accept_above}
+
+    @classmethod
+    def from_dict(cls, d: dict, agents: list[str]) -> Policy:
+        if not isinstance(d, dict) or not isinstance(d.get("stages"), list):
+            raise RouterLiteError(f"cascade policy must be an object with a 'stages' list, got {str(d)[:80]!r}")
+        pos = {a: j for j, a in enumerate(agents)}
+        stages = []
+        for s in d["stages"]:
+            names = s.get("agents") if isinstance(s, dict) else None
+            if not isinstance(names, list) or any(a not in pos for a in names):
+                raise RouterLiteError(f"cascade stage {str(s)[:80]!r}: agents must be a list of {agents}")
+            k = s.get("k", 0)
+            if isinstance(k, bool) or not isinstance(k, int):
+                raise RouterLiteError(f"cascade stage {str(s)[:80]!r}: k must be an integer")
+            stages.append(Stage(tuple(pos[a] for a in names), k))
+        thresholds = []
+        for key in ("skip_below", "accept_above"):
+            v = d.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v)):
+                raise RouterLiteError(f"cascade policy: {key} must be a finite number or null, got {v!r}")
+            thresholds.append(None if v is None else float(v))
+        return cls(tuple(stages), *thresholds)
+
+    def describe(self, agents: list[str]) -> str:
+        parts = []
+        if self.accept_above is not None:
+            parts.append(f"if the head predicts {agents[self.lead]} succeeds (>= {self.accept_above:.2f}): "
+                         f"{agents[self.lead]} alone")
+        if self.skip_below is not None:
+            parts.append(f"if it predicts < {self.skip_below:.2f}: {agents[self.final]} directly")
+        called: list[int] = []
+        for s in self.stages:
+            new = [j for j in s.agents if j not in called]
+            called += new
+            if s.k:
+                parts.append(f"ask {' + '.join(agents[j] for j in new)}; accept if {s.k} of "
+                             f"{{{', '.join(agents[j] for j in called)}}} agree")
+            else:
+                parts.append(f"else {agents[s.agents[0]]}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reward: np.ndarray  # (n,) reward of the reply returned
+    cost: np.ndarray  # (n,) summed cost of every call made
+    answered_by: np.ndarray  # (n,) agent index whose reply is returned
+    n_calls: np.ndarray  # (n,) calls made
+    stage: np.ndarray  # (n,) index of the stage that answered (-1: accepted alone, -2: skipped to the last)
+
+
+def agreeing_rep(E: np.ndarray, called: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each row: (size of the largest class of agreeing answers among the `called` agents (n, K) bool, the agent
+    of that class that comes first in `order` (agent preference, best first)). Ties between classes of equal size
+    go to the class holding the preferred agent."""
+    n, K = called.shape
+    cm = called[:, :, None] & called[:, None, :]
+    counts = (E & cm).sum(axis=2) * called  # (n, K): agents agreeing with j (itself included), among the called
+    size = counts.max(axis=1)
+    rank = np.empty(K, dtype=np.int64)
+    rank[order] = np.arange(K)
+    best = np.where(counts == size[:, None], rank[None, :], K + 1)
+    return size, order[np.minimum(best.min(axis=1), K - 1)]
+
+
+def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E: np.ndarray, order: np.ndarray,
+               P: np.ndarray | None = None) -> Outcome:
+    """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first)."""
+    n, K = R.shape
+    rows = np.arange(n)
+    open_ = np.ones(n, dtype=bool)
+    reward = np.zeros(n)
+    cost = np.zeros(n)
+    by = np.full(n, -1, dtype=np.int64)
+    stage_of = np.full(n, -3, dtype=np.int64)
+    called = np.zeros((n, K), dtype=bool)
+    if policy.skip_below is not None or policy.accept_above is not None:
+        if P is None:
+            raise RouterLiteError("this cascade uses the prompt router's predictions; none were given")
+        p = P[:, policy.lead]
+        if policy.accept_above is not None:
+            alone = open_ & (p >= policy.accept_above)
+            reward[alone], cost[alone], by[alone], stage_of[alone] = R[alone, policy.lead], C[alone, policy.lead], \
+                policy.lead, -1
+            called[alone, policy.lead] = True
+            open_ &= ~alone
+        if policy.skip_below is not None:
+            skip = open_ & (p < policy.skip_below)
+            reward[skip], cost[skip], by[skip], stage_of[skip] = R[skip, policy.final], C[skip, policy.final], \
+                policy.final, -2
+            called[skip, policy.final] = True
+            open_ &= ~skip
+    for t, s in enumerate(policy.stages):
+        if not open_.any():
+            break
+        new = np.zeros((n, K), dtype=bool)
+        new[:, list(s.agents)] = True
+        new &= ~called & open_[:, None]
+        cost += (C * new).sum(axis=1)
+        called |= new
+        if s.k == 0:
+            j = s.agents[0]
+            accept, rep = open_.copy(), np.full(n, j)
+        else:
+            size, rep = agreeing_rep(E, called & open_[:, None], order)
+            accept = open_ & (size >= s.k)
+        reward[accept] = R[rows[accept], rep[accept]]
+        by[accept] = rep[accept]
+        stage_of[accept] = t
+        open_ &= ~accept
+    return Outcome(reward, cost, by, called.sum(axis=1), stage_of)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One operating point of a cascade router: a policy per answer format (grader) — cascades that pay on GSM8K
+    integers need not pay on MATH expressions — and a pooled `default` for a grader it was not fitted on."""
+
+    default: Policy
+    by_grader: tuple[tuple[str, Policy], ...] = ()
+
+    def for_grader(self, grader: str | None) -> Policy:
+        return dict(self.by_grader).get(grader, self.default)
+
+    def to_dict(self, agents: list[str]) -> dict:
+        return {"default": self.default.to_dict(agents),
+                "by_grader": {g: p.to_dict(agents) for g, p in self.by_grader}}
+
+    @classmethod
+    def from_dict(cls, d: dict, agents: list[str]) -> Plan:
+        if not isinstance(d, dict) or "default" not in d:
+            raise RouterLiteError(f"cascade plan must be an object with a 'default' policy, got {str(d)[:80]!r}")
+        by = d.get("by_grader") or {}
+        if not isinstance(by, dict):
+            raise RouterLiteError("cascade plan: 'by_grader' must be an object grader -> policy")
+        return cls(Policy.from_dict(d["default"], agents),
+                   tuple(sorted((str(g), Policy.from_dict(p, agents)) for g, p in by.items())))
+
+    def describe(self, agents: list[str]) -> str:
+        if not self.by_grader:
+            return self.default.describe(agents)
+        return " | ".join(f"{g}: {p.describe(agents)}" for g, p in self.by_grader) + \
+            f" | other formats: {self.default.describe(agents)}"
+
+
+def run_plan(plan: Plan, R, C, E, order, P, graders) -> Outcome:
+    """`run_policy` row by row group: each grader's rows under its own policy."""
+    graders = np.asarray(graders, dtype=object)
+    n = len(R)
+    parts = {f: np.zeros(n, dtype=t) for f, t in (("reward", float), ("cost", float), ("answered_by", np.int64),
+                                                  ("n_calls", np.int64), ("stage", np.int64))}
+    fitted = {g for g, _ in plan.by_grader}
+    groups = [(g, graders == g) for g in fitted] + [(None, ~np.isin(graders, list(fitted)))]
+    for g, m in groups:
+        if not m.any():
+            continue
+        o = run_policy(plan.for_grader(g), R[m], C[m], E[m], order, None if P is None else P[m])
+        for f in parts:
+            parts[f][m] = getattr(o, f)
+    return Outcome(**parts)
+
+
+def execute(policies: list[Policy], direct: np.ndarray, order, ask, agree) -> Outcome:
+    """Run per-row policies with real calls, stage wave by stage wave: `ask(j, rows)` calls agent j for those rows
+    (all at once, e.g. one collection) and returns {row: (answer or None, reward, cost)}; `agree(i, a, b)` compares
+    two answers of row i. `direct[i] >= 0` asks that agent alone (a prompt shortcut or the OOD guard). The routed
+    benchmark uses it, so every stage's calls are really made and paid for."""
+    n = len(policies)
+    K = len(order)
+    order = np.asarray(order, dtype=np.int64)
+    got: list[dict[int, tuple]] = [{} for _ in range(n)]
+    reward, cost = np.zeros(n), np.zeros(n)
+    by, stage_of = np.full(n, -1, dtype=np.int64), np.full(n, -3, dtype=np.int64)
+    open_ = set(range(n))
+    stages = [[Stage((int(direct[i]),))] if direct[i] >= 0 else list(policies[i].stages) for i in range(n)]
+    t = 0
+    while open_:
+        wants: dict[int, list[int]] = {}
+        for i in open_:
+            for j in stages[i][t].agents:
+                if j not in got[i]:
+                    wants.setdefault(j, []).append(i)
+        for j, rows in wants.items():
+            for i, res in ask(j, rows).items():
+                got[i][j] = res
+                cost[i] += res[2]
+        for i in list(open_):
+            st = stages[i][t]
+            if st.k == 0:
+                j = st.agents[0]
+            else:
+                called = np.zeros((1, K), dtype=bool)
+                E = np.zeros((1, K, K), dtype=bool)
+                for a, ra in got[i].items():
+                    called[0, a] = True
+                    for b, rb in got[i].items():
+                        E[0, a, b] = ra[0] is not None and rb[0] is not None and (a == b or agree(i, ra[0], rb[0]))
+                size, rep = agreeing_rep(E, called, order)
+                if size[0] < st.k:
+                    continue
+                j = int(rep[0])
+            reward[i], by[i], stage_of[i] = got[i][j][1], j, (-1 if direct[i] >= 0 else t)
+            open_.discard(i)
+        t += 1
+    return Outcome(reward, cost, by, np.array([len(g) for g in got], dtype=np.int64), stage_of)
+
+
+# ---------------------------------------------------------------------------------------------------- router kind
+CASCADE_FILE = "cascade.json"
+FALLBACK_FILE = "cascade_head.safetensors"
+
+
+@register_router("cascade")
+class CascadeRouter:
+    """The `cascade` router kind: a validation path of cascade policies (pipeline/route/cascade_fit.py), the agent
+    preference that picks the reply within an agreeing class, and the prompt router it falls back on.
+
+    Router protocol: `scores` / `pick` are the prompt-only fallback's (a request without an answer format, or a
+    caller that cannot run stages); `policy(target)` is the cascade a target selects and `predicted(X)` the prompt
+    router's predicted success that the policy's thresholds read (the registry's value scorer)."""
+
+    kind = "cascade"
+
+    def __init__(self, fallback, path: dict, order, agents: list[str]):
+        self.fallback = fallback  # a Head (the shipped prompt router at max-quality)
+        self.path = path
+        self.order = np.asarray(order, dtype=np.int64)
+        self.agents = list(agents)
+        if sorted(self.order.tolist()) != list(range(len(self.agents))):
+            raise RouterLiteError(f"cascade agent preference {self.order.tolist()} is not a permutation of "
+                                  f"{len(self.agents)} agents")
+        for p in path.get("points", []):
+            Plan.from_dict(p.get("plan"), self.agents)  # every stored plan must parse
+
+    @property
+    def d(self) -> int:
+        return self.fallback.d
+
+    @property
+    def K(self) -> int:
+        return len(self.agents)
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        return self.fallback.scores(X)
+
+    def pick(self, X: np.ndarray) -> np.ndarray:
+        return self.fallback.pick(X)
+
+    def resolve(self, target=None) -> dict:
+        """The path point a target selects (the guard of `cascade_fit` applies)."""
+        from pipeline.route.targets import resolve
+
+        return resolve(target, self.path)
+
+    def plan(self, target=None) -> Plan:
+        return Plan.from_dict(self.path["points"][self.resolve(target)["index"]]["plan"], self.agents)
+
+    def policy(self, target=None, grader: str | None = None) -> Policy:
+        """The policy a request of answer format `grader` runs at `target`."""
+        return self.plan(target).for_grader(grader)
+
+    def save_files(self, directory: str | Path) -> dict:
+        from pipeline.core.io import atomic_write_json
+
+        self.fallback.save(Path(directory) / FALLBACK_FILE)
+        from pipeline.route.targets import REPORT_TARGETS
+
+        targets = {name: self.resolve(name)["index"] for name in REPORT_TARGETS}  # for reference.py
+        atomic_write_json({"path": self.path, "order": self.order.tolist(), "agents": self.agents,
+                           "targets": targets}, Path(directory) / CASCADE_FILE)
+        return {"files": {"weights": FALLBACK_FILE, "cascade": CASCADE_FILE},
+                "cascade": {"n_points": len(self.path["points"]), "guard_z": self.path.get("guard_z")}}
+
+    @classmethod
+    def from_files(cls, directory: str | Path, manifest: dict) -> CascadeRouter:
+        from pipeline.route.head import Head
+
+        files = manifest.get("files", {})
+        names = [a["name"] for a in manifest["agents"]]
+        f = Path(directory) / files.get("cascade", CASCADE_FILE)
+        try:
+            doc = json.loads(f.read_text())
+        except FileNotFoundError:
+            raise RouterLiteError(f"cascade file {f} does not exist") from None
+        except ValueError as exc:
+            raise RouterLiteError(f"cascade file {f} is corrupt: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("path"), dict) or \
+                not isinstance(doc["path"].get("points"), list) or not doc["path"]["points"]:
+            raise RouterLiteError(f"cascade file {f}: expected an object with a non-empty path.points list")
+        if doc.get("agents") != names:
+            raise RouterLiteError(f"cascade file {f} was fitted for agents {doc.get('agents')}, not {names}")
+        fallback = Head.load(Path(directory) / files.get("weights", FALLBACK_FILE), d=int(manifest["dim"]),
+                             K=len(names), agents=names)
+        try:
+            return cls(fallback, doc["path"], doc.get("order", list(range(len(names)))), names)
+        except RouterLiteError as exc:
+            raise RouterLiteError(f"cascade file {f}: {exc}") from None
+
+    def fingerprint(self) -> tuple[list[bytes], list]:
+        arrays, settings = self.fallback.fingerprint()
+        return arrays, [*settings, json.dumps(self.path, sort_keys=True, default=str), self.order.tolist()]

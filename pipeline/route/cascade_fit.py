@@ -1,0 +1,270 @@
+"""Fit cascades on the static matrix: search stages, agreement rules and prompt thresholds on train, per answer
+format (grader), sweep the cost–quality trade-off, and resolve the operating points on validation with a guard
+against the winner's curse.
+
+The search (`candidates`): the last agent is one of the two best on train; the cheap stage is 1–3 of the cheapest
+other agents (accept when all agree, or 2 of 3; one agent alone is accepted when it produced an answer); an optional
+second check adds one more agent (accept when 2 of those called agree); with the prompt router, a skip threshold
+and an accept-alone threshold on its predicted success of the lead agent (train quantiles). Single agents are
+policies too (one stage), so the family reaches every corner of the individual frontier.
+
+Per answer format (`fit_plans`): a cascade that pays where cheap agents agree reliably (GSM8K integers) may not pay
+where replies are long and agreement is rare (MATH expressions), so every grader with enough train rows gets its own
+candidates; a pooled fit is the default for other formats. For each λ of the sweep, each group takes the policy
+maximising train reward − λ·cost (λ runs through every break point of the groups' train hulls, so every vertex of
+the combined train frontier is a plan).
+
+Choosing on validation (`cascade_path`, resolved by pipeline.route.targets.resolve): the path's points carry
+quality, cost and the paired difference to the best single agent. Picking the cheapest passing point among many
+is optimistic (the winner's curse: `quality>=0.98` held 98 % on validation and 96.8 % on test in the prompt-only
+path), so the path carries `guard_z`: a quality target F must hold with a margin of z standard errors of the paired
+difference (`quality − z·se ≥ F·best`), and max-quality is the best point whose one-sided 90 % lower bound of its
+gain over the best single agent is > 0, else the best single agent. z is measured in docs/training.md.
+"""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+
+from pipeline.route.cascade import Plan, Policy, Stage, run_plan, run_policy
+from pipeline.route.targets import bootstrap_mean_ci
+
+GUARD_Z = 1.0
+MAX_QUALITY_CONFIDENCE_Z = 1.2816  # one-sided 90 %
+CHEAP_POOL = 5  # cheap-stage agents are drawn from this many of the cheapest agents
+MIN_GROUP_ROWS = 60  # train rows a grader needs for its own policies
+SKIP_QUANTILES = (0.1, 0.2, 0.3, 0.45)
+ACCEPT_QUANTILES = (0.5, 0.65, 0.8, 0.9)
+
+
+def preference(R_train: np.ndarray) -> np.ndarray:
+    """Agent indices by train quality, best first (the accepted reply within an agreeing class)."""
+    return np.argsort(-R_train.mean(axis=0), kind="stable")
+
+
+def candidates(R: np.ndarray, C: np.ndarray, P: np.ndarray | None, n_final: int = 2) -> list[Policy]:
+    K = R.shape[1]
+    q, c = R.mean(axis=0), C.mean(axis=0)
+    order = list(np.argsort(-q, kind="stable"))
+    out = [Policy((Stage((j,)),)) for j in range(K)]
+    for final in order[:n_final]:
+        cheap = [j for j in np.argsort(c, kind="stable") if j != final][:CHEAP_POOL]
+        cheap = sorted(cheap, key=lambda j: order.index(j))  # most accurate first: the lead
+        firsts = []
+        for size in (1, 2, 3):
+            for s in combinations(cheap, size):
+                for k in ((1,) if size == 1 else (2,) if size == 2 else (2, 3)):
+                    firsts.append(Stage(tuple(s), k))
+        structures = []
+        for s1 in firsts:
+            structures.append((s1,))
+            if len(s1.agents) <= 2 and s1.k == len(s1.agents):
+                for g in order:
+                    if g != final and g not in s1.agents:
+                        structures.append((s1, Stage((g,), 2)))
+        for st in structures:
+            stages = (*st, Stage((final,)))
+            out.append(Policy(stages))
+            if P is None:
+                continue
+            p = P[:, st[0].agents[0]]
+            skips = [None, *np.quantile(p, SKIP_QUANTILES).tolist()]
+            accepts = [None, *np.quantile(p, ACCEPT_QUANTILES).tolist()]
+            for sk in skips:
+                for ac in accepts:
+                    if (sk is None and ac is None) or (sk is not None and ac is not None and ac <= sk):
+                        continue
+                    out.append(Policy(stages, skip_below=sk, accept_above=ac))
+    return out
+
+
+def pareto(points: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """Indices of the non-dominated (cost, quality) points, cheapest first (quality strictly increasing)."""
+    order = np.lexsort((-points[:, 1], points[:, 0]))
+    keep, best = [], -np.inf
+    for i in order:
+        if points[i, 1] > best + tol:
+            keep.append(int(i))
+            best = points[i, 1]
+    return np.array(keep, dtype=np.int64)
+
+
+def _hull_slopes(points: np.ndarray) -> list[float]:
+    """The λ at which the argmax of reward − λ·cost changes along one group's (cost, reward) points."""
+    idx = pareto(points)
+    hull: list[int] = []
+    for i in idx:  # upper concave envelope of the Pareto points
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2), (x, y) = points[hull[-2]], points[hull[-1]], points[i]
+            if (x2 - x1) * (y - y1) - (y2 - y1) * (x - x1) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(int(i))
+    return [float((points[b, 1] - points[a, 1]) / (points[b, 0] - points[a, 0]))
+            for a, b in zip(hull, hull[1:]) if points[b, 0] > points[a, 0]]
+
+
+def fit_plans(R, C, E, P, graders, order, best: int) -> list[Plan]:
+    """The train frontier of plans (see the module docstring), best single agent included."""
+    graders = np.asarray(graders, dtype=object)
+    groups = {None: np.ones(len(R), dtype=bool)}
+    for g in sorted(set(graders.tolist())):
+        m = graders == g
+        if m.sum() >= MIN_GROUP_ROWS and len(set(graders.tolist())) > 1:
+            groups[g] = m
+    cands, sums = {}, {}
+    for g, m in groups.items():
+        pool = candidates(R[m], C[m], None if P is None else P[m])
+        outs = [run_policy(p, R[m], C[m], E[m], order, None if P is None else P[m]) for p in pool]
+        cands[g] = pool
+        sums[g] = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
+    lams = sorted({0.0, *[x for g in sums for x in _hull_slopes(sums[g])]})
+    grid = [0.0] + [(a + b) / 2 for a, b in zip(lams, lams[1:])] + [lams[-1] * 2 + 1.0]
+    plans: list[Plan] = []
+    for lam in grid:
+        pick = {}
+        for g in groups:
+            v = sums[g][:, 1] - lam * sums[g][:, 0]
+            ok = np.flatnonzero(v >= v.max() - 1e-9)
+            pick[g] = cands[g][int(ok[np.argmin(sums[g][ok, 0])])]  # ties: the cheaper policy
+        plan = Plan(pick[None], tuple(sorted((g, p) for g, p in pick.items() if g is not None)))
+        if plan not in plans:
+            plans.append(plan)
+    single = Plan(Policy((Stage((best,)),)))
+    if single not in plans:
+        plans.append(single)
+    return plans
+
+
+def outcome_stats(reward: np.ndarray, cost: np.ndarray, by: np.ndarray, n_calls: np.ndarray, best_reward: np.ndarray,
+                  agents: list[str]) -> dict:
+    """Quality with a 95 % CI, cost per 1k queries, paired difference to the best single agent (CI and standard
+    error), shares of the agent whose reply is returned, calls per query."""
+    lo, hi = bootstrap_mean_ci(reward)
+    diff = reward - best_reward
+    dlo, dhi = bootstrap_mean_ci(diff)
+    n = len(reward)
+    counts = np.bincount(by, minlength=len(agents))
+    return {"quality": float(reward.mean()), "ci_low": lo, "ci_high": hi, "cost_per_1k": float(1000 * cost.mean()),
+            "gain": float(diff.mean()), "gain_low": dlo, "gain_high": dhi,
+            "gain_se": float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+            "shares": {a: float(counts[j] / n) for j, a in enumerate(agents)},
+            "calls_per_query": float(n_calls.mean())}
+
+
+def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agents: list[str],
+                 guard_z: float = GUARD_Z) -> dict:
+    """The operating path on these (validation) rows: one point per plan, sorted by cost; point 0 is the
+    max-quality point (best quality among points whose gain's one-sided 90 % lower bound is > 0, else the best
+    single agent) so that `targets.resolve` reads it like the head's path."""
+    pts = []
+    single = Plan(Policy((Stage((best,)),))).to_dict(agents)
+    for plan in plans:
+        o = run_plan(plan, R, C, E, order, P, graders)
+        pts.append({"plan": plan.to_dict(agents), "describe": plan.describe(agents),
+                    **outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)})
+    pts.sort(key=lambda s: (s["cost_per_1k"], -s["quality"]))
+    base = next(i for i, s in enumerate(pts) if s["plan"] == single)
+    sure = [i for i, s in enumerate(pts) if s["gain"] - MAX_QUALITY_CONFIDENCE_Z * s["gain_se"] > 0]
+    top = max(sure, key=lambda i: (pts[i]["quality"], -pts[i]["cost_per_1k"])) if sure else base
+    pts.insert(0, pts.pop(top))
+    for i, s in enumerate(pts):
+        s["lambda"] = float(i)  # a path index: cascades have no λ; `lambda=L` picks the L-th point
+    b = next(s for s in pts if s["plan"] == single)
+    return {"kind": "cascade", "agents": list(agents), "best_single": agents[best], "guard_z": guard_z,
+            "best_single_validation": {k: b[k] for k in ("quality", "ci_low", "ci_high", "cost_per_1k")},
+            "n_validation": int(len(R)), "points": pts}
+
+
+def fit_cascade(R_tr, C_tr, E_tr, P_tr, g_tr, R_va, C_va, E_va, P_va, g_va, best: int, agents: list[str],
+                use_prompt: bool = True, guard_z: float = GUARD_Z) -> tuple[list[Plan], dict, np.ndarray]:
+    """(the train frontier plans, their validation path, agent preference). `use_prompt` False: cascade only."""
+    order = preference(R_tr)
+    plans = fit_plans(R_tr, C_tr, E_tr, P_tr if use_prompt else None, g_tr, order, best)
+    path = cascade_path(plans, R_va, C_va, E_va, order, P_va if use_prompt else None, g_va, best, agents, guard_z)
+    return plans, path, order
+
+
+# ------------------------------------------------------------------------------------------- held-out value
+def path_aiq(path: dict, cost_span: tuple[float, float]) -> float:
+    """AIQ of a path's (cost per query, quality) points over `cost_span` (pipeline.report.frontier.aiq)."""
+    from pipeline.report.frontier import aiq
+
+    pts = np.array([(p["cost_per_1k"] / 1000.0, p["quality"]) for p in path["points"]])
+    return float(aiq(pts, *cost_span))
+
+
+def ratio_ci(reward: np.ndarray, best_reward: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % paired bootstrap interval of mean(reward) / mean(best_reward) (the same rows resampled for both)."""
+    idx = np.random.default_rng(seed).integers(0, len(reward), (n_boot, len(reward)))
+    b = best_reward[idx].mean(axis=1)
+    r = np.where(b > 0, reward[idx].mean(axis=1) / np.where(b > 0, b, 1), np.nan)
+    return float(np.nanquantile(r, 0.025)), float(np.nanquantile(r, 0.975))
+
+
+def held_out_cascade(path: dict, R, C, E, order, P, graders, best: int, agents: list[str], targets) -> dict:
+    """Per target: the plan the validation path selects, scored on these (test) rows, in the shape of
+    pipeline.report.value.held_out_value's targets (plus quality ratio with its paired CI, calls per query, plan)."""
+    from pipeline.route.targets import resolve
+
+    bq, bc = float(R[:, best].mean()), float(1000 * C[:, best].mean())
+    out = {}
+    for name in targets:
+        point = resolve(name, path)
+        plan = Plan.from_dict(path["points"][point["index"]]["plan"], agents)
+        o = run_plan(plan, R, C, E, order, P, graders)
+        s = outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)
+        lo, hi = ratio_ci(o.reward, R[:, best])
+        out[point["target"]] = {
+            **{k: s[k] for k in ("quality", "ci_low", "ci_high", "cost_per_1k", "gain", "gain_low", "gain_high",
+                                 "shares", "calls_per_query")},
+            "cost_ratio": s["cost_per_1k"] / bc if bc > 0 else None, "lambda": point["lambda"],
+            "quality_ratio": s["quality"] / bq if bq > 0 else None, "quality_ratio_ci": [lo, hi],
+            "val_quality": point["quality"], "val_cost_per_1k": point["cost_per_1k"],
+            "plan": plan.describe(agents)}
+    return out
+
+
+def test_points(plans: list[Plan], R, C, E, order, P, graders) -> np.ndarray:
+    """(L, 2) (cost per query, quality) of every plan of a family on these rows: its sweep on the frontier."""
+    return np.array([(o.cost.mean(), o.reward.mean())
+                     for o in (run_plan(p, R, C, E, order, P, graders) for p in plans)])
+
+
+VARIANTS = ("cascade", "combined")  # cascade only (answers), and with the prompt router's thresholds
+
+
+def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | None, graders, masks: dict,
+                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z) -> dict:
+    """Both variants fitted on train, pathed on validation and scored on the held-out rows; `chosen` is the variant
+    with the higher validation AIQ (the held-out rows choose nothing). Zero API calls: R, C, E, P are the matrix."""
+    from pipeline.report.frontier import aiq, cost_span
+
+    g = np.asarray(graders, dtype=object)
+    tr, va, te = masks["train"], masks["validation"], masks["held_out"]
+    if not va.any():
+        va = tr  # no validation rows: the path is read on train (said in the summary)
+    span_va, span_te = cost_span(R[va], C[va]), cost_span(R[te], C[te])
+    out = {"variants": {}, "validation_rows": int(va.sum()), "guard_z": guard_z}
+    for variant in VARIANTS:
+        use_p = variant == "combined"
+        if use_p and P is None:
+            continue
+        Pv = P if use_p else None
+
+        def sub(M, m):
+            return None if M is None else M[m]
+
+        plans, path, order = fit_cascade(R[tr], C[tr], E[tr], sub(Pv, tr), g[tr], R[va], C[va], E[va], sub(Pv, va),
+                                         g[va], best, agents, use_prompt=use_p, guard_z=guard_z)
+        pts = test_points(plans, R[te], C[te], E[te], order, sub(Pv, te), g[te])
+        out["variants"][variant] = {
+            "path": path, "order": order.tolist(), "n_plans": len(plans),
+            "aiq_validation": path_aiq(path, span_va), "aiq_test": float(aiq(pts, *span_te)),
+            "points_test": pts.tolist(),
+            "targets": held_out_cascade(path, R[te], C[te], E[te], order, sub(Pv, te), g[te], best, agents,
+                                        targets)}
+    out["chosen"] = max(out["variants"], key=lambda v: out["variants"][v]["aiq_validation"])
+    return out
