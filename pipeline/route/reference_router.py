@@ -5,8 +5,14 @@ Copied into every `registry/<name>/` as `reference.py`. Usage:
 It embeds the prompt with the manifest's backbone (mean pooling, L2-normalised), applies the head
 (standardise → linear or one hidden layer → argmax), and falls back to the best single agent when the prompt is
 far from everything the head was trained on (the OOD guard).
-It supports router kind `head` only (the registry copies it into head entries only); a registered kNN router or
-another kind is used through `router-lite route` / `router-lite serve` (pipeline/route/registry.py loads any kind).
+It supports router kinds `head` and `cascade` (the registry copies it into those entries); a registered kNN router
+or another kind is used through `router-lite route` / `router-lite serve` (pipeline/route/registry.py loads any kind).
+For a cascade:
+    python reference.py --grader integer --target parity "What is 7 * 6?"
+prints the plan the target selects for that answer format and, per prompt, whether the cascade's stages run
+(which agents are asked first, when it escalates) or one agent is asked alone (a prompt shortcut or the OOD
+guard). Running the stages is the caller's: ask the stage's agents in parallel, compare their extracted answers
+with the grader, accept when k agree (the reply of the agreeing agent listed first in `order`), else go on.
 """
 import json
 import struct
@@ -36,8 +42,9 @@ def read_safetensors(path):
 
 def load(directory=HERE):
     manifest = json.loads((Path(directory) / "manifest.json").read_text())
-    if manifest.get("router_kind", "head") != "head":
-        raise SystemExit(f"reference.py applies head weights only; this entry is a {manifest['router_kind']!r} router")
+    if manifest.get("router_kind", "head") not in ("head", "cascade"):
+        raise SystemExit(f"reference.py applies head and cascade entries only; this entry is a "
+                         f"{manifest['router_kind']!r} router")
     weights = read_safetensors(Path(directory) / manifest["files"]["weights"])
     with np.load(Path(directory) / manifest["files"]["guard"], allow_pickle=False) as z:
         guard = {"X": z["X"].astype(np.float32), "threshold": float(z["threshold"]), "k": int(z["k"])}
@@ -53,13 +60,17 @@ def scores(weights, X, activation="tanh"):
     return H @ weights["W2"] + weights["b2"]
 
 
-def pick(manifest, weights, guard, X):
-    picks = np.argmax(scores(weights, X, manifest.get("training", {}).get("activation", "tanh")), axis=1)
+def far(guard, X):
+    """The OOD guard: mean cosine distance to the k nearest training prompts above its threshold."""
     sims = X @ guard["X"].T  # rows are L2-normalised: cosine similarity
     k = min(guard["k"], sims.shape[1])
-    dist = (1.0 - np.sort(sims, axis=1)[:, -k:]).mean(axis=1)
+    return (1.0 - np.sort(sims, axis=1)[:, -k:]).mean(axis=1) > guard["threshold"]
+
+
+def pick(manifest, weights, guard, X):
+    picks = np.argmax(scores(weights, X, manifest.get("training", {}).get("activation", "tanh")), axis=1)
     names = [a["name"] for a in manifest["agents"]]
-    picks[dist > guard["threshold"]] = names.index(manifest["best_single"])
+    picks[far(guard, X)] = names.index(manifest["best_single"])
     return picks
 
 
@@ -80,9 +91,48 @@ def embed(manifest, prompts):
     return model.encode(list(prompts), normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
 
 
+def cascade_policy(manifest, grader, target="max-quality", directory=HERE):
+    """(policy dict, order) a cascade entry runs for answer format `grader` at a named target."""
+    doc = json.loads((Path(directory) / manifest["files"]["cascade"]).read_text())
+    index = doc["targets"].get(target)
+    if index is None:
+        raise SystemExit(f"unknown target {target!r}; stored: {', '.join(doc['targets'])}")
+    plan = doc["path"]["points"][index]["plan"]
+    return plan["by_grader"].get(grader, plan["default"]), doc["order"]
+
+
+def cascade_first(manifest, guard, policy, X, directory=HERE):
+    """Per prompt: -1 = run the stages, j = ask agent j alone (prompt shortcut, or the OOD guard's best single)."""
+    names = [a["name"] for a in manifest["agents"]]
+    out = np.full(len(X), -1)
+    if policy.get("skip_below") is not None or policy.get("accept_above") is not None:
+        p = scores(read_safetensors(Path(directory) / manifest["files"]["scorer"]), X)
+        p = p[:, names.index(policy["stages"][0]["agents"][0])]
+        if policy.get("skip_below") is not None:
+            out[p < policy["skip_below"]] = names.index(policy["stages"][-1]["agents"][0])
+        if policy.get("accept_above") is not None:
+            out[p >= policy["accept_above"]] = names.index(policy["stages"][0]["agents"][0])
+    if len(policy["stages"]) == 1:
+        out[:] = names.index(policy["stages"][0]["agents"][0])
+    out[far(guard, X)] = names.index(manifest["best_single"])
+    return out
+
+
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    opts = {}
+    while args[:1] and args[0] in ("--grader", "--target"):
+        opts[args[0][2:]] = args[1]
+        args = args[2:]
     manifest, weights, guard = load()
-    X = embed(manifest, sys.argv[1:] or [sys.stdin.read()])
-    for j in pick(manifest, weights, guard, X):
-        agent = manifest["agents"][int(j)]
-        print(f"{agent['name']}\t{agent['model']}")
+    X = embed(manifest, args or [sys.stdin.read()])
+    if manifest.get("router_kind") == "cascade" and "grader" in opts:
+        policy, _ = cascade_policy(manifest, opts["grader"], opts.get("target", "max-quality"))
+        stages = "; ".join(f"ask {'+'.join(s['agents'])}" + (f", accept if {s['k']} agree" if s["k"] else "")
+                           for s in policy["stages"])
+        for j in cascade_first(manifest, guard, policy, X):
+            print(f"stages\t{stages}" if j < 0 else f"alone\t{manifest['agents'][int(j)]['name']}")
+    else:
+        for j in pick(manifest, weights, guard, X):
+            agent = manifest["agents"][int(j)]
+            print(f"{agent['name']}\t{agent['model']}")

@@ -34,6 +34,7 @@ GUARD = "guard.npz"
 SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
 COST_SCORER = "cost_scorer.safetensors"  # predicted cost per query and agent (the λ·cost term)
 REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
+REFERENCE_KINDS = ("head", "cascade")
 
 
 def _slug(backbone_id: str) -> str:
@@ -91,6 +92,17 @@ class RegisteredHead:
         DecisionBatcher uses)."""
         return TargetedHead(self, self.resolve_target(target))
 
+    def cascade_at(self, target, grader: str) -> CascadeView:
+        """A cascade entry at one operating point for requests of answer format `grader` (`route(X)`: -1 = run the
+        stages, j >= 0 = ask agent j alone: the prompt shortcuts, or the OOD guard's best single agent)."""
+        if self.kind != "cascade":
+            raise RouterLiteError(f"router {self.name} is a {self.kind}, not a cascade")
+        from pipeline.collect.grading import grader_spec
+
+        grader_spec(grader)  # an unknown grader: one error naming the known ones
+        point = self.head.resolve(target)
+        return CascadeView(self, point, self.head.plan(target).for_grader(grader), grader)
+
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
         """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
         (None = max-quality: the shipped head; see pipeline.route.targets)."""
@@ -124,6 +136,35 @@ class TargetedHead:
 
     def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.registered.route_at(X, self.point)
+
+
+@dataclass
+class CascadeView:
+    registered: RegisteredHead
+    point: dict  # the cascade path point (target, lambda = path index, validation stats, plan)
+    policy: object  # pipeline.route.cascade.Policy for this view's grader
+    grader: str
+
+    @property
+    def name(self) -> str:
+        return self.registered.name
+
+    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        reg, pol = self.registered, self.policy
+        picks = np.full(len(X), -1, dtype=np.int64)
+        if pol.accept_above is not None or pol.skip_below is not None:
+            if reg.scorer is None:
+                raise RouterLiteError(f"cascade {reg.name} uses predicted success but has no value scorer")
+            p = reg.scorer.scores(X)[:, pol.lead]
+            if pol.skip_below is not None:
+                picks[p < pol.skip_below] = pol.final
+            if pol.accept_above is not None:
+                picks[p >= pol.accept_above] = pol.lead
+        if len(pol.stages) == 1:  # a single agent
+            picks[:] = pol.final
+        fired = reg.guard.fires(X)
+        picks[fired] = reg.best_single
+        return picks, fired
 
 
 def save_guard(guard: OODGuard, path: Path) -> None:
@@ -191,14 +232,15 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
             "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
-            "files": {**router_files, "guard": GUARD, **({"reference": "reference.py"} if kind == "head" else {}),
+            "files": {**router_files, "guard": GUARD,
+                      **({"reference": "reference.py"} if kind in REFERENCE_KINDS else {}),
                       **({"scorer": SCORER} if scorer is not None else {}),
                       **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
         }
         if operating_points is not None:
             manifest["operating_points"] = operating_points
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        if kind == "head":  # the reference code applies head weights only
+        if kind in REFERENCE_KINDS:  # the reference code applies head weights and reads cascade plans only
             shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
         for f in tmp.iterdir():
             f.chmod(0o644)
