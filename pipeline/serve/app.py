@@ -73,6 +73,8 @@ FORWARDED_PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "top_p
                     "stream_options")
 MODEL_OWNER = "router-lite"
 MAX_TARGETS = 16  # distinct operating points served at once (one DecisionBatcher each)
+GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
+MAX_CASCADE_VIEWS = 64  # (target, grader) views of a cascade kept; more are made per request, not cached
 
 
 # ------------------------------------------------------------------------------------------------------ settings
@@ -95,6 +97,7 @@ class ServeSettings:
     max_connections: int = 1024  # connections open at once; more are closed on accept
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
     default_target: str | None = None  # operating point when a request names none (pipeline/route/targets.py)
+    default_grader: str | None = None  # a cascade's answer format when a request names none (None: prompt-only)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_batch", "max_json_depth", "max_tokens_cap",
@@ -498,6 +501,9 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     state.router, state.default_point = router, default_point
     # the head's view at each operating point a request asks for (made on first use); one DecisionBatcher embeds for all
     state.views = {default_point["target"]: (router.registered, default_point)}
+    state.cascade_views = {}
+    if settings.default_grader is not None and getattr(registered, "kind", "head") == "cascade":
+        registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
     state.head_name = registered.name
     state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
     state.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
@@ -526,6 +532,44 @@ def _view_for(state, target: str | None):
         view = state.registered.at(name)
         views[name] = (view, view.point)
     return views[name]
+
+
+def _request_grader(state, headers, body: dict) -> str | None:
+    """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
+    server's default) when the served router is a cascade; None: prompt-only routing."""
+    if getattr(state.registered, "kind", "head") != "cascade":
+        return None
+    value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
+    if value is not None and not isinstance(value, str):
+        raise RequestError(400, f"'{GRADER_FIELD}' must be a string, got {type(value).__name__}", "invalid_grader",
+                           GRADER_FIELD)
+    if value is None:
+        value = headers.get(GRADER_HEADER) if headers is not None else None
+    value = value if value and str(value).strip() else state.settings.default_grader
+    if value is None:
+        return None
+    from pipeline.collect.grading import GRADERS
+
+    if value not in GRADERS:
+        raise RequestError(400, f"unknown grader {_show(value)}; known: {', '.join(GRADERS)}", "invalid_grader",
+                           GRADER_FIELD)
+    return value
+
+
+def _cascade_view_for(state, target: str | None, grader: str):
+    """(cascade view, point) for (target, grader), kept for the first MAX_CASCADE_VIEWS pairs, then made per
+    request (a client cannot fill a table that named targets need)."""
+    key = (target, grader)
+    hit = state.cascade_views.get(key)
+    if hit is None:
+        try:
+            view = state.registered.cascade_at(target, grader)
+        except RouterLiteError as exc:
+            raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+        hit = (view, view.point)
+        if len(state.cascade_views) < MAX_CASCADE_VIEWS:
+            state.cascade_views[key] = hit
+    return hit
 
 
 async def _healthz(request):
@@ -586,12 +630,22 @@ async def _route(request, state):
             t0 = time.perf_counter()
             req = parse_chat_request(body, state.head_name, settings)
             try:
-                view, point = _view_for(state, request_target(request.headers, req.body, settings.default_target))
+                target = request_target(request.headers, req.body, settings.default_target)
             except RouterLiteError as exc:
                 raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+            grader = _request_grader(state, request.headers, req.body)
+            if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
+                view, point = _cascade_view_for(state, target, grader)
+                point = {**point, "cascade": view}
+            else:
+                try:
+                    view, point = _view_for(state, target)
+                except RouterLiteError as exc:
+                    raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
         finally:
             router.arriving -= 1
-        decision = await router.decide(req.text, view, point["target"])
+        tag = point["target"] if getattr(view, "grader", None) is None else f"cascade|{point['target']}|{view.grader}"
+        decision = await router.decide(req.text, view, tag)
     except RequestError as err:
         return _error_response(err)
     except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
@@ -613,6 +667,8 @@ async def _chat(request):
     if not isinstance(routed, tuple):
         return routed
     req, decision, point, t0 = routed
+    if "cascade" in point:  # a cascade's view: run its stages, or the agent a prompt shortcut chose, alone
+        return await _cascade_chat(state, req, decision, point, t0)
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     head_name = state.head_name
@@ -634,6 +690,47 @@ async def _chat(request):
         return StreamingResponse(_relay(resp, spec, client, info), status_code=200,
                                  headers={**headers, "Cache-Control": "no-cache"}, media_type="text/event-stream")
     return await _whole_reply(resp, spec, client, info, headers)
+
+
+async def _cascade_chat(state, req, decision, point, t0):
+    """A cascade request: the stages of the view's policy (or one agent, when a prompt shortcut or the OOD guard
+    chose it); headers list every agent called and the summed cost; the accepted reply is returned (streamed as
+    SSE when the request streams)."""
+    from starlette.responses import Response
+
+    from pipeline.route.cascade import Policy, Stage
+    from pipeline.serve.cascade_calls import run_cascade, sse_of
+
+    reg, view = state.registered, point["cascade"]
+    policy, grader = view.policy, view.grader
+    if decision.index >= 0:  # one agent, without a check
+        policy = Policy((Stage((decision.index,)),))
+    overhead_ms = (time.perf_counter() - t0) * 1000.0
+    result = await run_cascade(policy, reg.head.order, state.specs, state.clients, req.upstream, state.upstream_opts,
+                               grader)
+    names = [state.specs[j].name for j in result.called]
+    head_name = state.head_name
+    headers = {"X-Router-Head": head_name, "X-Router-Agents-Called": ",".join(names),
+               "X-Router-Cost-Usd": f"{result.cost:.8f}", "X-Router-Cascade-Stage": str(result.stage),
+               "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
+               GRADER_HEADER: grader, "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
+    if result.accepted is None:
+        last = result.replies[-1]
+        spec = state.specs[last.agent]
+        return _error_response(_upstream_error(spec, state.clients[last.agent], last.error or
+                                               ValueError("no usable reply")), headers)
+    spec = state.specs[result.accepted.agent]
+    headers.update({"X-Router-Agent": spec.name, "X-Router-Model": spec.model})
+    info = {"head": head_name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
+            "target": point["target"], "grader": grader, "agents_called": names, "cost_usd": result.cost,
+            "stage": result.stage}
+    data = dict(result.accepted.data)
+    if req.stream:
+        return Response(sse_of(data, info), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
+                        media_type="text/event-stream")
+    data["router"] = info
+    return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
+                    media_type="application/json")
 
 
 async def _relay(resp, spec: AgentSpec, client: Any, info: dict):

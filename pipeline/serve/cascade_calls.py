@@ -1,0 +1,126 @@
+"""Executing a cascade policy (pipeline/route/cascade.py) on one live request: each stage's new agents are asked in
+parallel, their answers extracted and compared with the request's grader, and the first stage whose agreement rule
+holds returns the reply of its preferred agreeing agent. A failed or empty call never agrees, so it escalates; only
+a failure of the last agent is the caller's error. Cost is every call made (the provider's `usage.cost`, else the
+agent's prices × tokens, estimated from characters when usage is missing).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
+from pipeline.collect.grading import extract_answer, grader_spec
+from pipeline.collect.replay import approx_tokens
+from pipeline.route.cascade import Policy, agreeing_rep
+
+
+@dataclasses.dataclass
+class Reply:
+    agent: int  # index into the agents
+    data: dict | None  # the chat.completion body (None: the call failed)
+    answer: str | None  # extracted with the request's grader (None: failed, empty or no answer)
+    cost: float
+    latency_ms: float
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass
+class CascadeResult:
+    accepted: Reply | None  # None: the last agent failed too (its error is in `replies`)
+    replies: list[Reply]  # every call made, in the order they finished stage by stage
+    stage: int  # the stage that answered
+
+    @property
+    def cost(self) -> float:
+        return float(sum(r.cost for r in self.replies))
+
+    @property
+    def called(self) -> list[int]:
+        return [r.agent for r in self.replies]
+
+
+def _cost(spec: AgentSpec, upstream: dict, data: dict, text: str | None) -> float:
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    cost = _usage_cost(usage)
+    if cost is not None:
+        return cost
+    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    prompt = " ".join(str(m.get("content", "")) for m in upstream.get("messages", []) if isinstance(m, dict))
+    pt = approx_tokens(prompt) if pt is None else pt
+    return float(spec.cost(pt, approx_tokens(text or "") if ct is None else ct))
+
+
+async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dict, grader: str) -> Reply:
+    """One non-streamed call of agent `j`; any failure becomes a Reply without data (never raises)."""
+    import httpx
+
+    t0 = time.perf_counter()
+    try:
+        resp = await client.post("/chat/completions", body={"model": spec.model, **upstream, "stream": False},
+                                 cast_to=httpx.Response, options=options)
+        try:
+            data = json.loads(await resp.aread())
+        finally:
+            await resp.aclose()
+        fields = _parse_completion(data)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
+        return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
+    text = fields["text"]
+    answer = extract_answer(text, grader) if text and text.strip() else None
+    return Reply(j, data, answer, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0)
+
+
+async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[AgentSpec], clients: Sequence[Any],
+                      upstream: dict, options: dict, grader: str, start: int = 0) -> CascadeResult:
+    """Run `policy`'s stages from `start` (the prompt shortcuts were applied by the caller)."""
+    upstream = {k: v for k, v in upstream.items() if k not in ("stream", "stream_options")}
+    spec = grader_spec(grader)
+    K = len(specs)
+    order = np.asarray(order, dtype=np.int64)
+    replies: dict[int, Reply] = {}
+    done: list[Reply] = []
+    for t, stage in enumerate(policy.stages[start:], start):
+        new = [j for j in stage.agents if j not in replies]
+        got = await asyncio.gather(*(ask(j, specs[j], clients[j], upstream, options, grader) for j in new))
+        for r in got:
+            replies[r.agent] = r
+            done.append(r)
+        if stage.k == 0:
+            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t)
+        called = np.zeros((1, K), dtype=bool)
+        E = np.zeros((1, K, K), dtype=bool)
+        for a, ra in replies.items():
+            called[0, a] = True
+            for b, rb in replies.items():
+                E[0, a, b] = ra.answer is not None and rb.answer is not None and (a == b or spec.agree(ra.answer,
+                                                                                                         rb.answer))
+        size, rep = agreeing_rep(E, called, order)
+        if size[0] >= stage.k:
+            return CascadeResult(replies[int(rep[0])], done, t)
+    raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
+
+
+def sse_of(data: dict, router: dict) -> bytes:
+    """A whole chat.completion as a chat.completion.chunk SSE stream (the accepted reply of a cascade was read in
+    full to compare answers; the stream mode then streams it): one content chunk, a finish chunk, [DONE]."""
+    choice = (data.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    base = {"id": data.get("id", ""), "object": "chat.completion.chunk", "created": data.get("created", 0),
+            "model": data.get("model", "")}
+    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": msg.get("content") or ""},
+                                  "finish_reason": None}], "router": router}
+    last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason") or "stop"}]}
+    if isinstance(data.get("usage"), dict):
+        last["usage"] = data["usage"]
+    return b"".join(b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in (first, last)) + \
+        b"data: [DONE]\n\n"
