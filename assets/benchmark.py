@@ -17,10 +17,11 @@ from pipeline.collect.collect import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.core.config import BENCHMARK_SUITES
 from pipeline.core.io import atomic_write_json, atomic_write_text
-from pipeline.report.benchmark import benchmark_from_tasks, load_benchmark, score
+from pipeline.report.benchmark import benchmark_from_tasks, cascade_benchmark, load_benchmark, score
 from pipeline.report.frontier import (
     PointSet,
     baseline_policies,
+    cost_span,
     frontier_points,
     plot_frontier,
     policy_table,
@@ -28,8 +29,9 @@ from pipeline.report.frontier import (
 )
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
-from pipeline.report.value import router_value, targets_markdown, value_line
+from pipeline.report.value import ablation_markdown, router_value, targets_markdown, value_line
 from pipeline.route import registry
+from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.embed import EmbeddingCache
 from pipeline.route.knn import KnnRouter
 from resources.backbone import BackboneResource
@@ -57,8 +59,11 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+CASCADE_POLICY_NAMES = {"cascade": "cascade (answers)", "combined": "cascade + prompt router"}
+
+
 def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
-              marks: dict | None = None, estimated: bool = False):
+              marks: dict | None = None, estimated: bool = False, cascade: dict | None = None):
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
@@ -71,6 +76,8 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
             picks, _ = reg.route(X[te], None if p["lambda"] == 0 else f"lambda={p['lambda']!r}")
             pts.append((C[te][rows, picks].mean(), R[te][rows, picks].mean()))
         policies["router (operating points)"] = PointSet(np.array(pts))
+    for variant, v in (cascade or {}).get("variants", {}).items():  # each cascade plan of the train frontier, on test
+        policies[CASCADE_POLICY_NAMES[variant]] = PointSet(np.array(v["points_test"]))
     table = policy_table(policies, R[te], C[te])
     table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
     label = "estimated cost per example (USD)" if estimated else "cost per example (USD)"
@@ -112,6 +119,40 @@ def _routed_variants(prof, task_pool: pd.DataFrame, reg, target, specs: list, po
     return md, per_question, meta, estimated
 
 
+def _routed_cascade(prof, task_pool: pd.DataFrame, regc, targets: list[str], specs: list, pool: PoolResource,
+                    backbone: BackboneResource, storage: StorageResource):
+    """The cascade's routed benchmark on each variant and target: every stage's calls made through the pool (their
+    own call log: a call one target made is not made again for another), the accepted replies scored.
+    (markdown lines, summary per variant and target)."""
+    bb = backbone.get_backbone()
+    cache = EmbeddingCache(storage.path("embeddings"))
+    reports = storage.path("reports")
+    md, meta = [], {}
+    for variant, bench in _variants(prof, task_pool).items():
+        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
+        log = CallLog(storage.path("calls", pool.kind, "benchmark_cascade", variant))
+
+        def collect(j, rows, log=log):
+            return run_collect(rows.rename(columns={"id": "task_id"}), [specs[j]], 0, log, pool.client_for,
+                               prof.collection)
+
+        for target in targets:
+            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.head.order,
+                                    [a.name for a in specs])
+            name = regc.head.resolve(target)["target"]
+            res["per_question"].to_csv(reports / f"benchmark_cascade_{variant}_{_slug(name)}.csv", index=False)
+            s = res["summary"]
+            md += [f"- {variant}, target {name}: n={s['n']}, accuracy {s['accuracy']:.4f}, "
+                   f"${s['cost_per_1k']:.3f} per 1k, {s['calls_per_query']:.2f} calls per query, answered by "
+                   + ", ".join(f"{a} {v:.0%}" for a, v in s["answered_by"].items())]
+            meta.setdefault(variant, {})[name] = s
+    return md + [""], meta
+
+
+def _slug(target: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in target)
+
+
 @asset(deps=[registered_head], group_name="report",
        io_manager_key="io_manager",
        description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
@@ -119,6 +160,7 @@ def _routed_variants(prof, task_pool: pd.DataFrame, reg, target, specs: list, po
                    "variant, plus the RouterBench cost–quality frontier with AIQ against every baseline.")
 def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
                      prompt_embeddings: pd.DataFrame, router_head: dict, preflight: pd.DataFrame,
+                     cascade_router: dict, registered_cascade: dict,
                      profile: ProfileResource, pool: PoolResource, backbone: BackboneResource,
                      storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
@@ -138,6 +180,12 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     variant_md, per_question, meta, estimated = _routed_variants(
         prof, task_pool, reg, target, [specs[a] for a in agents], pool, backbone, storage)
     md += variant_md
+    regc = registry.load(registered_cascade["path"])
+    cascade_targets = list(dict.fromkeys([regc.head.resolve(target)["target"], "parity", "quality>=0.98"]))
+    md += [f"## Routed benchmark of the cascade ({regc.name}): every stage's calls made through the pool", ""]
+    cascade_md, cascade_meta = _routed_cascade(prof, task_pool, regc, cascade_targets, [specs[a] for a in agents],
+                                               pool, backbone, storage)
+    md += cascade_md
     rewards = reward_matrix
     split = training_split(rewards, task_pool)
     X = reward_embeddings(prompt_embeddings, rewards)
@@ -146,27 +194,37 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     value = head_summary["value"]
     marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
     table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks,
-                           estimated)
+                           estimated, cascade_router)
     aiq = dict(zip(table["policy"], table["aiq"]))
+    _, R, _, C = to_arrays(rewards)
+    va = (split == "validation").to_numpy()
+    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
     pool_file = reports / "pool_report.json"
     verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
     # aiq.head: the cost–quality policy the head ships (its operating points on test; the trained head without them)
     rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (operating points)", aiq.get("trained head")),
                                                   "prior": aiq.get("prior"),
-                                                  "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")})
+                                                  "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")},
+                      cascade=cascade_router, head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
+                      cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
+                      cascade_benchmark=cascade_meta.get("test"))
     atomic_write_json(rv, reports / "router_value.json")
     models = {a["name"]: a["model"] for a in reg.agents}
     line = value_line(value, "parity", models)
     md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
           f"{'; costs estimated' if estimated else ''})", "",
-          f"Pool verdict: {verdict}", "", line, "", targets_markdown(value), ""] + md
+          f"Pool verdict: {verdict}", "", line, "", targets_markdown(value), "",
+          "### Router kinds side by side (prompt-only / cascade / combined)", "", ablation_markdown(rv), ""] + md
     md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
            table_markdown(prof.name, table), f"![frontier]({png.name})", ""]
     text = "\n".join(md)
     atomic_write_text(text, reports / "benchmark_report.md")
     atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
     context.log.info("\n" + text)
+    cq = cascade_meta.get("test", {}).get("quality>=0.98")
     return Output(pd.concat(per_question, ignore_index=True), metadata=rounded({
+        "best_router": rv["best_router"], "cascade_routed_test_accuracy": cq["accuracy"] if cq else None,
+        "cascade_routed_test_cost_per_1k": cq["cost_per_1k"] if cq else None,
         "pool_verdict": verdict or "", "value_line": line,
         "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],

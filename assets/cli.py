@@ -102,11 +102,65 @@ def cmd_train(args) -> int:
                      "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
         metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
     print(f"registered {path.name} at {path}", file=sys.stderr)
+    cascade = _train_cascade(args, rewards, joined, X, fit, bb, out) if "answers" in rewards and \
+        "grader" in joined else None
     print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
                       "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}
                                   for k, v in fit.value["targets"].items()},
-                      "registered": str(path)}, default=float))
+                      "registered": str(path), **({"cascade": cascade} if cascade else {})}, default=float))
     return 0
+
+
+def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
+    """Cascades from the rewards' `answers` and the tasks' `grader` (zero API calls), reported like the head's
+    targets and registered as a `cascade` router next to the head."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from pipeline.collect.answers import agreement
+    from pipeline.collect.rewards import to_arrays
+    from pipeline.report.value import targets_markdown
+    from pipeline.route import registry
+    from pipeline.route.cascade import CascadeRouter
+    from pipeline.route.cascade_fit import fit_cascades
+    from pipeline.route.fit import split_masks
+    from pipeline.route.targets import REPORT_TARGETS
+    from pipeline.route.train import effective_rewards
+
+    agents, R, B, C = to_arrays(rewards)
+    graders = joined["grader"].to_numpy()
+    E = agreement([list(a) for a in rewards["answers"]], graders.tolist())
+    masks = split_masks(joined["split"].reset_index(drop=True), args.held_out_split,
+                        rewards["task_id"].astype(str).tolist())
+    res = fit_cascades(effective_rewards(R, B), C, E, fit.scorer.scores(X), graders, masks, fit.best_single, agents,
+                       REPORT_TARGETS)
+    chosen = res["variants"][res["chosen"]]
+    bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
+          "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
+    for variant, v in res["variants"].items():
+        table = {"targets": v["targets"], "best_single": bs, "oracle": fit.value["oracle"], "weak": "n/a",
+                 "apgr": None, "cpt50": None, "cpt80": None, "n_test": int(masks["held_out"].sum()),
+                 "costs_estimated": fit.value.get("costs_estimated")}
+        print(f"## Cascade ({variant}; validation AIQ {v['aiq_validation']:.4f}, test AIQ {v['aiq_test']:.4f})\n\n"
+              + targets_markdown(table) + "\n"
+              + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v["targets"].items()]).to_markdown(
+                  index=False), file=sys.stderr)
+    router = CascadeRouter(fit.head, chosen["path"], chosen["order"], agents)
+    path = registry.register(
+        out, router, fit.guard, fit.best_single,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
+                  "dim": int(X.shape[1])},
+        agents=[{"name": a, "model": a} for a in agents], training={"variant": res["chosen"]},
+        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
+                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
+        metrics={k: v["aiq_validation"] for k, v in res["variants"].items()}, scorer=fit.scorer,
+        operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
+    print(f"registered {path.name} at {path}", file=sys.stderr)
+    return {"chosen": res["chosen"], "registered": str(path),
+            "aiq": {k: {"validation": v["aiq_validation"], "test": v["aiq_test"]} for k, v in res["variants"].items()},
+            "targets": {k: {f: t[f] for f in ("quality", "cost_per_1k", "cost_ratio", "quality_ratio", "plan")}
+                        for k, t in chosen["targets"].items()}}
 
 
 def _head_backbone(reg, device: str, dtype: str = "auto"):
@@ -128,11 +182,45 @@ def cmd_route(args) -> int:
             raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
+    if args.grader is not None and reg.kind != "cascade":
+        raise RouterLiteError(f"--grader applies to cascade routers; {reg.name} is a {reg.kind}")
+    if reg.kind == "cascade":
+        return _route_cascade(reg, args)
     picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
     print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)
     for p, f in zip(picks, fired):
         agent = reg.agents[int(p)]
         print(f"{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
+    return 0
+
+
+def _route_cascade(reg, args) -> int:
+    """`route` for a cascade: the plan at the target, and per prompt what happens first."""
+    cpoint = reg.head.resolve(args.target)
+    plan = reg.head.plan(args.target)
+    names = [a["name"] for a in reg.agents]
+    print(f"cascade {reg.name}, target {cpoint['target']} (validation: quality {cpoint['quality']:.4f}, "
+          f"{cpoint['cost_per_1k']:.3f} USD per 1k)", file=sys.stderr)
+    if args.grader is None:
+        for g, pol in plan.by_grader:
+            print(f"plan[{g}]\t{pol.describe(names)}")
+        print(f"plan[other formats]\t{plan.default.describe(names)}")
+        point = reg.resolve_target(args.target)
+        picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
+        for p, f in zip(picks, fired):
+            agent = reg.agents[int(p)]
+            print(f"prompt-only\t{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
+        return 0
+    view = reg.cascade_at(args.target, args.grader)
+    print(f"plan[{args.grader}]\t{view.policy.describe(names)}")
+    picks, fired = view.route(_head_backbone(reg, args.device).encode(args.prompt))
+    for p, f in zip(picks, fired):
+        if p < 0:
+            first = view.policy.stages[0].agents
+            print("stages\tfirst ask " + " + ".join(names[j] for j in first))
+        else:
+            why = "ood guard: best single" if f else "prompt shortcut"
+            print(f"alone\t{names[int(p)]}\t{reg.agents[int(p)]['model']}\t({why})")
     return 0
 
 
@@ -306,6 +394,10 @@ def _add_route_command(sub) -> None:
     p.add_argument("--head", required=True, help="registry/<name> directory")
     p.add_argument("--device", default="auto")
     p.add_argument("--target", default=None, help=TARGET_HELP)
+    p.add_argument("--grader", default=None,
+                   help="a cascade router: the prompts' answer format (e.g. integer); prints which agents are asked "
+                        "first and when it escalates. Without it: the cascade's plan per format, then the "
+                        "prompt-only picks")
     p.add_argument("prompt", nargs="+")
     p.set_defaults(fn=cmd_route)
 

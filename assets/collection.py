@@ -19,6 +19,7 @@ from pydantic import Field
 
 from assets.partitions import collection_partitions
 from pipeline.collect.agents import load_agents
+from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.call_log_lock import WAIT_ENV, collection_lock, wait_setting
 from pipeline.collect.collect import run_collect
@@ -267,6 +268,22 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
         "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
         "dataset_dir": str(out),
     })
+
+
+@asset(group_name="rewards", io_manager_key="io_manager",
+       description="Per task and agent the extracted answer (majority over repetitions; ties and no-answers counted): "
+                   "the evidence a cascade router is fitted on. Not published with the rewards (docs/training.md).")
+def agent_answers(context: AssetExecutionContext, graded_calls: pd.DataFrame, preflight: pd.DataFrame,
+                  pool: PoolResource, profile: ProfileResource) -> Output[pd.DataFrame]:
+    prof = profile.get()
+    agents = [a.name for a in passed_agents(pool_of(pool, preflight), preflight)]
+    answers = build_answers(profile_calls(prof, graded_calls), agents)
+    n = max(len(answers), 1)
+    no_answer = {a: float(sum(ans[j] is None for ans in answers["answers"]) / n) for j, a in enumerate(agents)}
+    ties = {a: float(sum(t[j] for t in answers["answer_tie"]) / n) for j, a in enumerate(agents)}
+    return Output(answers, metadata={"tasks": len(answers), "agents": MetadataValue.json(agents),
+                                     "no_answer_rate": MetadataValue.json(no_answer),
+                                     "majority_tie_rate": MetadataValue.json(ties)})
 
 
 @asset_check(asset=reward_matrix, blocking=True, additional_ins={"task_pool": AssetIn("task_pool")},

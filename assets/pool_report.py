@@ -12,9 +12,10 @@ from dagster import (
 )
 
 from assets.router import reward_embeddings, training_split
+from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
-from pipeline.report.pool_report import WARNING, domain_column, labels_of, report_markdown
+from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
 from resources.storage import StorageResource
 
@@ -24,7 +25,8 @@ from resources.storage import StorageResource
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
                    "(label router and kNN, 5-fold CV on the training split).")
 def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
-                prompt_embeddings: pd.DataFrame, storage: StorageResource) -> Output[dict]:
+                prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame,
+                storage: StorageResource) -> Output[dict]:
     rewards, tasks = reward_matrix, task_pool
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     agents, R, _, C = to_arrays(rewards)
@@ -33,6 +35,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
                        costs_estimated=costs_are_estimated(rewards))
+    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
+    rep["cascade"] = cascade_pays(R, C, E, t["grader"].to_numpy(), split, agents)
     md = report_markdown(rep)
     atomic_write_text(md, storage.path("reports") / "pool_report.md")
     atomic_write_json(rep, storage.path("reports") / "pool_report.json")
@@ -46,6 +50,7 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
             index=False, floatfmt=".3f")),
         "label_router_cv_gain": h.get("label_router", {}).get("gain"),
         "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
+        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)",
     })
 
 

@@ -51,6 +51,13 @@ def print_summary(home: str, profile: str | None = None) -> None:
                     models = {a["name"]: a["model"] for a in json.loads(manifest.read_text())["agents"]}
             print(f"\nOperating points on held-out test (costs estimated, USD per 1k queries):\n\n"
                   f"{targets_markdown(value)}\n{value_line(value, 'parity', models)}")
+    rv_file = root / "reports" / "router_value.json"
+    if rv_file.exists():
+        from pipeline.report.value import ablation_markdown
+
+        rv = json.loads(rv_file.read_text())
+        if rv.get("routers"):
+            print("\nRouter kinds on held-out test (prompt-only / cascade / combined):\n\n" + ablation_markdown(rv))
     for name in ("pool_report.md", "baselines.md", "benchmark_report.md", "routerbench_replication.md"):
         f = root / "reports" / name
         if f.exists():

@@ -9,16 +9,21 @@ from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Outp
 from assets.collection import pool_of
 from assets.shown import rounded
 from assets.shown import table as shown_table
+from pipeline.collect.answers import agreement, answers_matrix
+from pipeline.collect.rewards import to_arrays
 from pipeline.core.io import atomic_write_json
 from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import targets_markdown, value_line
 from pipeline.route import registry
+from pipeline.route.cascade import CascadeRouter
+from pipeline.route.cascade_fit import fit_cascades
 from pipeline.route.embed import EmbeddingCache
-from pipeline.route.fit import fit_router
+from pipeline.route.fit import fit_router, split_masks
 from pipeline.route.head import Head
 from pipeline.route.registry import content_hash
-from pipeline.route.targets import path_table
+from pipeline.route.targets import REPORT_TARGETS, path_table
+from pipeline.route.train import effective_rewards
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -152,3 +157,83 @@ def registered_head(context: AssetExecutionContext, router_head: dict, preflight
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
                             "manifest": MetadataValue.json(entry)})
+
+
+def _saved_head(storage: StorageResource, router_head: dict):
+    """(shipped head, value scorer, cost scorer or None, guard) that `router_head` wrote."""
+    src = storage.path("router_head")
+    agents = router_head["agents"]
+    cost_scorer = (Head.load(src / registry.COST_SCORER, agents=agents)
+                   if (src / registry.COST_SCORER).exists() else None)
+    return (Head.load(src / registry.WEIGHTS, agents=agents), Head.load(src / registry.SCORER, agents=agents),
+            cost_scorer, registry.load_guard(src / registry.GUARD))
+
+
+@asset(group_name="router", io_manager_key="io_manager",
+       description="Cascade router fitted on the static matrix from the agents' recorded answers (zero API calls): "
+                   "cheap agents asked first, their answer accepted when they agree, else a stronger agent; with and "
+                   "without the prompt router's predicted success; operating points chosen on validation.")
+def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
+                   prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame, router_head: dict,
+                   storage: StorageResource) -> Output[dict]:
+    rewards = reward_matrix
+    agents, R, B, C = to_arrays(rewards)
+    t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
+    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
+    X = reward_embeddings(prompt_embeddings, rewards)
+    head, scorer, _, _ = _saved_head(storage, router_head)
+    masks = split_masks(training_split(rewards, task_pool).reset_index(drop=True), "test",
+                        rewards["task_id"].astype(str).tolist())
+    best = router_head["best_single"]
+    fit = fit_cascades(effective_rewards(R, B), C, E, scorer.scores(X), t["grader"].to_numpy(), masks, best, agents,
+                       REPORT_TARGETS)
+    chosen = fit["variants"][fit["chosen"]]
+    router = CascadeRouter(head, chosen["path"], chosen["order"], agents)
+    out = storage.path("cascade_router")
+    router.save_files(out)
+    summary = {"agents": agents, "best_single": best, **fit}
+    rows = []
+    for variant, v in fit["variants"].items():
+        for name, tg in v["targets"].items():
+            rows.append({"variant": variant, "target": name, "quality": tg["quality"],
+                         "x best quality": tg["quality_ratio"], "x best cost": tg["cost_ratio"],
+                         "calls/query": tg["calls_per_query"], "plan": tg["plan"]})
+    table = pd.DataFrame(rows)
+    context.log.info(f"cascade: chosen variant {fit['chosen']} (validation AIQ "
+                     + ", ".join(f"{k} {v['aiq_validation']:.4f}" for k, v in fit["variants"].items()) + ")\n"
+                     + table.to_markdown(index=False, floatfmt=".3f"))
+    return Output(summary, metadata=rounded({
+        "chosen": fit["chosen"], "validation_rows": fit["validation_rows"],
+        **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
+        **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
+        "targets_held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
+    }))
+
+
+@asset(group_name="router", io_manager_key="io_manager",
+       description="The cascade in the registry: stable name cascade-<backbone>-<hash>, manifest, its policies, the "
+                   "prompt router it falls back on.")
+def registered_cascade(context: AssetExecutionContext, cascade_router: dict, router_head: dict,
+                       preflight: pd.DataFrame, backbone: BackboneResource, pool: PoolResource,
+                       storage: StorageResource) -> Output[dict]:
+    head, scorer, cost_scorer, guard = _saved_head(storage, router_head)
+    chosen = cascade_router["variants"][cascade_router["chosen"]]
+    router = CascadeRouter(head, chosen["path"], chosen["order"], cascade_router["agents"])
+    bb = backbone.get_backbone()
+    pool = pool_of(pool, preflight)
+    models = {a.name: a.model for a in pool.agents()}
+    agents = [{"name": a, "model": models.get(a, a)} for a in router.agents]
+    data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]
+                   for name in ("task_pool", "reward_matrix", "agent_answers", "prompt_embeddings")}
+    path = registry.register(
+        storage.path("registry"), router, guard, router_head["best_single"],
+        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
+                  "max_seq_length": backbone.max_seq_length, "dim": head.d},
+        agents=agents, training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"],
+                                 "pool": pool.pool, "pool_kind": pool.kind},
+        data_hashes=data_hashes, metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()},
+        scorer=scorer, operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
+    entry = json.loads((path / registry.MANIFEST).read_text())
+    context.log.info(f"registered {entry['name']} at {path}")
+    return Output({"name": entry["name"], "path": str(path)},
+                  metadata={"name": entry["name"], "path": str(path), "manifest": MetadataValue.json(entry)})

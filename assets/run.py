@@ -20,8 +20,9 @@ STAGES = [
     ("source tasks", ["source_tasks"], "source"),
     ("task pool", ["task_pool", "agent_pool", "preflight"], None),
     ("collection", ["graded_calls"], "source_x_repetition"),
-    ("rewards", ["reward_matrix", "baselines"], None),
-    ("router", ["prompt_embeddings", "pool_report", "router_head", "registered_head"], None),
+    ("rewards", ["reward_matrix", "agent_answers", "baselines"], None),
+    ("router", ["prompt_embeddings", "pool_report", "router_head", "registered_head", "cascade_router",
+                "registered_cascade"], None),
     ("report", ["benchmark_report"], None),
     ("replication", ["routerbench_replication"], "suite"),
 ]

@@ -19,7 +19,8 @@ from pipeline.core.errors import RouterLiteError
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".csv")
 REWARD_COLUMNS = ("task_id", "agent_order", "mean_reward")
 TASK_COLUMNS = ("task_id", "prompt", "split")
-LIST_FIELDS = ("agent_order", "mean_reward", "mean_cost", "best_agents")
+LIST_FIELDS = ("agent_order", "mean_reward", "mean_cost", "best_agents", "answers")
+MAX_ANSWER_CHARS = 5000  # an extracted answer is short (a number, a letter, a literal); longer is not an answer
 LABEL_COLUMNS = ("source", "category", "domain", "difficulty")  # optional task labels, carried into `joined`
 
 
@@ -139,13 +140,33 @@ def check_rewards(df: pd.DataFrame, path) -> pd.DataFrame:
                 raise RouterLiteError(f"{_where(path, df, i)}: best_agents {best} must name agents of "
                                       f"agent_order {agents}")
             cols["best_agents"].append(best)
+        if "answers" in cols:
+            cols["answers"].append(_answers(df["answers"].iloc[i], path, df, i, agents))
     for f, values in cols.items():
         df[f] = pd.Series(values, index=df.index, dtype=object)
     return df
 
 
+def _answers(value, path, df, i, agents) -> list:
+    """`answers`: one extracted answer (text) or null per agent of agent_order (a cascade's evidence)."""
+    ans = _list(value, path, df, i, "answers")
+    if len(ans) != len(agents):
+        raise RouterLiteError(f"{_where(path, df, i)}: answers has {len(ans)} values for {len(agents)} agents")
+    out = []
+    for a, v in zip(agents, ans):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            out.append(None)
+        elif isinstance(v, str) and len(v) <= MAX_ANSWER_CHARS:
+            out.append(v if v.strip() else None)
+        else:
+            raise RouterLiteError(f"{_where(path, df, i)}: answers for agent {a!r} must be text of at most "
+                                  f"{MAX_ANSWER_CHARS} characters or null, got {type(v).__name__} {str(v)[:40]!r}")
+    return out
+
+
 def check_tasks(df: pd.DataFrame, path) -> pd.DataFrame:
-    """Tasks: task_id (unique), prompt (non-empty text), split (text)."""
+    """Tasks: task_id (unique), prompt (non-empty text), split (text); optional grader (a known grader name: the
+    equivalence a cascade compares answers with)."""
     missing = [c for c in TASK_COLUMNS if c not in df]
     if missing:
         raise RouterLiteError(f"{path}: tasks file lacks column {missing[0]!r} (needs {', '.join(TASK_COLUMNS)})")
@@ -156,6 +177,13 @@ def check_tasks(df: pd.DataFrame, path) -> pd.DataFrame:
             if not isinstance(v, str) or not v.strip():
                 raise RouterLiteError(f"{_where(path, df, i)}: {field} must be non-empty text, got "
                                       f"{type(v).__name__} {str(v)[:40]!r}")
+    if "grader" in df:
+        from pipeline.collect.grading import GRADERS
+
+        for i, v in enumerate(df["grader"]):
+            if v not in GRADERS:
+                raise RouterLiteError(f"{_where(path, df, i)}: grader {str(v)[:40]!r} is not a known grader; known: "
+                                      f"{', '.join(GRADERS)}")
     return df
 
 
@@ -165,7 +193,7 @@ def train_inputs(rewards_path, tasks_path, held_out: str = "test"):
     rewards = check_rewards(read_rows(rewards_path, "rewards"), rewards_path)
     tasks = check_tasks(read_rows(tasks_path, "tasks"), tasks_path)
     # the tasks file is authoritative for what it holds (a published rewards dataset carries split and source too)
-    cols = ["task_id", "prompt", "split", *[c for c in LABEL_COLUMNS if c in tasks]]
+    cols = ["task_id", "prompt", "split", *[c for c in (*LABEL_COLUMNS, "grader") if c in tasks]]
     joined = rewards.drop(columns=[c for c in cols[1:] if c in rewards]).merge(tasks[cols], on="task_id", how="left")
     if joined["prompt"].isna().any():
         i = int(joined["prompt"].isna().to_numpy().argmax())

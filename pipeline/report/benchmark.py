@@ -80,3 +80,43 @@ def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.D
                     "distribution": per_q["picked_agent"].value_counts(normalize=True).round(4).to_dict(),
                     "cost_usd": float(per_q["cost_usd"].sum()), "mean_latency_ms": float(per_q["latency_ms"].mean())},
     }
+
+
+def cascade_benchmark(bench: pd.DataFrame, X: np.ndarray, view_of, collect, order, agents: list[str]) -> dict:
+    """The routed benchmark of a cascade: per question its grader's policy (`view_of(grader)` -> a registry
+    CascadeView), every stage's calls really made through `collect(agent_index, bench_rows) -> graded call rows`
+    (task_id, status, extracted, correct, cost_usd), the accepted reply scored. Returns summary + per question."""
+    from pipeline.collect.grading import grader_spec
+    from pipeline.route.cascade import execute
+
+    bench = bench.reset_index(drop=True)
+    graders = bench["grader"].astype(str).to_numpy()
+    policies, direct, fired = [None] * len(bench), np.full(len(bench), -1), np.zeros(len(bench), dtype=bool)
+    for g in sorted(set(graders)):
+        m = np.flatnonzero(graders == g)
+        view = view_of(g)
+        picks, f = view.route(X[m])
+        for k, i in enumerate(m):
+            policies[i], direct[i], fired[i] = view.policy, picks[k], f[k]
+
+    def ask(j: int, rows: list[int]) -> dict:
+        calls = collect(j, bench.iloc[rows]).set_index("task_id")
+        out = {}
+        for i in rows:
+            c = calls.loc[bench.at[i, "id"]]
+            ok = c["status"] == "ok"
+            out[i] = (c["extracted"] if ok and isinstance(c["extracted"], str) else None,
+                      float(bool(c["correct"])) if ok else 0.0, float(c["cost_usd"] or 0.0))
+        return out
+
+    o = execute(policies, direct, order, ask, lambda i, a, b: grader_spec(graders[i]).agree(a, b))
+    per_q = pd.DataFrame({"id": bench["id"], "group": bench["group"], "grader": graders,
+                          "answered_by": [agents[j] if j >= 0 else "" for j in o.answered_by],
+                          "stage": o.stage, "calls": o.n_calls, "ood_guard": fired, "correct": o.reward,
+                          "cost_usd": o.cost})
+    shares = per_q["answered_by"].value_counts(normalize=True).to_dict()
+    return {"per_question": per_q,
+            "summary": {"n": len(per_q), "accuracy": float(o.reward.mean()), "cost_usd": float(o.cost.sum()),
+                        "cost_per_1k": float(1000 * o.cost.mean()), "calls_per_query": float(o.n_calls.mean()),
+                        "answered_by": {k: float(v) for k, v in shares.items()},
+                        "ood_guard_fired": float(fired.mean())}}

@@ -186,6 +186,28 @@ def _pivot(records: list[dict], cost_label: str) -> str:
     return table.reset_index().to_markdown(index=False)
 
 
+def cascade_pays(R: np.ndarray, C: np.ndarray, E: np.ndarray, graders, split: np.ndarray, agents: list[str],
+                 target: str = "quality>=0.98") -> dict | None:
+    """Does a cascade pay on this pool? Cascades fitted on train from the agents' answers alone (no prompt
+    router), the `target` point chosen on validation, measured on test: quality and cost as fractions of the best
+    single agent's (pipeline/route/cascade_fit.py). None without validation and test rows."""
+    from pipeline.route.cascade_fit import fit_cascades
+
+    split = np.asarray(split, dtype=object)
+    masks = {"train": split == "train", "validation": split == "validation", "held_out": split == "test"}
+    if not all(m.any() for m in masks.values()):
+        return None
+    best = int(np.argmax(R[masks["train"]].mean(axis=0)))
+    fit = fit_cascades(R, C, E, None, graders, masks, best, agents, [target])
+    t = fit["variants"]["cascade"]["targets"][target]
+    return {"target": target, "quality_ratio": t["quality_ratio"], "quality_ratio_ci": t["quality_ratio_ci"],
+            "cost_ratio": t["cost_ratio"], "best_single": agents[best], "n_test": int(masks["held_out"].sum()),
+            "plan": t["plan"],
+            "text": (f"a cascade pays: {t['quality_ratio']:.1%} of {agents[best]}'s quality (95 % CI "
+                     f"{t['quality_ratio_ci'][0]:.1%}–{t['quality_ratio_ci'][1]:.1%}) at {t['cost_ratio']:.0%} of "
+                     f"its cost (target {target} chosen on validation, test n={int(masks['held_out'].sum())})")}
+
+
 def report_markdown(rep: dict) -> str:
     """The pool report as Markdown, the verdict first."""
     h = rep["headroom"]
@@ -208,4 +230,6 @@ def report_markdown(rep: dict) -> str:
             parts.append(f"{name.replace('_', ' ')} {g['gain']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]")
     lines += [f"Routable headroom ({h['folds']}-fold CV on {h['n']} training rows, gain over the best single "
               f"agent, paired 95 % CI): " + "; ".join(parts), ""]
+    if rep.get("cascade"):
+        lines += [f"Answers as evidence: {rep['cascade']['text']}.", ""]
     return "\n".join(lines)

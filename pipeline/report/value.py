@@ -202,15 +202,44 @@ def targets_markdown(value: dict) -> str:
 
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
-                     "aiq", "label_router", "knn", "oracle", "n_test")
+                     "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
-def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict) -> dict:
-    """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries)."""
+CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain", "gain_low", "gain_high",
+                       "calls_per_query", "plan")
+
+
+def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
+                 head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
+                 cascade_benchmark: dict | None = None) -> dict:
+    """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
+
+    `routers` holds one entry per router kind (the prompt-only head; the cascade's variants: answers only, and
+    with the prompt router), each with its held-out targets and test AIQ; `best_router` is the kind with the best
+    validation AIQ (the held-out rows choose nothing). `targets` / `max_quality` stay the head's (prompt-only)."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
+    bc = value["best_single"]["cost_per_1k"]
+    routers = {"head": {"aiq_validation": head_validation_aiq, "aiq_test": aiq.get("head"),
+                        "targets": {name: {**{k: t[k] for k in TARGET_KEYS},
+                                           "quality_ratio": t["quality"] / value["best_single"]["quality"]
+                                           if value["best_single"]["quality"] else None,
+                                           "gain": t["gain"], "gain_low": t["gain_low"], "gain_high": t["gain_high"]}
+                                    for name, t in value["targets"].items()}}}
+    for variant, v in ((cascade or {}).get("variants") or {}).items():
+        routers[f"cascade:{variant}"] = {
+            "aiq_validation": v["aiq_validation"], "aiq_test": (cascade_aiq or {}).get(variant, v["aiq_test"]),
+            "targets": {name: {k: t.get(k) for k in CASCADE_TARGET_KEYS} for name, t in v["targets"].items()}}
+    if cascade_benchmark and cascade:  # {target: summary} of the routed benchmark (real calls through the pool)
+        routers[f"cascade:{cascade['chosen']}"]["routed_benchmark"] = {
+            name: {**{k: b[k] for k in ("n", "accuracy", "cost_per_1k", "calls_per_query")},
+                   "cost_ratio": b["cost_per_1k"] / bc if bc else None}
+            for name, b in cascade_benchmark.items()}
+    scored = {k: r["aiq_validation"] for k, r in routers.items() if r["aiq_validation"] is not None}
+    best = max(scored, key=scored.get) if scored else "head"
     return {
+        "routers": routers, "best_router": best,
         "profile": profile, "pool_verdict": pool_verdict,
         "best_single": dict(value["best_single"]),
         "max_quality": {"quality": mq["quality"], "ci_low": mq["ci_low"], "ci_high": mq["ci_high"],
@@ -221,3 +250,33 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict)
         "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"],
     }
+
+
+ROUTER_LABELS = {"head": "prompt-only (head)", "cascade:cascade": "cascade (answers only)",
+                 "cascade:combined": "combined (cascade + prompt router)"}
+
+
+def ablation_markdown(rv: dict, targets=REPORT_TARGETS) -> str:
+    """The router kinds side by side (reports/router_value.json `routers`): AIQ on validation and test, and per
+    target the held-out quality as a fraction of the best single agent's (95 % paired CI where measured) and the
+    cost as a fraction of its cost. The best router is the one with the best validation AIQ."""
+    import pandas as pd
+
+    bs = rv["best_single"]
+    rows = []
+    for kind, r in rv["routers"].items():
+        row = {"router": ROUTER_LABELS.get(kind, kind) + (" ★" if kind == rv["best_router"] else ""),
+               "AIQ val": r["aiq_validation"], "AIQ test": r["aiq_test"]}
+        for name in targets:
+            t = r["targets"].get(name)
+            if t is None:
+                continue
+            ci = t.get("quality_ratio_ci")
+            q = f"{t['quality_ratio']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+            row[name] = f"{q} at {t['cost_ratio']:.0%}" if t.get("cost_ratio") is not None else q
+        rows.append(row)
+    a = rv["aiq"]
+    return (f"Held-out test n={rv['n_test']}; fractions of {bs['agent']}'s quality (paired 95 % CI) at a fraction "
+            f"of its cost; ★ = best validation AIQ. Baselines' test AIQ: prior {a['prior']:.4f}, individual hull "
+            f"{a['hull']:.4f}, kNN {a['knn']:.4f}.\n\n"
+            + pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f") + "\n")
