@@ -155,3 +155,26 @@ def test_published_rewards_with_split_and_source_columns(files, capsys):
     assert rc == 0, err
     manifest = json.loads((next(out.iterdir()) / "manifest.json").read_text())
     assert manifest["metrics"]["n_test"] == 4
+
+
+# --- cascades from a user's matrix: `answers` in the rewards, `grader` in the tasks (issue 17) ----------------------
+def _with_answers(rows, answers):
+    return [{**r, "answers": a} for r, a in zip(rows, answers)]
+
+
+@pytest.mark.parametrize("answers, needles", [
+    ([["1", "2"]] * 20, ["row 1", "answers has 2 values for 3 agents"]),
+    ([["1", 2, None]] * 20, ["row 1", "answers for agent 'b'", "text"]),
+    ([["1", "2", "x" * 6000]] * 20, ["answers for agent 'c'", "at most 5000"]),
+])
+def test_bad_answers_are_one_error(files, capsys, answers, needles):
+    r = write(files / "r.jsonl", _with_answers(rewards_rows(), answers))
+    t = write(files / "t.jsonl", [{**row, "grader": "integer"} for row in tasks_rows()])
+    assert_one_error(*train(files, r, t, capsys=capsys), "r.jsonl", *needles)
+
+
+def test_unknown_grader_in_tasks_is_one_error(files, capsys):
+    r = write(files / "r.jsonl", _with_answers(rewards_rows(), [["1", "2", None]] * 20))
+    t = write(files / "t.jsonl", [{**row, "grader": "morse" if i == 3 else "integer"}
+                                  for i, row in enumerate(tasks_rows())])
+    assert_one_error(*train(files, r, t, capsys=capsys), "t.jsonl", "row 4", "grader 'morse'", "known:")

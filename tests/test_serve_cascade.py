@@ -1,0 +1,142 @@
+"""The endpoint running a registered cascade over the replay pool (real recorded MMLU-Pro replies): cheap agents that
+agree answer with two calls; a disagreement escalates (three calls); a failed cheap call escalates (200, never a 5xx);
+the plan changes with the target; a request without an answer format is routed prompt-only; streaming streams the
+accepted reply."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from pipeline.collect.grading import extract_answer
+from pipeline.route import registry
+from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
+from pipeline.route.fit import constant_head
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
+from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.tasks.sources import load_source
+from resources.pool import PoolResource
+
+pytestmark = pytest.mark.slow
+
+
+def _point(plan: Plan, agents, quality: float, cost: float) -> dict:
+    return {"plan": plan.to_dict(agents), "quality": quality, "ci_low": quality, "ci_high": quality,
+            "cost_per_1k": cost, "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0,
+            "shares": {a: 0.0 for a in agents}, "lambda": 0.0}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from pipeline.route.embed import Backbone
+
+    pool = PoolResource(kind="replay", pool="mmlu_pro")
+    agents = pool.agents()
+    names = [a.name for a in agents]
+    store = pool.store()
+    tasks = load_source("mmlu_pro").iloc[:300]
+    answers = {}
+    for t in tasks.itertuples():
+        texts = [store.text_for(a.model, t.prompt) for a in agents]
+        if all(texts):
+            answers[t.prompt] = [extract_answer(x, "mcq_letter") for x in texts]
+    strong, c1, c2 = 0, len(agents) - 2, len(agents) - 1
+    agree = [p for p, a in answers.items() if a[c1] and a[c1] == a[c2] and a[strong]]
+    differ = [p for p, a in answers.items() if a[c1] and a[c2] and a[c1] != a[c2] and a[strong]]
+    assert agree and differ
+    cascade = Plan(Policy((Stage((c1, c2), 2), Stage((strong,)))))
+    single = Plan(Policy((Stage((strong,)),)))
+    path = {"kind": "cascade", "agents": names, "best_single": names[strong], "guard_z": 0.0,
+            "best_single_validation": {"quality": 0.8, "ci_low": 0.8, "ci_high": 0.8, "cost_per_1k": 1.0},
+            "n_validation": 100, "points": [_point(single, names, 0.8, 1.0), _point(cascade, names, 0.7, 0.3)]}
+    order = [strong, c1, c2, *[j for j in range(len(agents)) if j not in (strong, c1, c2)]]
+    bb = Backbone(None, max_seq_length=128)
+    prompts = list(answers)[:80]
+    X = bb.encode(prompts)
+    head = constant_head(Head(np.zeros((X.shape[1], len(names)), np.float32), np.zeros(len(names), np.float32),
+                              agents=names), strong)
+    entry = registry.register(
+        tmp_path_factory.mktemp("registry"), CascadeRouter(head, path, order, names), OODGuard().fit(X, X), strong,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
+                  "dim": int(X.shape[1])},
+        agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
+    reg = registry.load(entry)
+    return reg, bb, agents, pool, (strong, c1, c2), agree[0], differ[0]
+
+
+def _serve(world, client_for=None):
+    reg, bb, agents, pool, *_ = world
+    return serve_in_thread(build_app(reg, bb, agents, client_for or pool.client_for, ServeSettings()))
+
+
+def _ask(srv, prompt: str, **extra):
+    headers = extra.pop("headers", {})
+    return httpx.post(srv.base_url + "/chat/completions", headers=headers, timeout=120,
+                      json={"messages": [{"role": "user", "content": prompt}], **extra})
+
+
+def test_agreeing_cheap_agents_answer_with_two_calls(world):
+    reg, _, agents, pool, (strong, c1, c2), agree, _ = world
+    with _serve(world) as srv:
+        r = _ask(srv, agree, router_grader="mcq_letter", router_target="quality>=0.5")
+    assert r.status_code == 200, r.text
+    called = r.headers["x-router-agents-called"].split(",")
+    assert sorted(called) == sorted([agents[c1].name, agents[c2].name])
+    assert r.headers["x-router-agent"] == agents[c1].name  # the preferred agent of the agreeing pair
+    assert r.json()["choices"][0]["message"]["content"] == pool.store().text_for(agents[c1].model, agree)
+    assert float(r.headers["x-router-cost-usd"]) > 0 and r.json()["router"]["agents_called"] == called
+
+
+def test_disagreement_escalates_to_the_strong_agent(world):
+    reg, _, agents, pool, (strong, c1, c2), _, differ = world
+    with _serve(world) as srv:
+        r = _ask(srv, differ, headers={"X-Router-Grader": "mcq_letter", "X-Router-Target": "quality>=0.5"})
+    assert r.status_code == 200, r.text
+    called = r.headers["x-router-agents-called"].split(",")
+    assert len(called) == 3 and called[-1] == agents[strong].name
+    assert r.headers["x-router-agent"] == agents[strong].name and r.headers["x-router-cascade-stage"] == "1"
+    assert r.json()["choices"][0]["message"]["content"] == pool.store().text_for(agents[strong].model, differ)
+
+
+def test_a_failed_cheap_call_escalates_never_5xx(world):
+    reg, _, agents, pool, (strong, c1, c2), agree, _ = world
+    dead = agents[c1].name
+
+    def client_for(agent):
+        if agent.name == dead:  # nothing listens on port 9 (discard) here: connection refused
+            return openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1", max_retries=0, timeout=5)
+        return pool.client_for(agent)
+
+    with _serve(world, client_for) as srv:
+        r = _ask(srv, agree, router_grader="mcq_letter", router_target="quality>=0.5")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-router-agent"] == agents[strong].name
+    assert len(r.headers["x-router-agents-called"].split(",")) == 3
+
+
+def test_the_plan_changes_with_the_target_and_no_format_is_prompt_only(world):
+    reg, _, agents, pool, (strong, c1, c2), agree, _ = world
+    with _serve(world) as srv:
+        top = _ask(srv, agree, router_grader="mcq_letter", router_target="max-quality")
+        cheap = _ask(srv, agree, router_grader="mcq_letter", router_target="quality>=0.5")
+        plain = _ask(srv, agree)
+        bad = _ask(srv, agree, router_grader="morse")
+    assert top.headers["x-router-agents-called"] == agents[strong].name  # one call: max-quality is the strong agent
+    assert len(cheap.headers["x-router-agents-called"].split(",")) == 2
+    assert "x-router-agents-called" not in plain.headers and plain.headers["x-router-agent"] == agents[strong].name
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_grader"
+
+
+def test_stream_mode_streams_the_accepted_reply(world):
+    reg, _, agents, pool, (strong, c1, c2), agree, _ = world
+    with _serve(world) as srv:
+        r = _ask(srv, agree, router_grader="mcq_letter", router_target="quality>=0.5", stream=True)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    assert text == pool.store().text_for(agents[c1].model, agree) and r.text.rstrip().endswith("data: [DONE]")
+    assert events[0]["router"]["agent"] == agents[c1].name
