@@ -63,12 +63,15 @@ CASCADE_POLICY_NAMES = {"cascade": "cascade (answers)", "combined": "cascade + p
 
 
 def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
-              marks: dict | None = None, estimated: bool = False, cascade: dict | None = None):
+              marks: dict | None = None, estimated: bool = False, cascade: dict | None = None,
+              sweep: dict | None = None):
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
     policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
-                                     "trained head": reg.head}, X[te]))
+                                     "trained head (score sweep)": reg.head}, X[te]))
+    if sweep:  # the head's own frontier: one sep-CMA-ES head per λ (pipeline.route.train.lambda_sweep)
+        policies["trained head"] = PointSet(np.array(sweep["points_test"]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
         rows = np.arange(int(te.sum()))
         pts = []
@@ -194,7 +197,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     value = head_summary["value"]
     marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
     table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks,
-                           estimated, cascade_router)
+                           estimated, cascade_router, head_summary["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
     _, R, _, C = to_arrays(rewards)
     va = (split == "validation").to_numpy()
@@ -230,7 +233,8 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
         "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),
         **{f"{v}_accuracy": s["accuracy"] for v, s in meta.items()},
-        "aiq_trained_head": aiq.get("trained head"), "aiq_prior": aiq.get("prior"),
+        "aiq_trained_head": aiq.get("trained head", aiq.get("trained head (score sweep)")),
+        "aiq_prior": aiq.get("prior"),
         "aiq_individual_hull": aiq.get("individual hull"), "report_dir": str(reports),
     }))
 

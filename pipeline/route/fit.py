@@ -21,7 +21,14 @@ from pipeline.route.head import Head
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
 from pipeline.route.routers import Router
-from pipeline.route.train import TrainConfig, best_single_agent, effective_rewards, train_head
+from pipeline.route.train import (
+    TrainConfig,
+    best_single_agent,
+    effective_rewards,
+    lambda_sweep,
+    sweep_points,
+    train_head,
+)
 
 
 @dataclass
@@ -135,8 +142,28 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     }
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
+    if np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (pipeline.route.train.lambda_sweep)
+        extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents)
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
                      cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
+
+
+def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str]) -> dict:
+    """λ-trained heads' (cost, quality) points on validation and held-out rows, with their AIQ over each split's
+    individual cost span (pipeline/report/frontier.py)."""
+    from pipeline.report.frontier import aiq, cost_span
+
+    tr, va, te = m["train"], m["validation"], m["held_out"]
+    has_val = bool(va.any())
+    heads = lambda_sweep(X[tr], R[tr], B[tr], C[tr], X[va] if has_val else None, R[va] if has_val else None,
+                         B[va] if has_val else None, C[va] if has_val else None, cfg, agents)
+    out = {"lambdas": [lam for lam, _ in heads]}
+    for name, rows in (("validation", va if has_val else tr), ("test", te)):
+        R_eff = effective_rewards(R[rows], B[rows])
+        pts = sweep_points(heads, X[rows], R_eff, C[rows])
+        out[f"points_{name}"] = pts.tolist()
+        out[f"aiq_{name}"] = float(aiq(pts, *cost_span(R_eff, C[rows])))
+    return out
 
 
 def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
