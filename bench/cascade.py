@@ -1,0 +1,117 @@
+"""Cascades on a materialised lineage (`router-lite run [--profile P]` first): the ablation (prompt-only /
+cascade / combined) from reports/router_value.json, the winner's-curse guard measured (validation vs test of the
+`quality>=F` point at several guard_z), and how far the goal ≥ 98 % of the best single agent at ≤ 55 % of its cost
+is from the candidate family even when the plan is chosen on the test rows themselves (an upper bound, not a
+router). Zero API calls. Prints tables; writes $ROUTER_LITE_HOME/bench/cascade.json.
+
+    ROUTER_LITE_HOME=.router-lite python bench/cascade.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pipeline.collect.answers import agreement, answers_matrix  # noqa: E402
+from pipeline.collect.rewards import to_arrays  # noqa: E402
+from pipeline.report.value import ablation_markdown  # noqa: E402
+from pipeline.route.cascade import Plan, run_plan, run_policy  # noqa: E402
+from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
+from pipeline.route.fit import split_masks  # noqa: E402
+from pipeline.route.head import Head  # noqa: E402
+from pipeline.route.targets import resolve  # noqa: E402
+from pipeline.route.train import effective_rewards  # noqa: E402
+from resources.storage import asset_path  # noqa: E402
+
+
+def load(home: Path):
+    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
+    tasks = pd.read_parquet(asset_path(home, "task_pool"))
+    answers = pd.read_parquet(asset_path(home, "agent_answers"))
+    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id").loc[rm["task_id"]]
+    agents, R, B, C = to_arrays(rm)
+    t = rm[["task_id"]].merge(tasks, on="task_id", how="left")
+    split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood").reset_index(drop=True)
+    E = agreement(answers_matrix(answers, rm["task_id"], agents), t["grader"].tolist())
+    X = np.stack(emb["embedding"].to_numpy()).astype(np.float32)
+    P = Head.load(home / "router_head" / "scorer.safetensors", agents=agents).scores(X)
+    masks = split_masks(split, "test", rm["task_id"].astype(str).tolist())
+    return agents, effective_rewards(R, B), C, E, P, t["grader"].to_numpy(), masks
+
+
+def guard_table(agents, R, C, E, P, g, masks, best) -> list[dict]:
+    rows = []
+    te = masks["held_out"]
+    bq, bc = R[te, best].mean(), C[te, best].mean()
+    for z in (0.0, 0.5, 1.0, 2.0):
+        fit = fit_cascades(R, C, E, P, g, masks, best, agents, ["quality>=0.98"], guard_z=z)
+        for variant, v in fit["variants"].items():
+            point = resolve("quality>=0.98", v["path"])
+            plan = Plan.from_dict(v["path"]["points"][point["index"]]["plan"], agents)
+            o = run_plan(plan, R[te], C[te], E[te], np.array(v["order"]), None if variant == "cascade" else P[te],
+                         g[te])
+            rows.append({"guard_z": z, "variant": variant,
+                         "validation x quality": point["quality"] / v["path"]["best_single_validation"]["quality"],
+                         "test x quality": o.reward.mean() / bq, "test x cost": o.cost.mean() / bc})
+    return rows
+
+
+def family_bound(agents, R, C, E, P, g, masks, best, cap: float = 0.55) -> dict:
+    """The best test quality any plan of the candidate family reaches at ≤ cap × the best single agent's test cost,
+    the plan chosen per answer format ON THE TEST ROWS (λ swept over the test hulls): an upper bound."""
+    te = masks["held_out"]
+    order = preference(R[masks["train"]])
+    bq, bc = R[te, best].mean(), C[te, best].mean()
+    sums = {}
+    for x in sorted(set(g[te])):
+        m = te & (g == x)
+        pool = candidates(R[m], C[m], P[m])
+        outs = [run_policy(p, R[m], C[m], E[m], order, P[m]) for p in pool]
+        sums[x] = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
+    n = te.sum()
+    best_q, at = 0.0, None
+    for lam in np.concatenate([[0], np.geomspace(1e-2, 1e5, 4000)]):
+        q = c = 0.0
+        for s in sums.values():
+            i = int(np.argmax(s[:, 1] - lam * s[:, 0]))
+            q, c = q + s[i, 1], c + s[i, 0]
+        if c / n <= cap * bc and q / n > best_q:
+            best_q, at = q / n, c / n
+    return {"cap": cap, "x_quality": best_q / bq, "x_cost": None if at is None else at / bc}
+
+
+def main() -> int:
+    home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
+    rv = json.loads((home / "reports" / "router_value.json").read_text())
+    print(f"## {rv['profile']}: router kinds on held-out test\n\n{ablation_markdown(rv)}")
+    t0 = time.perf_counter()
+    agents, R, C, E, P, g, masks = load(home)
+    best = agents.index(rv["best_single"]["agent"])
+    guard = guard_table(agents, R, C, E, P, g, masks, best)
+    print("## The winner's curse: the quality>=0.98 point chosen on validation, by guard_z\n\n"
+          + pd.DataFrame(guard).to_markdown(index=False, floatfmt=".3f") + "\n")
+    bound = family_bound(agents, R, C, E, P, g, masks, best)
+    print(f"## Goal check: best plan of the family chosen on TEST at <= {bound['cap']:.0%} of the best single "
+          f"agent's cost: {bound['x_quality']:.3f} x its quality"
+          + (f" at {bound['x_cost']:.3f} x its cost" if bound["x_cost"] else "") + " (an upper bound, not a router)\n")
+    out = home / "bench" / "cascade.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"profile": rv["profile"], "routers": {k: {kk: vv for kk, vv in r.items()}
+                                                                    for k, r in rv["routers"].items()},
+                               "guard": guard, "family_bound": bound,
+                               "seconds": time.perf_counter() - t0}, indent=1, default=float))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
