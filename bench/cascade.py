@@ -67,26 +67,31 @@ def guard_table(agents, R, C, E, P, g, masks, best) -> list[dict]:
 
 def family_bound(agents, R, C, E, P, g, masks, best, cap: float = 0.55) -> dict:
     """The best test quality any plan of the candidate family reaches at ≤ cap × the best single agent's test cost,
-    the plan chosen per answer format ON THE TEST ROWS (λ swept over the test hulls): an upper bound."""
+    the policy of each answer format chosen ON THE TEST ROWS (every combination of the formats' Pareto policies, not
+    only the λ vertices): an upper bound on what a plan of this family can do here, not a router."""
+    from pipeline.route.cascade_fit import pareto
+
     te = masks["held_out"]
     order = preference(R[masks["train"]])
     bq, bc = R[te, best].mean(), C[te, best].mean()
-    sums = {}
+    fronts = []
     for x in sorted(set(g[te])):
         m = te & (g == x)
         pool = candidates(R[m], C[m], P[m])
         outs = [run_policy(p, R[m], C[m], E[m], order, P[m]) for p in pool]
-        sums[x] = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
-    n = te.sum()
-    best_q, at = 0.0, None
-    for lam in np.concatenate([[0], np.geomspace(1e-2, 1e5, 4000)]):
-        q = c = 0.0
-        for s in sums.values():
-            i = int(np.argmax(s[:, 1] - lam * s[:, 0]))
-            q, c = q + s[i, 1], c + s[i, 0]
-        if c / n <= cap * bc and q / n > best_q:
-            best_q, at = q / n, c / n
-    return {"cap": cap, "x_quality": best_q / bq, "x_cost": None if at is None else at / bc}
+        pts = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
+        fronts.append(pts[pareto(pts)])
+    n, budget = te.sum(), cap * bc * te.sum()
+    best_q, best_c = 0.0, None
+    combos = np.zeros((1, 2))
+    for f in fronts:  # all sums of one Pareto point per format, pruned to the running Pareto front
+        combos = (combos[:, None, :] + f[None, :, :]).reshape(-1, 2)
+        combos = combos[pareto(combos)]
+    ok = combos[combos[:, 0] <= budget]
+    if len(ok):
+        i = int(np.argmax(ok[:, 1]))
+        best_q, best_c = ok[i, 1] / n, ok[i, 0] / n
+    return {"cap": cap, "x_quality": best_q / bq, "x_cost": None if best_c is None else best_c / bc}
 
 
 def main() -> int:
