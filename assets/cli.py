@@ -359,11 +359,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_run_command(sub) -> None:
     p = sub.add_parser("run", help="materialise the whole lineage for a profile (default: demo)")
     p.add_argument("--profile", default=None,
-                   help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
+                   help="profile name: config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo; a profile "
+                        "elsewhere: ROUTER_LITE_CONFIG=<config dir>)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
     p.add_argument("--wait-for-collection", action="store_true",
                    help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
+    p.add_argument("--quarantine-bad-log-lines", action="store_true",
+                   help="move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine instead of "
+                        "stopping (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
 
@@ -453,7 +457,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # settings read deeper down (assets/run.py, the graded_calls step), for this command only
     flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
-             "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None}
+             "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None,
+             "ROUTER_LITE_QUARANTINE_LOG_LINES": "1" if getattr(args, "quarantine_bad_log_lines", False) else None}
     saved = {k: os.environ.get(k) for k, v in flags.items() if v}
     os.environ.update({k: v for k, v in flags.items() if v})
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,

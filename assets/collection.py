@@ -174,7 +174,7 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
         raise RouterLiteError(f"repetition {rep} is beyond profile {prof.name!r}'s {prof.repetitions} repetitions")
     tasks = task_pool[task_pool["source"] == source]
     agents = passed_agents(pool, preflight)
-    log = CallLog(storage.calls_dir(pool.kind, source, rep))
+    log = CallLog(storage.calls_dir(pool.kind, source, rep), quarantine=quarantine_setting())
     # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
     # when asked
     wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
@@ -204,6 +204,15 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
         "totals": MetadataValue.md(totals.to_markdown(index=False, floatfmt=".4f")),
         "call_log": str(log.directory), "pool": pool.pool,
     })
+
+
+QUARANTINE_ENV = "ROUTER_LITE_QUARANTINE_LOG_LINES"  # "1"/"true": bad call-log lines are set aside, not fatal
+
+
+def quarantine_setting() -> bool:
+    """`router-lite run --quarantine-bad-log-lines` (or ROUTER_LITE_QUARANTINE_LOG_LINES=1): the collection moves a
+    call-log line that is not a JSON call row to `<agent>.jsonl.quarantine` instead of stopping."""
+    return os.environ.get(QUARANTINE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settings: CollectionSettings) -> pd.DataFrame:

@@ -17,7 +17,13 @@ from assets.partitions import source_partitions
 from pipeline.core.config import SourceSettings
 from pipeline.report.publish import publish_dataset
 from pipeline.tasks.sources import load_source
-from pipeline.tasks.task_pool import SPLITS, build_task_pool, pool_counts
+from pipeline.tasks.task_pool import (
+    SPLITS,
+    build_task_pool,
+    cross_split_duplicates,
+    drop_duplicate_prompts,
+    pool_counts,
+)
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
@@ -68,6 +74,9 @@ def task_pool(context: AssetExecutionContext, source_tasks: pd.DataFrame, profil
     """`source_tasks`: the profile's source partitions, concatenated by the IO manager."""
     prof = profile.get()
     tasks = eligible_tasks(source_tasks, prof)
+    dropped = drop_duplicate_prompts(tasks)[1]  # build_task_pool keeps one task per prompt; this counts the rest
+    if dropped:
+        context.log.info(f"{dropped} task(s) repeat the prompt of another task: one task per prompt kept")
     pool = build_task_pool(tasks, prof.task_pool)
     out = publish_dataset(pool, storage.path("datasets") / "tasks", f"BenchGen Router Lite tasks ({prof.name})",
                           prof.description)
@@ -76,7 +85,7 @@ def task_pool(context: AssetExecutionContext, source_tasks: pd.DataFrame, profil
     return Output(pool, metadata={
         "rows": len(pool), "profile": prof.name, "dataset_dir": str(out),
         **{f"count_by_{k}": MetadataValue.json(v) for k, v in counts.items()},
-        "ood_tasks": int(pool["ood"].sum()),
+        "ood_tasks": int(pool["ood"].sum()), "duplicate_prompts_dropped": dropped,
     })
 
 
@@ -88,6 +97,15 @@ def task_pool_unique_ids(task_pool: pd.DataFrame) -> AssetCheckResult:
     return AssetCheckResult(passed=dup.empty, metadata={"duplicates": len(dup),
                                                          "first": str(dup.iloc[0]) if len(dup) else ""},
                             description=f"{len(dup)} duplicate task_id (first: {dup.iloc[0]})" if len(dup) else None)
+
+
+@asset_check(asset=task_pool, blocking=True, description="No prompt appears in two splits (a train/test leak).")
+def task_pool_no_cross_split_prompts(task_pool: pd.DataFrame) -> AssetCheckResult:
+    leak = cross_split_duplicates(task_pool)
+    return AssetCheckResult(passed=leak.empty, metadata={"rows": len(leak),
+                                                          "first": str(leak["task_id"].iloc[0]) if len(leak) else ""},
+                            description=(f"{len(leak)} task(s) share a prompt with a task of another split (first: "
+                                         f"{leak['task_id'].iloc[0]})") if len(leak) else None)
 
 
 @asset_check(asset=task_pool, blocking=True, description="Every task has a gold answer and a known grader.")

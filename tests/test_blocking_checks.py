@@ -17,8 +17,9 @@ from resources.storage import asset_path
 REPO = Path(__file__).resolve().parents[1]
 TASK_ASSETS = [a for a in build_assets("smoke") if a.key.to_user_string() in ("source_tasks", "task_pool")] + [
     tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader, tasks.task_pool_proportions,
-    tasks.task_pool_deterministic, collection.agent_pool, collection.preflight]
+    tasks.task_pool_deterministic, tasks.task_pool_no_cross_split_prompts, collection.agent_pool, collection.preflight]
 HAND_OFF = {("task_pool", "task_pool_unique_ids"), ("task_pool", "task_pool_gold_and_grader"),
+            ("task_pool", "task_pool_no_cross_split_prompts"),
             ("reward_matrix", "reward_join_complete"), ("graded_calls", "no_error_counted_as_wrong"),
             ("graded_calls", "empty_rate_below_5pct")}
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.tasks.sources import SOURCES, TASK_COLUMNS, data_dir, load_source
-from pipeline.tasks.task_pool import TaskPoolConfig, build_task_pool, pool_counts
+from pipeline.tasks.task_pool import TaskPoolConfig, build_task_pool, drop_duplicate_prompts, pool_counts
 
 BUNDLED = [k for k, s in SOURCES.items() if s.bundled]
 
@@ -170,7 +170,7 @@ def test_demo_pool_stratified_by_category_with_ood(all_tasks):
                      ood_categories=("history", "philosophy"))
     pool = build_task_pool(all_tasks["mmlu_pro"], cfg)
     assert len(pool) == 3000 and pool["category"].nunique() == 14
-    full = all_tasks["mmlu_pro"]["category"].value_counts(normalize=True)
+    full = drop_duplicate_prompts(all_tasks["mmlu_pro"])[0]["category"].value_counts(normalize=True)  # one per prompt
     got = pool["category"].value_counts(normalize=True)
     assert (got - full).abs().max() < 0.002
     assert (pool[pool["ood"]]["split"] == "test").all()

@@ -4,7 +4,10 @@ Every finished call (ok, empty *and* error) is appended as one JSON line, flushe
 returns, so a call that returned is never lost, and a crash can at worst leave one torn (newline-less) last line.
 
 - Reading only takes newline-terminated lines: a torn trailing line is ignored. A broken line in the middle of a
-  file cannot come from a crash, so it raises `RouterLiteError` naming file and line.
+  file cannot come from a crash, so it raises `RouterLiteError` naming file and line; a log opened with
+  `quarantine=True` (the collecting writer, under its lock: `router-lite run --quarantine-bad-log-lines`) instead
+  moves such lines to `<agent>.jsonl.quarantine` (appended, with their line numbers) and rewrites the file without
+  them (temp file + rename), with a warning.
 - Before the first append to a file, a torn tail left by a crash is cut off (it was never acknowledged), so the next
   row starts on a fresh line.
 - `keys()` is the set of *done* call keys: rows with status ok or empty. An error row stays in the log (visible,
@@ -75,8 +78,9 @@ def _clean(value: Any) -> Any:
 class CallLog:
     """Append-only call log under `directory` (`<directory>/<agent>.jsonl`)."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, quarantine: bool = False):
         self.directory = Path(directory)
+        self.quarantine = quarantine
         self._handles: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -151,16 +155,49 @@ class CallLog:
         for path in self.files():
             data = path.read_bytes()
             complete = data[: data.rfind(b"\n") + 1]  # a torn trailing line (no newline) is ignored
+            rows, bad = [], []
             for lineno, line in enumerate(complete.split(b"\n")[:-1], start=1):
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
-                except ValueError as exc:
-                    raise RouterLiteError(f"corrupt call-log line {path}:{lineno}: {exc}") from exc
+                except ValueError:
+                    row = None
                 if not isinstance(row, dict) or "call_key" not in row:
-                    raise RouterLiteError(f"corrupt call-log line {path}:{lineno}: not a call row")
-                yield row
+                    if not self.quarantine:
+                        raise RouterLiteError(
+                            f"corrupt call-log line {path}:{lineno} (not a JSON call row: {line[:40]!r}); remove it, "
+                            "or set it aside with `router-lite run --quarantine-bad-log-lines`")
+                    bad.append(lineno)
+                    continue
+                rows.append(row)
+            if bad:
+                self._set_aside(path, complete, bad)
+            yield from rows
+
+    def _set_aside(self, path: Path, complete: bytes, bad: list[int]) -> None:
+        """Move lines `bad` (1-based) of `path` to `<path>.quarantine` and rewrite `path` without them."""
+        import logging
+
+        lines = complete.split(b"\n")[:-1]
+        drop = set(bad)
+        with open(path.with_name(path.name + ".quarantine"), "ab") as q:
+            q.write(b"".join(f"{n}\t".encode() + lines[n - 1] + b"\n" for n in bad))
+            q.flush()
+            os.fsync(q.fileno())
+        with self._lock:
+            for agent, fh in list(self._handles.items()):  # an open append handle would write to the old file
+                if Path(fh.name) == path:
+                    fh.close()
+                    del self._handles[agent]
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "wb") as out:
+                out.write(b"".join(line + b"\n" for n, line in enumerate(lines, 1) if n not in drop))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        logging.getLogger(__name__).warning("call log %s: %d bad line(s) (first: line %d) moved to %s.quarantine",
+                                            path, len(bad), bad[0], path.name)
 
     def keys(self) -> set[str]:
         """Call keys that are done (a row with status ok or empty)."""

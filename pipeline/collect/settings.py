@@ -5,8 +5,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 
 from pipeline.core.errors import RouterLiteError
+
+MAX_TOKENS_BOUND = 131072
+# (field, lowest, highest) of the answer-changing numbers, as in the table below
+BOUNDS = (("max_tokens", 1, MAX_TOKENS_BOUND), ("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,15 +21,15 @@ class CollectionSettings:
     timeouts, retries and concurrency can change without invalidating a call log.
 
     max_tokens = 4096
-        Completion token cap sent with every call (answer-changing).
+        Completion token cap sent with every call (answer-changing); 1 to 131,072.
     temperature = 0.1
-        Sampling temperature (answer-changing).
+        Sampling temperature (answer-changing); 0 to 2.
     top_p = 1.0
-        Nucleus sampling mass (answer-changing).
+        Nucleus sampling mass (answer-changing); 0 to 1.
     reasoning_effort = "minimal"
         Sent as ``extra_body={"reasoning": {"effort": ...}}`` (OpenRouter); None sends nothing (answer-changing).
     timeout_s = 180.0
-        Seconds one attempt may take.
+        Seconds one attempt may take (> 0).
     max_retries = 3
         Retries after the first attempt of a failed call, with jittered exponential backoff.
     concurrency = 16
@@ -52,13 +57,16 @@ class CollectionSettings:
     ANSWER_FIELDS = ("max_tokens", "temperature", "top_p", "reasoning_effort")
 
     def __post_init__(self) -> None:
-        if int(self.max_tokens) < 1:
-            raise RouterLiteError(f"collection setting max_tokens={self.max_tokens!r} must be >= 1")
+        for name, lo, hi in BOUNDS:  # checked at load (a profile's nan would fail every request later)
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+                raise RouterLiteError(f"collection.{name}: must be a number from {lo:g} to {hi:g}, got "
+                                      f"{str(v)[:40]}")
         if int(self.concurrency) < 1:
             raise RouterLiteError(f"collection setting concurrency={self.concurrency!r} must be >= 1")
         if int(self.max_retries) < 0:
             raise RouterLiteError(f"collection setting max_retries={self.max_retries!r} must be >= 0")
-        if float(self.timeout_s) <= 0:
+        if not float(self.timeout_s) > 0:
             raise RouterLiteError(f"collection setting timeout_s={self.timeout_s!r} must be > 0")
 
     def hash(self) -> str:

@@ -23,8 +23,10 @@ the file and the dotted key. Everything downstream takes the typed `Profile`; no
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -259,8 +261,14 @@ SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, Backbo
 
 
 # --- the one validator --------------------------------------------------------------------------------------------
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxdict, _SHOW.maxlist, _SHOW.maxtuple, _SHOW.maxstring, _SHOW.maxother = 2, 4, 4, 4, 60, 60
+
+
 def _what(value: Any) -> str:
-    return "null" if value is None else f"{type(value).__name__} {value!r}"[:80]
+    """A value in an error message: its type and a repr cut *while* rendering (a YAML alias bomb's value is a
+    graph of shared lists whose full repr would not fit in memory)."""
+    return "null" if value is None else f"{type(value).__name__} {_SHOW.repr(value)}"[:80]
 
 
 def _join(key: str, name: Any) -> str:
@@ -324,13 +332,17 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
         raise RouterLiteError(f"{key}: expected an integer, got {_what(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value  # an int stays an int: `top_p: 1` keeps the call-settings hash it always had
-        if isinstance(value, str):
+            number = value  # an int stays an int: `top_p: 1` keeps the call-settings hash it always had
+        else:
             try:
-                return float(value)
+                number = float(value) if isinstance(value, str) else None
             except ValueError:
-                pass
-        raise RouterLiteError(f"{key}: expected a number, got {_what(value)}")
+                number = None
+        if number is None:
+            raise RouterLiteError(f"{key}: expected a number, got {_what(value)}")
+        if not math.isfinite(number):  # `.nan` / `.inf` reach no JSON body, no optimiser, no timeout
+            raise RouterLiteError(f"{key}: expected a finite number, got {_what(value)}")
+        return number
     if tp is str:
         choices = meta.get("choices")
         choices = list(choices()) if callable(choices) else choices
@@ -360,12 +372,65 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
 
 
 # --- loading ------------------------------------------------------------------------------------------------------
+MAX_PROFILE_BYTES = 1 << 20  # a profile file is a page of YAML; anything bigger is refused before parsing
+MAX_PROFILE_VALUES = 100_000  # values in the document with YAML aliases expanded (a "billion laughs" is refused)
+MAX_PROFILE_DEPTH = 64  # nesting of mappings and lists
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def _expanded_values(raw: Any) -> None:
+    """Refuse a document that holds more than MAX_PROFILE_VALUES values once its aliases are expanded, nests
+    deeper than MAX_PROFILE_DEPTH or refers to itself (counted on the shared graph: linear in the file's size)."""
+    sizes: dict[int, int | None] = {}
+
+    def size(v: Any, depth: int) -> int:
+        if not isinstance(v, (list, dict)):
+            return 1
+        if depth > MAX_PROFILE_DEPTH:
+            raise RouterLiteError(f"nested deeper than {MAX_PROFILE_DEPTH} levels")
+        if id(v) in sizes:
+            if sizes[id(v)] is None:
+                raise RouterLiteError("a YAML alias refers to the value that contains it")
+            return sizes[id(v)]
+        sizes[id(v)] = None
+        n = 1
+        for x in (v.values() if isinstance(v, dict) else v):
+            n += size(x, depth + 1)
+            if n > MAX_PROFILE_VALUES:
+                raise RouterLiteError(f"holds more than {MAX_PROFILE_VALUES:,} values once its YAML aliases are "
+                                      "expanded (an alias bomb?)")
+        sizes[id(v)] = n
+        return n
+
+    size(raw, 0)
+
+
 def _read_yaml(path: Path) -> Any:
-    """The one read of a profile file (a test counts these)."""
+    """The one read of a profile file (a test counts these): at most MAX_PROFILE_BYTES of UTF-8 YAML, within the
+    nesting and alias-expansion bounds; anything else is one RouterLiteError naming the file."""
     try:
-        return yaml.safe_load(path.read_text())
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_PROFILE_BYTES + 1)
+    except OSError as exc:
+        raise RouterLiteError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > MAX_PROFILE_BYTES:
+        raise RouterLiteError(f"{path}: larger than {MAX_PROFILE_BYTES:,} bytes; a profile is a short YAML file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RouterLiteError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") \
+            from None
+    try:
+        raw = yaml.safe_load(text)
+    except RecursionError:
+        raise RouterLiteError(f"{path}: nested deeper than {MAX_PROFILE_DEPTH} levels") from None
     except yaml.YAMLError as exc:
         raise RouterLiteError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        _expanded_values(raw)
+    except RouterLiteError as exc:
+        raise RouterLiteError(f"{path}: {exc}") from None
+    return raw
 
 
 def _ood_form(raw: dict) -> dict:
@@ -381,10 +446,24 @@ def _ood_form(raw: dict) -> dict:
     return {**raw, "task_pool": tp}
 
 
+def profile_path(name: str) -> Path:
+    """config/profiles/<name>.yaml for a profile *name* (letters, digits, `_`, `-`, `.`; no path): a profile
+    elsewhere is read only through the explicit option ROUTER_LITE_CONFIG (another config directory)."""
+    profiles = config_dir() / "profiles"
+    if not isinstance(name, str) or not _PROFILE_NAME.fullmatch(name) or ".." in name:
+        raise RouterLiteError(f"profile {str(name)[:100]!r} is not a profile name (letters, digits, '_', '-', '.'; "
+                              f"no path): profiles are read from {profiles}; set ROUTER_LITE_CONFIG to use another "
+                              "config directory")
+    path = profiles / f"{name}.yaml"
+    if path.exists() and not path.resolve().is_relative_to(profiles.resolve()):
+        raise RouterLiteError(f"profile {name!r}: {path} leads outside {profiles} (a symlink)")
+    return path
+
+
 def load_profile(name: str | None = None) -> Profile:
     """Read and validate config/profiles/<name>.yaml (default: the active profile) into a typed `Profile`."""
     name = name or active_profile_name()
-    path = config_dir() / "profiles" / f"{name}.yaml"
+    path = profile_path(name)
     if not path.exists():
         known = sorted(p.stem for p in (config_dir() / "profiles").glob("*.yaml"))
         raise RouterLiteError(f"unknown profile {name!r} (ROUTER_LITE_PROFILE); known profiles: {', '.join(known)}")

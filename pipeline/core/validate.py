@@ -7,9 +7,12 @@ Formats by extension: .parquet, .jsonl / .jsonl.gz / .json (JSON lines), .csv (a
 from __future__ import annotations
 
 import ast
+import io
 import json
 import math
 import numbers
+import reprlib
+import tokenize
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +22,7 @@ from pipeline.core.errors import RouterLiteError
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json", ".csv")
 REWARD_COLUMNS = ("task_id", "agent_order", "mean_reward")
 TASK_COLUMNS = ("task_id", "prompt", "split")
+SPLITS = ("train", "validation", "test")  # pipeline.tasks.task_pool.SPLITS
 LIST_FIELDS = ("agent_order", "mean_reward", "mean_cost", "best_agents", "answers")
 MAX_ANSWER_CHARS = 5000  # an extracted answer is short (a number, a letter, a literal); longer is not an answer
 LABEL_COLUMNS = ("source", "category", "domain", "difficulty")  # optional task labels, carried into `joined`
@@ -44,13 +48,16 @@ def read_rows(path: str | Path, what: str) -> pd.DataFrame:
 
 
 def _where(path, df: pd.DataFrame, i: int) -> str:
-    return f"{path}: row {i + 1} (task_id {df['task_id'].iloc[i]!r})"
+    return f"{path}: row {i + 1} (task_id {_cut(df['task_id'].iloc[i])})"
 
 
 def _list(value, path, df, i, field) -> list:
     """A list field; CSV cells hold it as text ("[0.5, 1.0]"), other formats as a list."""
     if isinstance(value, str) and str(path).lower().endswith(".csv"):
         text = value
+        if text.strip().startswith("[") and _no_separators(text):
+            raise RouterLiteError(f"{_where(path, df, i)}: {field} {_cut(text)} lists items without commas between "
+                                  "them; write a list cell as JSON, e.g. [\"agent_a\", \"agent_b\"]")
         try:
             value = json.loads(text)
         except ValueError:
@@ -79,9 +86,45 @@ def _ids(df: pd.DataFrame, path, what: str) -> pd.Series:
     if len(dup):
         first = dup.iloc[0]
         rows = [int(i) + 1 for i in dup.index[dup == first]]
-        raise RouterLiteError(f"{path}: task_id {first!r} appears {len(rows)} times in the {what} file "
-                              f"(rows {', '.join(map(str, rows))}); each task must appear once")
+        others = dup.nunique() - 1
+        raise RouterLiteError(f"{path}: task_id {_cut(first)} appears {len(rows):,} times in the {what} file "
+                              f"(rows {_few(rows)})" + (f", and {others:,} other task_id(s) repeat too" if others
+                                                         else "") + "; each task must appear once")
     return ids
+
+
+def _cut(value, limit: int = 60) -> str:
+    """A value from the user's file in a message, cut before rendering."""
+    text = str(value)
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 6, 40, 40
+
+
+def _short(values) -> str:
+    """A list from the user's file in a message: at most a few items, each cut."""
+    return _SHORT.repr(values)
+
+
+def _no_separators(text: str) -> bool:
+    """True when a list cell has two items in a row without a comma (numpy's print form `['a' 'b']`, which Python
+    would read as the one string 'ab')."""
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                if t.type in (tokenize.STRING, tokenize.NUMBER, tokenize.OP, tokenize.NAME)]
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    items = (tokenize.STRING, tokenize.NUMBER, tokenize.NAME)
+    return any(a.type in items and b.type in items for a, b in zip(toks, toks[1:]))
+
+
+def _few(items, n: int = 5) -> str:
+    """The first `n` of `items` and how many there are: a message stays one short line for any file size."""
+    items = list(items)
+    head = ", ".join(map(str, items[:n]))
+    return head if len(items) <= n else f"{head}, ... {len(items):,} in all"
 
 
 def _number(v) -> bool:
@@ -104,13 +147,15 @@ def check_rewards(df: pd.DataFrame, path) -> pd.DataFrame:
             if not all(isinstance(a, str) and a for a in order):
                 raise RouterLiteError(f"{_where(path, df, i)}: agent_order must list agent names (strings)")
             if len(set(order)) != len(order):
-                raise RouterLiteError(f"{_where(path, df, i)}: agent_order names an agent twice: {order}")
+                raise RouterLiteError(f"{_where(path, df, i)}: agent_order names an agent twice: "
+                                      f"{_short(order)}")
             if len(order) < 2:
-                raise RouterLiteError(f"{path}: agent_order {order} has {len(order)} agent(s); routing needs at "
-                                      "least 2")
+                raise RouterLiteError(f"{path}: agent_order {_short(order)} has {len(order)} agent(s); routing "
+                                      "needs at least 2")
             agents = order
         elif order != agents:
-            raise RouterLiteError(f"{_where(path, df, i)}: agent_order {order} differs from row 1's {agents}")
+            raise RouterLiteError(f"{_where(path, df, i)}: agent_order {_short(order)} differs from row 1's "
+                                  f"{_short(agents)}")
         rewards = _list(df["mean_reward"].iloc[i], path, df, i, "mean_reward")
         if len(rewards) != len(agents):
             raise RouterLiteError(f"{_where(path, df, i)}: mean_reward has {len(rewards)} values for "
@@ -137,8 +182,8 @@ def check_rewards(df: pd.DataFrame, path) -> pd.DataFrame:
             best = _list(df["best_agents"].iloc[i], path, df, i, "best_agents")
             unknown = [b for b in best if b not in agents]
             if unknown or not best:
-                raise RouterLiteError(f"{_where(path, df, i)}: best_agents {best} must name agents of "
-                                      f"agent_order {agents}")
+                raise RouterLiteError(f"{_where(path, df, i)}: best_agents {_short(best)} must name agents of "
+                                      f"agent_order {_short(agents)}")
             cols["best_agents"].append(best)
         if "answers" in cols:
             cols["answers"].append(_answers(df["answers"].iloc[i], path, df, i, agents))
@@ -177,6 +222,11 @@ def check_tasks(df: pd.DataFrame, path) -> pd.DataFrame:
             if not isinstance(v, str) or not v.strip():
                 raise RouterLiteError(f"{_where(path, df, i)}: {field} must be non-empty text, got "
                                       f"{type(v).__name__} {str(v)[:40]!r}")
+    unknown = ~df["split"].isin(SPLITS)
+    if unknown.any():  # a row of another split would be left out of training and evaluation without a word
+        i = int(unknown.to_numpy().argmax())
+        raise RouterLiteError(f"{_where(path, df, i)}: split {_cut(df['split'].iloc[i])} is not one of "
+                              f"{', '.join(SPLITS)} ({int(unknown.sum()):,} row(s) with another split)")
     if "grader" in df:
         from pipeline.collect.grading import GRADERS
 

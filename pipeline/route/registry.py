@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -274,6 +275,58 @@ def _check_manifest(mf: Path, m) -> None:
         raise RouterLiteError(f"{mf}: key 'files' must be an object of file names")
 
 
+def _check_operating_points(mf: Path, m: dict) -> None:
+    """`operating_points` (when present): what `resolve_target` and `route_at` read, of the right kinds, so a
+    tampered manifest is one error at load (route, serve start-up), not an IndexError at the first request."""
+    if "operating_points" not in m:
+        return
+    op, k = m["operating_points"], len(m["agents"])
+
+    def bad(key: str, want: str) -> RouterLiteError:
+        return RouterLiteError(f"{mf}: operating_points{key} must be {want}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(op, dict):
+        raise bad("", f"an object (the λ path written by training), got {type(op).__name__}")
+    pts = op.get("points")
+    if not isinstance(pts, list) or not pts:
+        raise bad(".points", "a non-empty list of points")
+    last = -1.0
+    for i, p in enumerate(pts):
+        if not isinstance(p, dict):
+            raise bad(f".points[{i}]", "an object")
+        for key in ("lambda", "quality", "cost_per_1k", "gain_high"):
+            if not number(p.get(key)):
+                raise bad(f".points[{i}].{key}", f"a finite number, got {type(p.get(key)).__name__}")
+        if p["lambda"] < 0 or p["lambda"] < last:
+            raise bad(f".points[{i}].lambda", "≥ 0 and increasing along the path")
+        last = p["lambda"]
+        missing = [key for key in ("ci_low", "ci_high", "gain", "gain_low", "shares") if key not in p]
+        if missing:
+            raise bad(f".points[{i}]", f"an object with {', '.join(missing)}")
+    bs = op.get("best_single_validation")
+    if not isinstance(bs, dict) or not number(bs.get("quality")):
+        raise bad(".best_single_validation.quality", "a finite number")
+    cost = op.get("agent_cost")
+    if not isinstance(cost, list) or len(cost) != k or not all(number(c) for c in cost):
+        raise bad(".agent_cost", f"a list of {k} numbers (one per agent)")
+    allowed = op.get("allowed")
+    if allowed is not None and (not isinstance(allowed, list) or len(allowed) != k
+                                or not all(isinstance(a, bool) for a in allowed)):
+        raise bad(".allowed", f"null or a list of {k} booleans")
+
+
+def _no_links(head_dir: Path) -> None:
+    """No entry of the head directory is a symlink: the loader also opens files the manifest does not name (the
+    router kind's default weights file, e.g. `head.safetensors` when `files.weights` is absent)."""
+    for f in sorted(head_dir.iterdir()):
+        if f.is_symlink():
+            raise RouterLiteError(f"{f}: a symlink in the head directory {head_dir}; a registered head holds only "
+                                  "plain files")
+
+
 def _inside(head_dir: Path, name, mf: Path, key: str) -> Path:
     """A file the manifest names: a plain relative name that stays inside the head directory, not a symlink
     (a manifest must not make `load` read files elsewhere)."""
@@ -299,6 +352,7 @@ def load(path: str | Path) -> RegisteredHead:
     except ValueError as exc:
         raise RouterLiteError(f"{mf} is corrupt: {exc}") from None
     _check_manifest(mf, manifest)
+    _check_operating_points(mf, manifest)
     names = [a["name"] for a in manifest["agents"]]
     dim = int(manifest["dim"])
     files = manifest.get("files", {})
@@ -309,6 +363,7 @@ def load(path: str | Path) -> RegisteredHead:
         raise RouterLiteError(f"{mf}: {exc}") from None
     for role, fname in files.items():  # every file the manifest names stays inside the entry
         _inside(path, fname, mf, f"files.{role}")
+    _no_links(path)  # ... and so does every file the loader opens without the manifest naming it
     head = cls.from_files(path, manifest)
     gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
     guard = load_guard(gf)

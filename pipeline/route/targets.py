@@ -49,13 +49,18 @@ class Target:
         return f"{self.kind}={self.value:g}"
 
 
+def _cut(text: str, limit: int = 60) -> str:
+    """A client's value in a message: cut before it is rendered (a target may come from a 1 MB body)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
+
+
 def _number(text: str, what: str, target: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise RouterLiteError(f"target {target!r}: {what} {text.strip()!r} is not a number") from None
+        raise RouterLiteError(f"target {_cut(target)}: {what} {_cut(text.strip())} is not a number") from None
     if not math.isfinite(v):
-        raise RouterLiteError(f"target {target!r}: {what} must be finite")
+        raise RouterLiteError(f"target {_cut(target)}: {what} must be finite")
     return v
 
 
@@ -72,7 +77,7 @@ def parse_target(text: str | None) -> Target:
     if m:
         f = _number(m.group(1), "quality fraction", text)
         if not 0 < f <= 1:
-            raise RouterLiteError(f"target {text!r}: the quality fraction of the best single agent must be in "
+            raise RouterLiteError(f"target {_cut(text)}: the quality fraction of the best single agent must be in "
                                   f"(0, 1], got {f:g}")
         return Target("quality", f)
     m = _KEYED.match(t)
@@ -80,11 +85,11 @@ def parse_target(text: str | None) -> Target:
         key = m.group(1)
         v = _number(m.group(2), "budget (USD per 1k queries)" if key == "budget" else "lambda", text)
         if key == "budget" and v <= 0:
-            raise RouterLiteError(f"target {text!r}: the budget must be > 0 USD per 1k queries")
+            raise RouterLiteError(f"target {_cut(text)}: the budget must be > 0 USD per 1k queries")
         if key == "lambda" and v < 0:
-            raise RouterLiteError(f"target {text!r}: lambda must be >= 0")
+            raise RouterLiteError(f"target {_cut(text)}: lambda must be >= 0")
         return Target(key, v)
-    raise RouterLiteError(f"unknown target {text!r}; use max-quality, parity, quality>=F (0<F<=1, a fraction of "
+    raise RouterLiteError(f"unknown target {_cut(text)}; use max-quality, parity, quality>=F (0<F<=1, a fraction of "
                           "the best single agent's quality), budget=USD (per 1k queries) or lambda=L")
 
 

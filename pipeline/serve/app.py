@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 FORWARDED_PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
                     "stream_options")
 MODEL_OWNER = "router-lite"
-MAX_TARGETS = 16  # distinct operating points served at once (one DecisionBatcher each)
+MAX_MESSAGE_CHARS = 1000  # an error message sent to a client, at most
+MAX_TARGETS = 16  # target names whose head view is kept (LRU; the server's default is never evicted)
 GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
 MAX_CASCADE_VIEWS = 64  # (target, grader) views of a cascade kept; more are made per request, not cached
 
@@ -94,18 +95,22 @@ class ServeSettings:
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this (slowloris)
     body_timeout_s: float = 30.0  # ... and its body within this of the head
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # connections open at once; more are closed on accept
+    max_connections: int = 1024  # connections open at once; beyond: the oldest idle one is closed, else 503
+    max_idle_per_client: int = 128  # connections waiting for a request head per client address (oldest closed)
+    reserved_connections: int = 64  # slots idle connections never take: kept for requests with a complete head
+    max_head_bytes: int = 16 * 1024  # request line + headers; more -> 431
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
     default_target: str | None = None  # operating point when a request names none (pipeline/route/targets.py)
     default_grader: str | None = None  # a cascade's answer format when a request names none (None: prompt-only)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_batch", "max_json_depth", "max_tokens_cap",
-                     "max_connections"):
+                     "max_connections", "max_idle_per_client", "max_head_bytes"):
             if int(getattr(self, name)) < 1:
                 raise RouterLiteError(f"serve setting {name}={getattr(self, name)!r} must be >= 1")
-        if int(self.embed_cache_size) < 0:
-            raise RouterLiteError(f"serve setting embed_cache_size={self.embed_cache_size!r} must be >= 0")
+        for name in ("embed_cache_size", "reserved_connections"):
+            if int(getattr(self, name)) < 0:
+                raise RouterLiteError(f"serve setting {name}={getattr(self, name)!r} must be >= 0")
         if not 0 <= float(self.batch_wait_ms) <= 1000:
             raise RouterLiteError(f"serve setting batch_wait_ms={self.batch_wait_ms!r} must lie in [0, 1000]")
         for name in ("upstream_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):
@@ -130,8 +135,11 @@ class ServeSettings:
 
     def uvicorn_options(self) -> dict:
         """uvicorn.Config / uvicorn.run keyword arguments enforcing the connection limits."""
-        return {"http": guarded_h11(self.header_timeout_s, self.body_timeout_s, self.max_connections),
-                "timeout_keep_alive": self.keep_alive_s, "h11_max_incomplete_event_size": 16 * 1024}
+        return {"http": guarded_h11(self.header_timeout_s, self.body_timeout_s, self.max_connections,
+                                    max_idle_per_client=self.max_idle_per_client,
+                                    reserved=min(self.reserved_connections, self.max_connections - 1),
+                                    max_head_bytes=self.max_head_bytes),
+                "timeout_keep_alive": self.keep_alive_s, "h11_max_incomplete_event_size": self.max_head_bytes + 1}
 
 
 # ------------------------------------------------------------------------------------------------------- errors
@@ -140,6 +148,8 @@ class RequestError(Exception):
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
                  type_: str = "invalid_request_error"):
+        if len(message) > MAX_MESSAGE_CHARS:  # the last guard: every echoed value is cut where it is rendered
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.type = status, message, code, param, type_
 
@@ -253,7 +263,7 @@ def parse_chat_request(body: bytes, head_name: str, settings: ServeSettings) -> 
                                                            and all(isinstance(s, str) for s in stop))):
         raise RequestError(400, "'stop' must be a string or a list of up to 4 strings", "invalid_value", "stop")
     n = req.get("n")
-    if n not in (None, 1):
+    if n is not None and (type(n) is not int or n != 1):  # `true` and `1.0` equal 1 in Python: not here
         raise RequestError(400, "'n' must be 1: the router returns one agent's reply", "invalid_value", "n")
     own_limit = req.get("max_tokens") is not None or req.get("max_completion_tokens") is not None
     upstream = {k: v for k, v in settings.defaults.items()
@@ -500,7 +510,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     state.specs, state.clients = specs, clients
     state.router, state.default_point = router, default_point
     # the head's view at each operating point a request asks for (made on first use); one DecisionBatcher embeds for all
-    state.views = {default_point["target"]: (router.registered, default_point)}
+    state.views = collections.OrderedDict({default_point["target"]: (router.registered, default_point)})
     state.cascade_views = {}
     if settings.default_grader is not None and getattr(registered, "kind", "head") == "cascade":
         registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
@@ -522,15 +532,19 @@ def _check_backbone(registered, backbone) -> None:
 
 
 def _view_for(state, target: str | None):
-    """(head view, point) of operating point `target` (None: the default), made on first use."""
-    name = state.default_point["target"] if target is None else target
+    """(head view, point) of operating point `target` (None: the default), made on first use and kept in an LRU
+    of MAX_TARGETS names: every target resolves, however many distinct ones clients send (a view is a resolved
+    point of the head's stored path, cheap to make again)."""
+    default = state.default_point["target"]
+    name = default if target is None else target
     views = state.views
-    if name not in views:
-        if len(views) >= MAX_TARGETS:
-            raise RequestError(400, f"too many distinct targets in use (max {MAX_TARGETS})", "invalid_target",
-                               TARGET_FIELD)
-        view = state.registered.at(name)
-        views[name] = (view, view.point)
+    if name in views:
+        views.move_to_end(name)
+        return views[name]
+    view = state.registered.at(name)
+    views[name] = (view, view.point)
+    while len(views) > MAX_TARGETS:
+        del views[next(k for k in views if k != default)]
     return views[name]
 
 
@@ -592,7 +606,7 @@ async def _model_one(request):
 
     state = request.app.state
     if request.path_params["model"] != state.head_name:
-        return _error_response(RequestError(404, f"The model `{request.path_params['model']}` does not exist",
+        return _error_response(RequestError(404, f"The model {_show(request.path_params['model'])} does not exist",
                                             "model_not_found", "model"))
     return JSONResponse(state.model_obj)
 
@@ -786,7 +800,7 @@ async def _whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: 
 
 async def _not_found(request, exc):
     code = "method_not_allowed" if exc.status_code == 405 else "unknown_url"
-    return _error_response(RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+    return _error_response(RequestError(exc.status_code, f"{request.method} {_show(request.url.path)}: {exc.detail}",
                                         code))
 
 

@@ -1,37 +1,84 @@
 """A uvicorn server for an ASGI app in a daemon thread, bound before start (port 0 picks a free one), and an h11
-protocol for uvicorn that closes slow or surplus connections.
+protocol for uvicorn that bounds what slow, idle or surplus connections can hold.
 
 uvicorn (0.5x) has a keep-alive timeout only: a client that connects and sends its request head (or body) a byte at
 a time, or never, holds its connection open forever (each byte received cancels the keep-alive timer). Many such
-clients exhaust file descriptors (slowloris). `guarded_h11(...)` closes a connection whose request head has not
-arrived within `header_timeout_s` of the connection (or of the previous response), whose body has not arrived
-within `body_timeout_s` of its head, and any connection beyond `max_connections` open at once (closed on accept).
+clients exhaust file descriptors (slowloris). `guarded_h11(...)`:
+
+- closes a connection whose request head has not arrived within `header_timeout_s` of the connection (or of the
+  previous response), or whose body has not arrived within `body_timeout_s` of its head;
+- bounds the *idle* connections (waiting for a request head: new, half-open or keep-alive) per client address
+  (`max_idle_per_client`) and in all (`max_connections - reserved`): beyond either bound the oldest idle connection
+  of that client (of the client holding the most, for the global bound) is closed, so one address cannot hold the
+  slots that requests with a complete head need (the `reserved` ones are only ever theirs);
+- when `max_connections` are open and none is idle, answers a new connection `503` with `Retry-After` (a response,
+  not a reset) and closes it;
+- answers a request head over `max_head_bytes` with `431` (h11 alone accepts any head that arrives in one read).
 """
 from __future__ import annotations
 
+import collections
+import json
+import re
 import socket
 import threading
 import time
 from typing import Any
 
+_HEAD_END = re.compile(rb"\n\r?\n")
+MAX_LINGERING = 256  # refused connections kept half-closed (so the client reads the refusal) at once; more are cut
+LINGER_S = 1.0
 
-def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections: int):
-    """A uvicorn HTTP protocol class (pass as `uvicorn.Config(http=...)`) enforcing read timeouts and a cap."""
+
+def _refusal(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "server_error" if status >= 500 else
+                                 "invalid_request_error", "param": None, "code": code}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n{extra}\r\n").encode() + body
+
+
+def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections: int, *,
+                max_idle_per_client: int | None = None, reserved: int = 0, max_head_bytes: int = 16 * 1024,
+                retry_after_s: int = 1):
+    """A uvicorn HTTP protocol class (pass as `uvicorn.Config(http=...)`) enforcing read timeouts and the
+    connection bounds above (one class per server: the idle table lives in its closure)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
+    idle_limit = max(1, max_connections - max(0, reserved))
+    per_client = max(1, min(max_idle_per_client or idle_limit, idle_limit))
+    idle: dict[Any, collections.OrderedDict] = {}  # client host -> its idle connections, oldest first
+    counts = {"idle": 0, "lingering": 0}
+    busy_503 = _refusal(503, "Service Unavailable", "server_busy",
+                        f"all {max_connections} connections are serving requests; retry later",
+                        f"retry-after: {retry_after_s}\r\n")
+    head_431 = _refusal(431, "Request Header Fields Too Large", "request_head_too_large",
+                        f"the request head is over the limit of {max_head_bytes} bytes")
+
     class GuardedH11Protocol(H11Protocol):
         _read_timer = None
+        _linger_timer = None
+        _refused = False
+        _head_seen = 0
+        _head_tail = b""
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > max_connections:  # over the cap: refuse before reading anything
-                self.connections.discard(self)
-                transport.close()
-                return
+            self._bound_parsed_heads()
+            self._mark_idle()  # closes the oldest idle connections beyond the per-client and idle bounds
+            if len(self.connections) > max_connections and not _evict_one(exclude=self):
+                return self._refuse(busy_503)  # every slot serves a request: say so, do not reset
             self._arm(header_timeout_s)
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:  # refused: drain what the client still sends until it reads the answer and goes
+                return
+            if self.conn.their_state is h11.IDLE:  # reading a request head: bound its size
+                m = _HEAD_END.search(self._head_tail + data)
+                size = self._head_seen + (len(data) if m is None else m.end() - len(self._head_tail))
+                if size > max_head_bytes:
+                    return self._refuse(head_431)
+                self._head_seen, self._head_tail = (size, (self._head_tail + data)[-2:]) if m is None else (0, b"")
             super().data_received(data)
             self._follow_state()
 
@@ -41,21 +88,84 @@ def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections:
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            self._unmark_idle()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+                counts["lingering"] -= 1
             super().connection_lost(exc)
+
+        def _bound_parsed_heads(self) -> None:
+            """The byte count in `data_received` sees heads read while the connection waits for one; a head that
+            follows an unread body (pipelined) is measured once h11 has parsed it."""
+            next_event = self.conn.next_event
+
+            def bounded_next_event():
+                event = next_event()
+                if isinstance(event, h11.Request) and len(event.method) + len(event.target) + 12 + sum(
+                        len(k) + len(v) + 4 for k, v in event.headers) > max_head_bytes:
+                    self._refuse(head_431)
+                    return h11.PAUSED  # uvicorn stops handling events on this connection
+                return event
+
+            self.conn.next_event = bounded_next_event
+
+        # --- idle bookkeeping -------------------------------------------------------------------------------
+        def _host(self):
+            return self.client[0] if self.client else None
+
+        def _mark_idle(self) -> None:
+            conns = idle.setdefault(self._host(), collections.OrderedDict())
+            if self in conns:
+                return
+            conns[self] = None
+            counts["idle"] += 1
+            while len(conns) > per_client:
+                _close_idle(next(iter(conns)))  # this client's oldest idle connection (never the newest: self)
+            while counts["idle"] > idle_limit and _evict_one(exclude=self):
+                pass
+
+        def _unmark_idle(self) -> None:
+            conns = idle.get(self._host())
+            if conns is not None and self in conns:
+                del conns[self]
+                counts["idle"] -= 1
+                if not conns:
+                    del idle[self._host()]
 
         def _follow_state(self) -> None:
             if self.transport.is_closing():
+                self._unmark_idle()
                 return self._disarm()
             state = self.conn.their_state
             if state is h11.IDLE:  # waiting for a request head
+                self._mark_idle()
                 if self._read_timer is None:
+                    self._head_seen, self._head_tail = 0, b""
                     self._arm(header_timeout_s)
-            elif state is h11.SEND_BODY:  # head read: the body has its own deadline, from now
-                if getattr(self, "_reading", None) is not h11.SEND_BODY:
+            else:
+                self._unmark_idle()
+                if state is h11.SEND_BODY:  # head read: the body has its own deadline, from now
+                    if getattr(self, "_reading", None) is not h11.SEND_BODY:
+                        self._disarm()
+                        self._arm(body_timeout_s, h11.SEND_BODY)
+                else:  # request read (or connection ending): no read deadline
                     self._disarm()
-                    self._arm(body_timeout_s, h11.SEND_BODY)
-            else:  # request read (or connection ending): no read deadline
-                self._disarm()
+
+        def _refuse(self, response: bytes) -> None:
+            """Answer `response` and close: half-close first and drain the client's bytes for a moment, so the
+            answer is read rather than lost to a reset."""
+            self._disarm()
+            self._unmark_idle()
+            self.connections.discard(self)
+            self._refused = True
+            self.transport.write(response)
+            if counts["lingering"] >= MAX_LINGERING or not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()
+            counts["lingering"] += 1
+            self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
 
         def _arm(self, seconds: float, reading=None) -> None:
             self._reading = reading if reading is not None else h11.IDLE
@@ -69,7 +179,23 @@ def guarded_h11(header_timeout_s: float, body_timeout_s: float, max_connections:
         def _read_timed_out(self) -> None:
             self._read_timer = None
             if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+                self._unmark_idle()
                 self.transport.close()
+
+    def _close_idle(proto) -> None:
+        proto._unmark_idle()
+        proto._disarm()
+        proto.connections.discard(proto)  # its slot is free now, not when the loop reports the close
+        proto.transport.close()
+
+    def _evict_one(exclude) -> bool:
+        """Close the oldest idle connection of the client holding the most; False when none is idle."""
+        candidates = [(len(c), h) for h, c in idle.items() if any(p is not exclude for p in c)]
+        if not candidates:
+            return False
+        conns = idle[max(candidates, key=lambda t: t[0])[1]]
+        _close_idle(next(p for p in conns if p is not exclude))
+        return True
 
     return GuardedH11Protocol
 

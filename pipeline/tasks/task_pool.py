@@ -135,13 +135,34 @@ def assign_splits(pool: pd.DataFrame, fractions: dict, by: list[str], rng: np.ra
     return split
 
 
+def _prompt_key(prompts: pd.Series) -> pd.Series:
+    """What makes two prompts the same question: the text with whitespace runs collapsed."""
+    return prompts.astype(str).str.split().str.join(" ")
+
+
+def drop_duplicate_prompts(tasks: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """(tasks with one row per prompt, number dropped): a source may hold one question under several ids; the
+    first task_id (sorted) is kept, so the copies can never land in different splits (a train/test leak)."""
+    tasks = tasks.sort_values("task_id")
+    keep = ~_prompt_key(tasks["prompt"]).duplicated()
+    return tasks[keep], int((~keep).sum())
+
+
+def cross_split_duplicates(pool: pd.DataFrame) -> pd.DataFrame:
+    """Rows of `pool` whose prompt also appears in another split (the blocking check of the task pool)."""
+    key = _prompt_key(pool["prompt"])
+    n_splits = pool.groupby(key)["split"].transform("nunique")
+    return pool[n_splits > 1]
+
+
 def build_task_pool(tasks: pd.DataFrame, cfg: TaskPoolConfig) -> pd.DataFrame:
-    """Balanced, split, deterministic task pool (columns: the task contract + `split`, `ood`)."""
+    """Balanced, split, deterministic task pool (columns: the task contract + `split`, `ood`); one task per prompt
+    (`drop_duplicate_prompts`)."""
     dup = tasks["task_id"][tasks["task_id"].duplicated()]
     if not dup.empty:
         raise RouterLiteError(f"duplicate task_id in source tasks: {dup.iloc[0]!r}")
     # sorting first makes the sample independent of the order the source partitions arrived in
-    tasks = tasks.sort_values("task_id").reset_index(drop=True)
+    tasks = drop_duplicate_prompts(tasks)[0].reset_index(drop=True)
     rng = np.random.default_rng(cfg.seed)
     balance = balance_domain_difficulty if cfg.balance == "domain_difficulty" else balance_category
     pool = balance(tasks, cfg, rng).sort_values("task_id").reset_index(drop=True)

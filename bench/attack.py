@@ -1,0 +1,639 @@
+"""The attack suite of issue 20 (and the residues of issue 12): every row an attack on loopback or on files in a
+temp dir, bounded in count, size and time, reproducible (fixed seeds, a synthetic head: no model, no network).
+
+    python bench/attack.py            # every row: a held/failed table, exit 1 when a row failed
+    python bench/attack.py --fast     # only the fast rows (those `make test` runs: tests/test_attack.py)
+    python bench/attack.py --rows 1,2 # rows by number
+
+A row holds when the attack gets the documented answer: one RouterLiteError line naming the bad input (file, key,
+row), or the documented HTTP status, within its bounds. A row is a function raising AssertionError when it fails.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pipeline.core.errors import RouterLiteError  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    number: int
+    item: str  # issue 20 item (1..13, "n") or "12.x" for issue 12's
+    name: str
+    fast: bool
+    fn: Callable[[Path], str]
+
+
+ROWS: list[Row] = []
+
+
+def row(item: str, name: str, fast: bool = True):
+    def add(fn):
+        ROWS.append(Row(len(ROWS) + 1, item, name, fast, fn))
+        return fn
+    return add
+
+
+def refused(fn, *must: str, max_len: int = 600) -> str:
+    """fn() raises one RouterLiteError line holding every `must` string, at most `max_len` characters."""
+    try:
+        fn()
+    except RouterLiteError as exc:
+        msg = str(exc)
+        assert "\n" not in msg, f"not one line: {msg[:300]!r}"
+        assert len(msg) <= max_len, f"{len(msg)} characters: {msg[:200]!r}..."
+        for m in must:
+            assert m in msg, f"{m!r} not in {msg!r}"
+        return msg
+    raise AssertionError("accepted")
+
+
+def cli(*argv: str) -> tuple[int, str]:
+    """`router-lite ARGV` in process: (exit code, stderr)."""
+    from assets.cli import main
+
+    err = io.StringIO()
+    saved = dict(os.environ)  # `run --profile` exports the profile for Dagster's workers: not for the next row
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(list(argv))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return rc, err.getvalue()
+
+
+@contextlib.contextmanager
+def env(**values: str | None):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def profile_text(tmp: Path, text: str | bytes, name: str = "demo"):
+    """A copy of config/ whose profile `name` holds `text`, as ROUTER_LITE_CONFIG; yields the profile's path."""
+    cfg = tmp / "config"
+    if not cfg.exists():
+        shutil.copytree(REPO / "config", cfg)
+    path = cfg / "profiles" / f"{name}.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with env(ROUTER_LITE_CONFIG=str(cfg)):
+        yield path
+
+
+def demo_with(**collection) -> str:
+    import yaml
+
+    raw = yaml.safe_load((REPO / "config" / "profiles" / "demo.yaml").read_text())
+    raw.setdefault("collection", {}).update(collection)
+    return yaml.safe_dump(raw)
+
+
+# ----------------------------------------------------------------------------------------------------- profiles
+@row("3", "profile: billion-laughs YAML at an integer field")
+def yaml_bomb(tmp: Path) -> str:
+    from pipeline.core import config
+
+    levels = ["  - &l0 [" + ", ".join(["lol"] * 9) + "]"]
+    levels += [f"  - &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    text = "collection:\n  concurrency:\n" + "\n".join(levels) + "\nsources: {zeroeval_gsm8k: {}}\n"
+    t = time.perf_counter()
+    with profile_text(tmp, text) as path:
+        msg = refused(lambda: config.load_profile("demo"), str(path), "aliases")
+    bomb = ["lol"] * 9
+    for _ in range(9):
+        bomb = [bomb] * 9  # 9^10 strings once expanded, 10 lists in memory
+    shown = config._what(bomb)  # the error path renders a cut value, never the whole graph
+    assert len(shown) <= 80 and time.perf_counter() - t < 5
+    return f"{len(text)} bytes refused in {time.perf_counter() - t:.2f}s: {msg[len(str(path)) + 2:][:60]}"
+
+
+@row("5", "profile: temperature nan / 5 / -1, top_p 2 / inf, max_tokens 1e9")
+def profile_bounds(tmp: Path) -> str:
+    from pipeline.core import config
+
+    cases = [("temperature", float("nan")), ("temperature", 5), ("temperature", -1), ("top_p", 2),
+             ("top_p", float("inf")), ("max_tokens", 10**9)]
+    for key, value in cases:
+        with profile_text(tmp, demo_with(**{key: value})) as path:
+            refused(lambda: config.load_profile("demo"), str(path), f"collection.{key}")
+    return f"{len(cases)} values refused at load, each naming file and key"
+
+
+@row("6", "profile: 50 MB file, 100,000-deep nesting, non-UTF-8 bytes")
+def profile_size_depth_encoding(tmp: Path) -> str:
+    from pipeline.core import config
+
+    t = time.perf_counter()
+    with profile_text(tmp, b"description: '" + b"x" * (50 << 20) + b"'\n") as path:
+        refused(lambda: config.load_profile("demo"), str(path), "larger than")
+    big_s = time.perf_counter() - t
+    with profile_text(tmp, "train: " + "[" * 100_000 + "]" * 100_000 + "\n") as path:
+        refused(lambda: config.load_profile("demo"), str(path), "nested deeper")
+    with profile_text(tmp, b"description: caf\xe9\n") as path:
+        refused(lambda: config.load_profile("demo"), str(path), "not UTF-8")
+    assert big_s < 5, big_s
+    return f"each one line; the 50 MB file refused in {big_s:.2f}s"
+
+
+@row("7", "profile: --profile ../path, ROUTER_LITE_PROFILE=<path>, dagster.yaml as a profile")
+def profile_traversal(tmp: Path) -> str:
+    from pipeline.core import config
+
+    (tmp / "elsewhere").mkdir(exist_ok=True)
+    shutil.copy(REPO / "config" / "profiles" / "demo.yaml", tmp / "elsewhere" / "name.yaml")
+    rel = os.path.relpath(tmp / "elsewhere" / "name", REPO / "config" / "profiles")
+    for name in (rel, str(tmp / "elsewhere" / "name"), "../../dagster"):
+        refused(lambda name=name: config.load_profile(name), "is not a profile name", "ROUTER_LITE_CONFIG")
+        with env(ROUTER_LITE_PROFILE=name):
+            refused(lambda: config.load_profile(), "is not a profile name")
+    rc, err = cli("run", "--profile", "../../dagster", "--upto", "source_tasks")
+    assert rc == 2 and err.count("\n") == 1 and "is not a profile name" in err, (rc, err)
+    return "names only; another config dir only through ROUTER_LITE_CONFIG"
+
+
+# ------------------------------------------------------------------------------------------------ train inputs
+def _train_files(tmp: Path, n: int = 60) -> tuple[Path, Path]:
+    rewards = [{"task_id": f"t{i}", "agent_order": ["frontier_a", "frontier_b"], "mean_reward": [i % 2, 1 - i % 2]}
+               for i in range(n)]
+    tasks = [{"task_id": f"t{i}", "prompt": f"question {i}", "split": ("train", "validation", "test")[i % 3]}
+             for i in range(n)]
+    r, t = tmp / "rewards.jsonl", tmp / "tasks.jsonl"
+    r.write_text("".join(json.dumps(x) + "\n" for x in rewards))
+    t.write_text("".join(json.dumps(x) + "\n" for x in tasks))
+    return r, t
+
+
+def _train(tmp: Path, r: Path, t: Path) -> tuple[int, str]:
+    return cli("train", "--rewards", str(r), "--tasks", str(t), "--out", str(tmp / "out"))
+
+
+def _one_line(rc: int, err: str, *must: str, max_len: int = 600) -> str:
+    assert rc == 2, (rc, err[-300:])
+    assert err.count("\n") == 1 and len(err) <= max_len, f"{err.count(chr(10))} lines, {len(err)} chars"
+    for m in must:
+        assert m in err, (m, err)
+    return err.strip()
+
+
+def _duplicate_ids(tmp: Path, n: int) -> str:
+    r, t = _train_files(tmp)
+    line = json.dumps({"task_id": "t0", "agent_order": ["frontier_a", "frontier_b"], "mean_reward": [1, 0]}) + "\n"
+    r.write_text(line * n)
+    err = _one_line(*_train(tmp, r, t), "t0", f"{n:,} times", "in all")
+    return f"{n:,} rows of one task_id: {len(err)}-character line"
+
+
+@row("8", "train: 200,000 rows of one task_id (fast form of the 10^6 row)")
+def train_duplicate_ids_fast(tmp: Path) -> str:
+    return _duplicate_ids(tmp, 200_000)
+
+
+@row("8", "train: 10^6 rows of one task_id", fast=False)
+def train_duplicate_ids(tmp: Path) -> str:
+    return _duplicate_ids(tmp, 1_000_000)
+
+
+@row("11", "train: a split 'banana'; a CSV list column without separators")
+def train_split_and_csv(tmp: Path) -> str:
+    import pandas as pd
+
+    r, t = _train_files(tmp)
+    rows = [json.loads(x) for x in t.read_text().splitlines()]
+    rows[4]["split"] = "banana"
+    t.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    _one_line(*_train(tmp, r, t), "row 5", "'banana'", "train, validation, test")
+    r2, t2 = _train_files(tmp)
+    df = pd.read_json(r2, lines=True)
+    df["agent_order"] = "['frontier_a' 'frontier_b']"  # numpy's print form: no comma
+    df.to_csv(tmp / "rewards.csv", index=False)
+    _one_line(*_train(tmp, tmp / "rewards.csv", t2), "agent_order", "without commas")
+    return "both one line naming file, row and field"
+
+
+# ----------------------------------------------------------------------------------------------- task sources
+@row("12", "tasks: one question under two ids lands in two splits")
+def task_pool_duplicate_prompts(tmp: Path) -> str:
+    import pandas as pd
+
+    from pipeline.tasks.task_pool import TaskPoolConfig, build_task_pool, cross_split_duplicates
+
+    n = 300
+    tasks = pd.DataFrame({
+        "task_id": [f"src/test/{i:06d}" for i in range(n)], "source": "src",
+        "prompt": [f"What is {i % 100} + 1?" for i in range(n)],  # every question three times
+        "gold": "1", "grader": "integer", "domain": ["math", "knowledge", "reasoning"] * (n // 3),
+        "difficulty": ["easy", "medium", "hard"] * (n // 3), "category": "c"})
+    cfg = TaskPoolConfig(size=90, balance="category", stratify_column="category")
+    pool = build_task_pool(tasks, cfg)
+    leak = cross_split_duplicates(pool)
+    assert leak.empty, f"{len(leak)} tasks share a prompt across splits"
+    assert pool["prompt"].is_unique
+    from assets.tasks import task_pool_no_cross_split_prompts
+
+    spec = next(iter(task_pool_no_cross_split_prompts.check_specs))
+    assert spec.blocking
+    return f"{n} rows of 100 questions -> pool of {len(pool)} distinct prompts; blocking check {spec.name}"
+
+
+# ------------------------------------------------------------------------------------------------- registry
+@functools.lru_cache(maxsize=1)
+def _world_files() -> Path:
+    """A registered synthetic head with operating points (two clusters, an expensive and a cheap agent)."""
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.route import registry
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
+
+    root = Path(tempfile.mkdtemp(prefix="attack-world-"))
+    rng = np.random.default_rng(1)
+    n, d = 300, 8
+    cluster = rng.random(n) < 0.5
+    centres = np.zeros((2, d))
+    centres[0, 0], centres[1, 1] = 3, 3
+    X = (centres[cluster.astype(int)] + rng.normal(0, 0.3, (n, d))).astype(np.float32)
+    R = np.column_stack([np.ones(n), (~cluster).astype(float)])
+    C = np.tile([0.02, 0.001], (n, 1))
+    names = ["expensive", "cheap"]
+    rewards = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "agent_order": [names] * n,
+                            "mean_reward": list(R), "mean_cost": list(C)})
+    split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
+    fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
+    path = registry.register(root / "registry", fit.head, fit.guard, fit.best_single,
+                             backbone={"id": "synthetic", "key": "synthetic", "dim": d},
+                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
+                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points,
+                             cost_scorer=fit.cost_scorer)
+    np.save(root / "X.npy", X)
+    return path
+
+
+def _head_copy(tmp: Path) -> Path:
+    dst = tmp / "head"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(_world_files(), dst)
+    return dst
+
+
+def _edit_manifest(head: Path, edit) -> None:
+    m = json.loads((head / "manifest.json").read_text())
+    edit(m)
+    (head / "manifest.json").write_text(json.dumps(m))
+
+
+@row("9", "registry: operating_points missing / not an object / string lambda (route, serve start-up)")
+def tampered_operating_points(tmp: Path) -> str:
+    from pipeline.route import registry
+
+    edits = {
+        "not an object": lambda m: m.__setitem__("operating_points", "fast"),
+        "no points": lambda m: m["operating_points"].pop("points"),
+        "empty points": lambda m: m["operating_points"].__setitem__("points", []),
+        "string lambda": lambda m: m["operating_points"]["points"][1].__setitem__("lambda", "0.5"),
+        "short agent_cost": lambda m: m["operating_points"].__setitem__("agent_cost", [1.0]),
+    }
+    for edit in edits.values():
+        head = _head_copy(tmp)
+        _edit_manifest(head, edit)
+        refused(lambda head=head: registry.load(head), "manifest.json", "operating_points")
+        _one_line(*cli("route", "--head", str(head), "--target", "parity", "What is 2 + 2?"), "operating_points")
+    head = _head_copy(tmp)
+    _edit_manifest(head, lambda m: m.pop("operating_points"))
+    reg = registry.load(head)
+    refused(lambda: reg.resolve_target("parity"), "no operating points")
+    return f"{len(edits)} tamperings: one line at load; a missing path serves max-quality only"
+
+
+@row("10", "registry: head.safetensors a symlink out of the head dir, files.weights absent")
+def weights_symlink_default_name(tmp: Path) -> str:
+    from pipeline.route import registry
+
+    head = _head_copy(tmp)
+    outside = tmp / "outside.safetensors"
+    shutil.move(head / "head.safetensors", outside)
+    os.symlink(outside, head / "head.safetensors")
+    _edit_manifest(head, lambda m: m["files"].pop("weights"))
+    refused(lambda: registry.load(head), "head.safetensors", "symlink")
+    return "refused: every file the loader opens is a plain file of the head directory"
+
+
+# --------------------------------------------------------------------------------------------------- call log
+@row("13", "call log: a garbage line in the middle; --quarantine-bad-log-lines")
+def call_log_garbage(tmp: Path) -> str:
+    from pipeline.collect.call_log import CallLog
+
+    d = tmp / "calls"
+    with CallLog(d) as log:
+        for i in range(5):
+            log.append({"call_key": f"a|t{i}|0|h", "agent": "a", "status": "ok", "task_id": f"t{i}"})
+    f = d / "a.jsonl"
+    lines = f.read_text().splitlines(keepends=True)
+    f.write_text("".join(lines[:2]) + "garbage {{{ not json\n" + "".join(lines[2:]))
+    msg = refused(lambda: CallLog(d).keys(), f"{f}:3", "--quarantine-bad-log-lines")
+    assert CallLog(d, quarantine=True).keys() == {f"a|t{i}|0|h" for i in range(5)}
+    assert "garbage" in (d / "a.jsonl.quarantine").read_text() and CallLog(d).read().shape[0] == 5
+    with CallLog(d, quarantine=True) as log:  # the writer appends to the rewritten file
+        log.keys()
+        log.append({"call_key": "a|t9|0|h", "agent": "a", "status": "ok", "task_id": "t9"})
+    assert len(CallLog(d).keys()) == 6
+    return f"one line naming {f.name}:3 ({len(msg)} chars); quarantined on request, the writer goes on"
+
+
+# ----------------------------------------------------------------------------------------------------- server
+class _Backbone:
+    """Embeds "row 12" as X[12] (no model)."""
+
+    def __init__(self, X):
+        self.X, self.dim, self.key, self.model_id, self.device = X, X.shape[1], "synthetic", "synthetic", "cpu"
+
+    def encode(self, texts):
+        import numpy as np
+
+        return np.stack([self.X[int(t.split()[-1]) % len(self.X)] for t in texts])
+
+
+def _agent_client(agent):
+    import httpx
+    import openai
+
+    def reply(request):
+        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": agent.model,
+                                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                             "role": "assistant", "content": f"from {agent.model}"}}]})
+    return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
+                              http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+
+
+@contextlib.contextmanager
+def server(**settings):
+    import numpy as np
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+
+    path = _world_files()
+    reg = registry.load(path)
+    X = np.load(path.parent.parent / "X.npy")
+    specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
+             AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+    app = build_app(reg, _Backbone(X), specs, _agent_client, ServeSettings(**settings))
+    with serve_in_thread(app) as srv:
+        yield srv
+
+
+def _chat(c, text: str = "row 3", **kw):
+    return c.post("/chat/completions", json={"messages": [{"role": "user", "content": text}], **kw.pop("body", {})},
+                  **kw)
+
+
+@row("1", "server: one client holds 300 half-open sockets (cap 64); /healthz and chat still answer")
+def connection_exhaustion(tmp: Path) -> str:
+    import httpx
+
+    socks = []
+    with server(max_connections=64, max_idle_per_client=16, reserved_connections=8, header_timeout_s=20) as srv:
+        try:
+            for _ in range(300):
+                s = socket.create_connection((srv.host, srv.port), timeout=5)
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # half a head, then silence
+                socks.append(s)
+            t = time.perf_counter()
+            with httpx.Client(base_url=srv.base_url, timeout=10) as c:
+                for _ in range(10):
+                    assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
+                    assert _chat(c).status_code == 200
+            took = time.perf_counter() - t
+            open_ = sum(1 for s in socks if not _closed(s))
+        finally:
+            for s in socks:
+                s.close()
+    assert open_ <= 16, open_
+    return f"20 good requests all 200 in {took:.2f}s; {open_} of the attacker's 300 sockets left open (bound 16)"
+
+
+@row("1", "server: every slot serving a request -> 503 with Retry-After, not a reset")
+def connection_full_is_503(tmp: Path) -> str:
+    socks = []
+    with server(max_connections=4, max_idle_per_client=4, reserved_connections=1, body_timeout_s=20) as srv:
+        try:
+            for _ in range(4):  # complete heads, bodies never sent: busy, not idle
+                s = socket.create_connection((srv.host, srv.port), timeout=5)
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+                socks.append(s)
+            time.sleep(0.2)
+            s = socket.create_connection((srv.host, srv.port), timeout=5)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = _read_all(s)
+            s.close()
+        finally:
+            for s in socks:
+                s.close()
+    assert reply.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in reply.lower(), reply[:200]
+    return reply.split(b"\r\n")[0].decode()
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(0.05)
+    try:
+        return s.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _read_all(s: socket.socket, limit: float = 5.0) -> bytes:
+    s.settimeout(limit)
+    out = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+@row("2", "server: 20 distinct lambda= targets, then parity / quality>=0.98 / budget=0.5")
+def target_table(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for i in range(20):
+            r = _chat(c, headers={"X-Router-Target": f"lambda={i / 7:.4f}"})
+            assert r.status_code == 200, r.text
+        for t in ("parity", "quality>=0.98", "budget=0.5", "max-quality"):
+            r = _chat(c, headers={"X-Router-Target": t})
+            assert r.status_code == 200 and r.headers["x-router-target"] == t, (t, r.status_code, r.text[:200])
+    return "every target resolves after 20 distinct ones (LRU of head views)"
+
+
+@row("4", "server: 60 KB X-Router-Target header, 1 MB router_target, 20 KB path")
+def huge_echo(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        r = _chat(c, headers={"X-Router-Target": "x" * 60_000})
+        assert r.status_code == 431 and len(r.content) < 1000, (r.status_code, len(r.content))
+        r = _chat(c, body={"router_target": "y" * 1_000_000})  # under the 1 MiB body limit: the target is read
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_target" and len(r.content) < 1000, \
+            (r.status_code, len(r.content))
+        r = _chat(c, body={"router_target": "y" * (1 << 20)})  # over it: body_too_large, its body left unread
+        assert r.status_code == 400 and len(r.content) < 1000, (r.status_code, len(r.content))
+        r = c.get("/" + "z" * 20_000)
+        assert r.status_code == 431 and len(r.content) < 1000, (r.status_code, len(r.content))
+        r = c.get("/" + "z" * 8_000)
+        assert r.status_code == 404 and len(r.content) < 1000, (r.status_code, len(r.content))
+        ok = _chat(c, headers={"X-Filler": "f" * 15_000})
+        assert ok.status_code == 200, ok.status_code  # a head under 16 KiB still passes
+    return "head > 16 KiB -> 431; echoed values cut (replies < 1 kB)"
+
+
+@row("n", "server: n = true / 2 / 1.0")
+def n_not_one(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for n in (True, 2, 1.0, "1"):
+            r = _chat(c, body={"n": n})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", (n, r.status_code)
+        assert _chat(c, body={"n": 1}).status_code == 200
+    return "400 invalid_value for every n but 1"
+
+
+# ------------------------------------------------------------------------------------- issue 12 (last round)
+@row("12.1", "server: a lone surrogate next to good requests")
+def lone_surrogate(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        r = c.post("/chat/completions", content=b'{"messages":[{"role":"user","content":"\\ud800 x"}]}',
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_text"
+        assert _chat(c).status_code == 200
+    return "400 invalid_text; the next request 200"
+
+
+@row("12.3", "server: JSON nested 100,000 deep; NaN; a 2 MB body")
+def deep_json(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for body, code in ((b"[" * 100_000 + b"]" * 100_000, "json_too_deep"), (b'{"messages": NaN}', "invalid_json"),
+                           (b"{" + b" " * (2 << 20) + b"}", "body_too_large")):
+            r = c.post("/chat/completions", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, (code, r.status_code)
+    return "400 each"
+
+
+@row("12.11", "server: max_tokens 1e23, seed 2^70")
+def sampling_bounds(tmp: Path) -> str:
+    import httpx
+
+    with server() as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for body in ({"max_tokens": 10**23}, {"seed": 2**70}, {"temperature": 3}):
+            assert _chat(c, body=body).status_code == 400, body
+    return "400 each"
+
+
+@row("12.10", "server: slowloris: a partial head trickled a byte at a time is closed")
+def slowloris(tmp: Path) -> str:
+    with server(header_timeout_s=1.0) as srv:
+        s = socket.create_connection((srv.host, srv.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        t = time.perf_counter()
+        closed = False
+        while time.perf_counter() - t < 4 and not closed:
+            time.sleep(0.2)
+            try:
+                s.sendall(b"a")
+            except OSError:
+                closed = True
+            closed = closed or _closed(s)
+        s.close()
+    assert closed, "still open after 4 s"
+    return f"closed after {time.perf_counter() - t:.1f}s (header timeout 1 s)"
+
+
+@row("12.8", "registry: files.weights outside the head dir; manifest without backbone")
+def manifest_paths(tmp: Path) -> str:
+    from pipeline.route import registry
+
+    head = _head_copy(tmp)
+    _edit_manifest(head, lambda m: m["files"].__setitem__("weights", "../outside.safetensors"))
+    refused(lambda: registry.load(head), "files.weights")
+    head = _head_copy(tmp)
+    _edit_manifest(head, lambda m: m.pop("backbone"))
+    refused(lambda: registry.load(head), "'backbone' is missing")
+    return "one line each"
+
+
+# --------------------------------------------------------------------------------------------------------- run
+def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
+    out = []
+    for r in rows:
+        tmp = Path(tempfile.mkdtemp(prefix=f"attack-{r.number}-"))
+        t = time.perf_counter()
+        try:
+            detail, held = r.fn(tmp), True
+        except AssertionError as exc:
+            detail, held = f"FAILED: {str(exc)[:150]}", False
+        except Exception as exc:  # noqa: BLE001 - a traceback is a failed row too
+            detail, held = f"FAILED: {type(exc).__name__}: {str(exc)[:150]}", False
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        out.append((r, held, detail, time.perf_counter() - t))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="only the fast rows (those tests/test_attack.py runs)")
+    ap.add_argument("--rows", default=None, help="comma-separated row numbers")
+    args = ap.parse_args(argv)
+    rows = [r for r in ROWS if not args.fast or r.fast]
+    if args.rows:
+        wanted = {int(x) for x in args.rows.split(",")}
+        rows = [r for r in rows if r.number in wanted]
+    results = run_rows(rows)
+    print("| # | item | attack | result | s | detail |\n|---|---|---|---|---|---|")
+    for r, held, detail, s in results:
+        print(f"| {r.number} | {r.item} | {r.name} | {'held' if held else 'FAILED'} | {s:.1f} | "
+              f"{detail.replace('|', '/')} |")
+    failed = sum(not h for _, h, _, _ in results)
+    print(f"\n{len(results) - failed} of {len(results)} rows held")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    with env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1"):
+        sys.exit(main())
