@@ -68,10 +68,13 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
+    # the head's own frontier, two ways (docs/training.md): its scores λ-swept, or one sep-CMA-ES head per λ
+    # (pipeline.route.train.lambda_sweep); "trained head" is the one better on validation, the other is shown too
+    lam_kept = bool(sweep) and sweep.get("kept", "lambda-trained") == "lambda-trained"
     policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
-                                     "trained head (score sweep)": reg.head}, X[te]))
-    if sweep:  # the head's own frontier: one sep-CMA-ES head per λ (pipeline.route.train.lambda_sweep)
-        policies["trained head"] = PointSet(np.array(sweep["points_test"]))
+                                     "trained head (score sweep)" if lam_kept else "trained head": reg.head}, X[te]))
+    if sweep:
+        policies["trained head" if lam_kept else "trained head (λ-trained)"] = PointSet(np.array(sweep["points_test"]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
         rows = np.arange(int(te.sum()))
         pts = []

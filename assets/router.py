@@ -74,7 +74,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     tasks = task_pool
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
-    fit = fit_router(X, rewards, split, prof.train, labels=labels_of(t, domain_column(t)))
+    fit = fit_router(X, rewards, split, prof.train, labels=labels_of(t, domain_column(t)), frontier=True)
     out = storage.path("router_head")
     fit.head.save(out / registry.WEIGHTS)
     fit.scorer.save(out / registry.SCORER)

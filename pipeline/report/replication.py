@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.report.frontier import PointSet, baseline_policies, frontier_points, policy_table, router_policies
+from pipeline.report.frontier import (
+    PointSet,
+    aiq,
+    baseline_policies,
+    cost_span,
+    frontier_points,
+    policy_points,
+    policy_table,
+    router_policies,
+)
 from pipeline.report.suites import Profile
 from pipeline.route.fit import validation_slice
 from pipeline.route.knn import KnnRouter
@@ -26,11 +35,17 @@ def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -
                          agents=profile.models)
     knn = KnnRouter(agents=profile.models).fit(X[train], Q[train], X[val], Q[val])
     policies = baseline_policies(Q[test], C[test], Q[train | val], profile.models)
-    policies.update(router_policies({"kNN router": knn, "trained head (score sweep)": head}, X[test]))
-    # the head's own frontier: one sep-CMA-ES head per λ, trained for realised reward − λ·cost (docs/training.md)
+    # the head's own frontier, two ways (docs/training.md): its scores λ-swept, or one sep-CMA-ES head per λ trained
+    # for realised reward − λ·cost; "trained head" is the one with the better validation AIQ, the other is shown too
     sweep = lambda_sweep(X[train], Q[train], best[train], C[train], X[val], Q[val], best[val], C[val],
                          cfg or TrainConfig(), profile.models)
-    policies["trained head"] = PointSet(sweep_points(sweep, X[test], Q[test], C[test]))
+    span = cost_span(Q[val], C[val])
+    lam_kept = aiq(sweep_points(sweep, X[val], Q[val], C[val]), *span) >= \
+        aiq(policy_points(head.scores(X[val]), Q[val], C[val]), *span)
+    policies.update(router_policies({"kNN router": knn,
+                                     "trained head (score sweep)" if lam_kept else "trained head": head}, X[test]))
+    policies["trained head" if lam_kept else "trained head (λ-trained)"] = PointSet(
+        sweep_points(sweep, X[test], Q[test], C[test]))
     table = policy_table(policies, Q[test], C[test])
     table.attrs["n_train"], table.attrs["n_test"] = int(train.sum()), int(test.sum())
     return table, frontier_points(policies, Q[test], C[test])

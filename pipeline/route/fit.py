@@ -100,9 +100,10 @@ def constant_head(like: Router, best: int) -> Head:
 
 
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
-               held_out: str = "test", cost_lambda: float = 0.0, labels=None) -> RouterFit:
+               held_out: str = "test", cost_lambda: float = 0.0, labels=None, frontier: bool = False) -> RouterFit:
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
-    (optional) the domain a user knows for it (the per-domain label router's input)."""
+    (optional) the domain a user knows for it (the per-domain label router's input). `frontier`: also measure the
+    head's own cost–quality frontier (`extra["head_sweep"]`: one λ-trained head per point, ~9 more trainings)."""
     agents, R, B, C = to_arrays(rewards)
     if len(X) != len(R):
         raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
@@ -142,16 +143,17 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     }
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
-    if np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (pipeline.route.train.lambda_sweep)
-        extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents)
+    if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (pipeline.route.train.lambda_sweep)
+        extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents, score_head=head)
     return RouterFit(agents, head, guard, best, int(knn.k), curve, metrics, extra, scorer=value.pop("scorer"),
                      cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
 
 
-def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str]) -> dict:
+def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_head: Router | None = None) -> dict:
     """λ-trained heads' (cost, quality) points on validation and held-out rows, with their AIQ over each split's
-    individual cost span (pipeline/report/frontier.py)."""
-    from pipeline.report.frontier import aiq, cost_span
+    individual cost span (pipeline/report/frontier.py); with `score_head`, also the validation AIQ of that head's
+    score sweep and `kept`: the better of the two on validation (the frontier's "trained head")."""
+    from pipeline.report.frontier import aiq, cost_span, policy_points
 
     tr, va, te = m["train"], m["validation"], m["held_out"]
     has_val = bool(va.any())
@@ -163,6 +165,12 @@ def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str]) -> dict
         pts = sweep_points(heads, X[rows], R_eff, C[rows])
         out[f"points_{name}"] = pts.tolist()
         out[f"aiq_{name}"] = float(aiq(pts, *cost_span(R_eff, C[rows])))
+    if score_head is not None:
+        rows = va if has_val else tr
+        R_eff = effective_rewards(R[rows], B[rows])
+        out["aiq_validation_score_sweep"] = float(aiq(policy_points(score_head.scores(X[rows]), R_eff, C[rows]),
+                                                      *cost_span(R_eff, C[rows])))
+        out["kept"] = "lambda-trained" if out["aiq_validation"] >= out["aiq_validation_score_sweep"] else "score"
     return out
 
 
