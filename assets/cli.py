@@ -39,8 +39,6 @@ def cmd_run(args) -> int:
     from resources.storage import default_home
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
-    if profile.override:
-        print(f"profile {profile.name} with override {profile.override}", file=sys.stderr, flush=True)
     defs = build_definitions(profile=profile)
     times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
     print_summary(default_home(), args.profile)

@@ -136,13 +136,14 @@ def check_key(defs, stages) -> None:
 
     pool = (defs.resources or {}).get("pool")
     callers = [k for _, keys, _ in stages for k in keys if k in POOL_CALLERS]
-    if callers and callable(getattr(pool, "require_key", None)):
-        from resources.pool import MissingKeyError
+    if callers and callable(getattr(pool, "check", None)):
+        from resources.pool import MissingKeyError, missing_key_message
 
         try:
-            pool.require_key(callers[0])
+            pool.check()
         except MissingKeyError as exc:
-            raise RouterLiteError(f"{exc}; set it, or stop before: `router-lite run --upto task_pool` needs no key"
+            raise RouterLiteError(missing_key_message(exc.env, callers[0], pool.pool, pool.kind)
+                                  + "; set it, or stop before: `router-lite run --upto task_pool` needs no key"
                                   ) from None
 
 
@@ -156,6 +157,8 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = N
     by_key = {k.to_user_string(): a for a in all_assets for k in a.keys}
     stages = stages_upto(by_key, upto)
     check_key(defs, stages)  # a missing key fails now, not after the stages that need none
+    if profile.override:
+        log(f"profile {profile.name} with override {profile.override}")
     instance = _instance()
     resources = defs.resources
     run_config, replay_warnings = _run_config()

@@ -197,8 +197,8 @@ class PoolResource(ConfigurableResource):
             except MissingKeyError as exc:
                 if needed_by is None:
                     raise
-                raise MissingKeyError(missing_key_message(exc.env, needed_by, self.pool, self.kind),
-                                      exc.env) from None
+                # a plain RouterLiteError: what `router-lite run` and the Dagster step show as the user's one line
+                raise RouterLiteError(missing_key_message(exc.env, needed_by, self.pool, self.kind)) from None
         self.check_key_hosts(agents)
 
     def check_setup(self, agents: list[AgentSpec] | None = None) -> None:
