@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test bench ui clean
+.PHONY: install run test bench ui standin clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -39,6 +39,12 @@ bench: install
 
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+# a local OpenRouter stand-in on 127.0.0.1:8765 (pipeline/collect/standin.py); in another shell:
+#   OPENROUTER_API_KEY=any .venv/bin/router-lite run --profile pilot --override $(ROUTER_LITE_HOME)/standin.yaml
+standin: install
+	@mkdir -p $(ROUTER_LITE_HOME)
+	$(BIN)/python -m pipeline.collect.standin --port 8765 --write-override $(ROUTER_LITE_HOME)/standin.yaml
 
 clean:
 	rm -rf $(ROUTER_LITE_HOME)

@@ -173,6 +173,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     reg = registry.load(json.loads((storage.path("registry") / "latest.json").read_text())["path"])
     agents = [a["name"] for a in reg.agents]
     pool = pool_of(pool, preflight)  # the pool the head was trained on
+    pool.require_key("benchmark_report")  # it calls the routed agents
     specs = {a.name: a for a in passed_agents(pool, preflight)}
     missing = [a for a in agents if a not in specs]
     if missing:

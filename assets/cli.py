@@ -14,9 +14,20 @@ TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (frac
                "quality), budget=USD per 1k queries, lambda=L")
 
 
+def _use_override(args) -> None:
+    """`--override FILE`: merged over the profile wherever it is read in this process (ROUTER_LITE_OVERRIDE)."""
+    if getattr(args, "override", None):
+        from pathlib import Path
+
+        from pipeline.core.config import OVERRIDE_ENV
+
+        os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
+
+
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
+    _use_override(args)
     if args.target:
         from pipeline.route.targets import parse_target
 
@@ -309,13 +320,15 @@ def cmd_serve(args) -> int:
         raise RouterLiteError(f"--port {args.port} is not a TCP port (0-65535)")
     if args.threads < 0:
         raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
-    reg = registry.load(args.head)
-    reg.resolve_target(args.target)  # a bad default target fails before serving
+    _use_override(args)
     profile = load_profile(args.profile)
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
+    pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
+    reg = registry.load(args.head)
+    reg.resolve_target(args.target)  # a bad default target fails before serving
     agents = pool.agents()
-    pool.check(agents)
+    pool.check(agents, needed_by="serve")
     settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
                                              max_messages=args.max_messages, max_batch=args.max_batch,
                                              batch_wait_ms=args.batch_wait_ms)
@@ -363,6 +376,9 @@ def _add_run_command(sub) -> None:
                         "elsewhere: ROUTER_LITE_CONFIG=<config dir>)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
+    p.add_argument("--override", default=None, metavar="FILE",
+                   help="a YAML file merged over the profile, e.g. pool.base_url / pool.key_hosts for a local "
+                        "endpoint (also ROUTER_LITE_OVERRIDE; docs/operations.md)")
     p.add_argument("--wait-for-collection", action="store_true",
                    help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.add_argument("--quarantine-bad-log-lines", action="store_true",
@@ -436,6 +452,8 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--head", required=True, help="registry/<name> directory")
     p.add_argument("--profile", default=None, help="profile whose pool and collection settings are used "
                                                    "(default: $ROUTER_LITE_PROFILE or demo)")
+    p.add_argument("--override", default=None, metavar="FILE",
+                   help="a YAML file merged over the profile (also ROUTER_LITE_OVERRIDE)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--device", default="auto")

@@ -40,6 +40,9 @@ from resources.storage import StorageResource
 REGRADE_TAG = "router_lite/regrade"
 COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
+# the assets whose steps call the pool: only these need its key (OPENROUTER_API_KEY for an openrouter pool);
+# `router-lite run` checks the key before the first of them, and each checks it itself (a UI launch)
+POOL_CALLERS = ("preflight", "graded_calls", "benchmark_report")
 
 
 # --- which pool a run uses, and its concurrency pool ---------------------------------------------------------------
@@ -92,7 +95,7 @@ def chosen_pool(context, pool: PoolResource, config: AgentPoolConfig) -> PoolRes
                               f"label only; choose the pool with run config ops: {{preflight: {{config: {{pool: "
                               f"{label}}}}}}}")
     other = pool_named(pool, name)
-    other.check(other.agents())
+    other.check(other.agents(), needed_by="preflight")
     return other
 
 
@@ -120,7 +123,7 @@ def pool_of(pool: PoolResource, preflight: pd.DataFrame) -> PoolResource:
                    "pool, chosen by run config, records that pool's agents itself).")
 def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
     agents = pool.agents()
-    pool.check(agents)
+    pool.check_setup(agents)  # listing the agents calls nothing: no key needed
     df = pd.DataFrame([{"agent": a.name, "model": a.model, "provider": a.provider, "role": a.role,
                         "price_in_per_mtok": a.price_in_per_mtok, "price_out_per_mtok": a.price_out_per_mtok}
                        for a in agents])
@@ -174,13 +177,16 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
         raise RouterLiteError(f"repetition {rep} is beyond profile {prof.name!r}'s {prof.repetitions} repetitions")
     tasks = task_pool[task_pool["source"] == source]
     agents = passed_agents(pool, preflight)
+    regrading = context.run.tags.get(REGRADE_TAG) == "true"  # the regrade job: stored completions only, zero calls
+    if not regrading:
+        pool.require_key("graded_calls")  # a missing key: one line naming it, before the lock and any call
     log = CallLog(storage.calls_dir(pool.kind, source, rep), quarantine=quarantine_setting())
     # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
     # when asked
     wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
-        if context.run.tags.get(REGRADE_TAG) == "true":  # the regrade job: stored completions only, zero calls
+        if regrading:
             calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
         else:
             calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection)

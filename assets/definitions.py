@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from dagster import Definitions, EnvVar, load_asset_checks_from_modules, load_assets_from_modules
+from dagster import Definitions, load_asset_checks_from_modules, load_assets_from_modules
 
 from assets import benchmark, collection, pool_report, publish, router, tasks
 from assets.automation import with_refresh_automation
@@ -23,11 +23,13 @@ ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # 
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
-    """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one)."""
+    """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one). The key is not part of
+    the resource's config: the pool reads OPENROUTER_API_KEY (`api_key_env`, shown in the UI by name) when an asset
+    that calls the pool makes a client, so the assets that do not call it run without a key (an `EnvVar` would be
+    resolved, and fail, for every run using the resource)."""
     cfg = as_profile(profile).pool
-    key = {"api_key": EnvVar(OPENROUTER_KEY_ENV)} if cfg.kind == "openrouter" else {}
     return PoolResource(kind=cfg.kind, pool=pool or cfg.name, base_url=cfg.base_url, key_hosts=list(cfg.key_hosts),
-                        **key)
+                        api_key_env=OPENROUTER_KEY_ENV)
 
 
 def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:

@@ -49,7 +49,9 @@ def print_summary(home: str, profile: str | None = None) -> None:
                 manifest = Path(json.loads(latest.read_text())["path"]) / "manifest.json"
                 if manifest.exists():
                     models = {a["name"]: a["model"] for a in json.loads(manifest.read_text())["agents"]}
-            print(f"\nOperating points on held-out test (costs estimated, USD per 1k queries):\n\n"
+            basis = {True: "costs estimated, ", False: "costs as reported by the provider, "}.get(
+                value.get("costs_estimated"), "")
+            print(f"\nOperating points on held-out test ({basis}USD per 1k queries):\n\n"
                   f"{targets_markdown(value)}\n{value_line(value, 'parity', models)}")
     rv_file = root / "reports" / "router_value.json"
     if rv_file.exists():

@@ -18,7 +18,8 @@ from pipeline.core.errors import RouterLiteError, debug_enabled
 # (stage name, asset keys, partitioning: None | "source" | "source_x_repetition" | "suite")
 STAGES = [
     ("source tasks", ["source_tasks"], "source"),
-    ("task pool", ["task_pool", "agent_pool", "preflight"], None),
+    ("task pool", ["task_pool", "agent_pool"], None),  # no call, no key: `--upto task_pool` stops here
+    ("pre-flight", ["preflight"], None),
     ("collection", ["graded_calls"], "source_x_repetition"),
     ("rewards", ["reward_matrix", "agent_answers", "baselines"], None),
     ("router", ["prompt_embeddings", "pool_report", "router_head", "registered_head", "cascade_router",
@@ -116,21 +117,53 @@ def _step_seconds(instance, run_id: str, into: dict) -> None:
         pass
 
 
+def stages_upto(asset_keys, upto: str | None = None) -> list[tuple[str, list[str], str | None]]:
+    """The stages `run_lineage` materialises: STAGES with the assets of the definitions, up to the stage holding
+    `upto` (all when None or not found)."""
+    out = []
+    for stage, keys, kind in STAGES:
+        keys = [k for k in keys if k in asset_keys]
+        if keys:
+            out.append((stage, keys, kind))
+            if upto and upto in keys:
+                break
+    return out
+
+
+def check_key(defs, stages) -> None:
+    """Before any stage: when a stage about to run calls the pool (`assets.collection.POOL_CALLERS`) and the pool's
+    key is missing, one error naming the variable and the first asset that needs it."""
+    from assets.collection import POOL_CALLERS
+
+    pool = (defs.resources or {}).get("pool")
+    callers = [k for _, keys, _ in stages for k in keys if k in POOL_CALLERS]
+    if callers and callable(getattr(pool, "check", None)):
+        from resources.pool import MissingKeyError, missing_key_message
+
+        try:
+            pool.check()
+        except MissingKeyError as exc:
+            raise RouterLiteError(missing_key_message(exc.env, callers[0], pool.pool, pool.kind)
+                                  + "; set it, or stop before: `router-lite run --upto task_pool` needs no key"
+                                  ) from None
+
+
 def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = None, log=print) -> dict:
     """Materialise the stages in order; returns {"stages": {stage: s}, "steps": {asset step: s}, "total_s": s}."""
     profile = as_profile(profile)
     times: dict = {"stages": {}, "steps": {}}
     t_all = time.time()
-    instance = _instance()
     all_assets = list(defs.assets)
     checks = list(defs.asset_checks or [])
     by_key = {k.to_user_string(): a for a in all_assets for k in a.keys}
+    stages = stages_upto(by_key, upto)
+    check_key(defs, stages)  # a missing key fails now, not after the stages that need none
+    if profile.override:
+        log(f"profile {profile.name} with override {profile.override}")
+    instance = _instance()
     resources = defs.resources
     run_config, replay_warnings = _run_config()
-    for stage, keys, kind in STAGES:
-        keys = [k for k in keys if k in by_key]
-        if not keys:
-            continue
+    for stage, keys, kind in stages:
         t0 = time.time()
         for pk in _partition_keys(kind, profile, by_key[keys[0]]):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
@@ -149,8 +182,6 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = N
                 log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
         times["stages"][stage] = round(time.time() - t0, 1)
         log(f"[{stage}] {', '.join(keys)} done in {time.time() - t0:.1f}s")
-        if upto and upto in keys:
-            break
     times["total_s"] = round(time.time() - t_all, 1)
     times["steps"] = {k: round(v, 1) for k, v in times["steps"].items()}
     return times

@@ -2,9 +2,11 @@
 
 kind:
 - `replay` (default): the in-process replay of real recorded outputs (`pipeline.collect.replay`), no network, no key.
-- `openrouter`: https://openrouter.ai/api/v1 (or `base_url`), key from `api_key` (wire it as
-  `dagster.EnvVar("OPENROUTER_API_KEY")` in definitions) or else the `OPENROUTER_API_KEY` environment variable.
-  A missing key fails in `check()` / `client_for` - before any call - with one message naming OPENROUTER_API_KEY.
+- `openrouter`: https://openrouter.ai/api/v1 (or `base_url`), key from `api_key` or else the environment variable
+  named by `api_key_env` (`OPENROUTER_API_KEY`), read when a client is made - never when the resource is built, so
+  the assets that do not call the pool (the task pool, `agent_pool`, the rewards, the head) run without a key.
+  A missing key fails in `check()` / `client_for` - before any call - with one `MissingKeyError` naming
+  OPENROUTER_API_KEY; `check(needed_by=ASSET)` / `require_key(ASSET)` name the asset (or command) that needs it.
 - `openai_compatible`: any OpenAI-protocol endpoint at `base_url` (e.g. `pipeline.collect.replay.serve`, vLLM); the key
   is optional (`api_key`, else the env var named by `api_key_env` when set, else a dummy).
 
@@ -114,6 +116,20 @@ def default_agents_file() -> Path:
     return base / "agents.yaml"
 
 
+class MissingKeyError(RouterLiteError):
+    """The pool needs an API key and the environment has none: `env` names the variable."""
+
+    def __init__(self, message: str, env: str = OPENROUTER_KEY_ENV):
+        super().__init__(message)
+        self.env = env
+
+
+def missing_key_message(env: str, needed_by: str, pool: str, kind: str) -> str:
+    """One line naming the variable and what needs it."""
+    return (f"{needed_by} needs the {env} environment variable, which is not set (pool {pool!r} of kind {kind!r} "
+            f"calls the provider)")
+
+
 class PoolResource(ConfigurableResource):
     """Agents of `pool` in `agents_file` and their clients (see module doc for `kind`)."""
 
@@ -143,8 +159,8 @@ class PoolResource(ConfigurableResource):
         path = Path(self.agents_file) if self.agents_file else default_agents_file()
         return load_agents(path, self.pool, only=only)
 
-    def setup_for_execution(self, context) -> None:  # dagster hook: a missing key fails at resource init
-        self.check()
+    def setup_for_execution(self, context) -> None:  # dagster hook: a bad setting fails at resource init
+        self.check_setup()  # a missing key does not: only the assets that call the pool need one (`require_key`)
 
     # ------------------------------------------------------------------------------------------------- checks
     def _key(self) -> str | None:
@@ -171,12 +187,30 @@ class PoolResource(ConfigurableResource):
             return self.base_url or (agent.base_url if agent else None) or OPENROUTER_URL
         return self.base_url or (agent.base_url if agent else None)
 
-    def check(self, agents: list[AgentSpec] | None = None) -> None:
-        """Fail before any call: unknown kind, missing OpenRouter key, missing base_url, unrecorded replay model."""
+    def check(self, agents: list[AgentSpec] | None = None, needed_by: str | None = None) -> None:
+        """Fail before any call: unknown kind, missing OpenRouter key, missing base_url, unrecorded replay model.
+        `needed_by` (an asset or command) is named in the missing-key message."""
         spec = pool_kind(self.kind)
         if spec.check is not None:
-            spec.check(self, agents)
+            try:
+                spec.check(self, agents)
+            except MissingKeyError as exc:
+                if needed_by is None:
+                    raise
+                # a plain RouterLiteError: what `router-lite run` and the Dagster step show as the user's one line
+                raise RouterLiteError(missing_key_message(exc.env, needed_by, self.pool, self.kind)) from None
         self.check_key_hosts(agents)
+
+    def check_setup(self, agents: list[AgentSpec] | None = None) -> None:
+        """`check` without the key: what every asset using the pool needs (listing agents, reading the rewards)."""
+        try:
+            self.check(agents)
+        except MissingKeyError:
+            self.check_key_hosts(agents)
+
+    def require_key(self, needed_by: str) -> None:
+        """`needed_by` (an asset or command) calls the pool: fail now, naming it, when the key is missing."""
+        self.check(needed_by=needed_by)
 
     def check_key_hosts(self, agents: list[AgentSpec] | None = None) -> None:
         """An `openrouter` pool sends its key with every request: each base URL must be one that may see it."""
@@ -254,8 +288,8 @@ def _check_replay(res: PoolResource, agents: list[AgentSpec] | None) -> None:
 
 def _check_openrouter(res: PoolResource, agents: list[AgentSpec] | None) -> None:
     if not res._key():
-        raise RouterLiteError(
-            f"pool kind 'openrouter' needs an API key: set the {OPENROUTER_KEY_ENV} environment variable")
+        env = res.api_key_env or OPENROUTER_KEY_ENV
+        raise MissingKeyError(f"pool kind 'openrouter' needs an API key: set the {env} environment variable", env)
 
 
 def _check_openai_compatible(res: PoolResource, agents: list[AgentSpec] | None) -> None:

@@ -19,6 +19,11 @@ meaning; pycma style):
 `load_profile` validates the whole file once (`from_yaml`: the dataclass fields and their type hints are the
 schema): an unknown key, a value of the wrong type or outside its choices anywhere is one `RouterLiteError` naming
 the file and the dotted key. Everything downstream takes the typed `Profile`; nothing re-validates a section.
+
+An override file (`ROUTER_LITE_OVERRIDE=FILE`, or `router-lite run|serve --override FILE`) is merged over the profile
+before that validation: a mapping merges key by key, any other value (a list, a number, a string) replaces the
+profile's. It changes a profile for one machine without copying it, e.g. the pilot's endpoint:
+`pool: {base_url: http://127.0.0.1:8765/api/v1, key_hosts: ["127.0.0.1:8765"]}`.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from pipeline.tasks.sources import SOURCES
 from pipeline.tasks.task_pool import TaskPoolConfig
 
 DEFAULT_PROFILE = "demo"
+OVERRIDE_ENV = "ROUTER_LITE_OVERRIDE"  # a YAML file merged over the active profile (module doc)
 MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
 
 Suite = Literal["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]
@@ -246,6 +252,7 @@ class Profile:
     train: TrainConfig = field(default_factory=TrainConfig)
     benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     path: str = field(default="", metadata={"yaml": False})  # the file it was read from, not a key
+    override: str = field(default="", metadata={"yaml": False})  # the override file merged over it ("" = none)
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -460,19 +467,45 @@ def profile_path(name: str) -> Path:
     return path
 
 
+def override_path() -> Path | None:
+    """The override file named by ROUTER_LITE_OVERRIDE (None when unset); a missing file is an error."""
+    value = os.environ.get(OVERRIDE_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise RouterLiteError(f"{OVERRIDE_ENV}={value}: no such file (a YAML mapping merged over the profile)")
+    return path
+
+
+def merged(base: Any, over: Any) -> Any:
+    """`over` merged over `base`: mappings key by key (recursively), anything else replaced by `over`."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: merged(base.get(k), v) if k in base else v for k, v in over.items()}}
+    return over
+
+
 def load_profile(name: str | None = None) -> Profile:
-    """Read and validate config/profiles/<name>.yaml (default: the active profile) into a typed `Profile`."""
+    """Read and validate config/profiles/<name>.yaml (default: the active profile) into a typed `Profile`, with the
+    override file of ROUTER_LITE_OVERRIDE (when set) merged over it first."""
     name = name or active_profile_name()
     path = profile_path(name)
     if not path.exists():
         known = sorted(p.stem for p in (config_dir() / "profiles").glob("*.yaml"))
         raise RouterLiteError(f"unknown profile {name!r} (ROUTER_LITE_PROFILE); known profiles: {', '.join(known)}")
+    over = override_path()
+    where = f"{path} (override {over})" if over else str(path)
     try:
         raw = _read_yaml(path)
+        if over is not None:
+            extra = _read_yaml(over)
+            if not isinstance(extra, dict):
+                raise RouterLiteError(f"override {over}: expected a mapping, got {_what(extra)}")
+            raw = merged(raw, extra)
         profile = from_yaml(Profile, _ood_form(raw) if isinstance(raw, dict) else raw)
     except RouterLiteError as exc:
-        raise RouterLiteError(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
-    return dataclasses.replace(profile, name=profile.name or name, path=str(path))
+        raise RouterLiteError(f"{where}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
+    return dataclasses.replace(profile, name=profile.name or name, path=str(path), override=str(over or ""))
 
 
 def as_profile(profile: Profile | str | None) -> Profile:
