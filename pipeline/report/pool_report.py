@@ -203,7 +203,9 @@ def cascade_pays(R: np.ndarray, C: np.ndarray, E: np.ndarray, graders, split: np
     return {"target": target, "quality_ratio": t["quality_ratio"], "quality_ratio_ci": t["quality_ratio_ci"],
             "cost_ratio": t["cost_ratio"], "best_single": agents[best], "n_test": int(masks["held_out"].sum()),
             "plan": t["plan"],
-            "text": (f"a cascade pays: {t['quality_ratio']:.1%} of {agents[best]}'s quality (95 % CI "
+            "text": (("a cascade pays" if t["cost_ratio"] is not None and t["cost_ratio"] < 1 else
+                      "a cascade does not pay here")
+                     + f": {t['quality_ratio']:.1%} of {agents[best]}'s quality (95 % CI "
                      f"{t['quality_ratio_ci'][0]:.1%}–{t['quality_ratio_ci'][1]:.1%}) at {t['cost_ratio']:.0%} of "
                      f"its cost (target {target} chosen on validation, test n={int(masks['held_out'].sum())})")}
 
