@@ -73,8 +73,9 @@ def _logged(home: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _benchmark_rows(home: Path) -> pd.DataFrame:
-    rows = [json.loads(line) for f in (home / "calls" / "openrouter" / "benchmark").glob("*/*.jsonl")
+def _benchmark_rows(home: Path, log: str = "benchmark") -> pd.DataFrame:
+    """Call-log rows of the routed benchmark (`benchmark`: the head's; `benchmark_cascade`: the cascade's stages)."""
+    rows = [json.loads(line) for f in (home / "calls" / "openrouter" / log).glob("*/*.jsonl")
             for line in f.read_text().splitlines() if line.strip()]
     return pd.DataFrame(rows)
 
@@ -201,7 +202,9 @@ def test_pilot_end_to_end_through_the_openrouter_standin(tmp_path, temp_instance
     assert set(calls["status"]) == {"ok"}, calls["status"].value_counts()  # no error row: the storm was waited out
     assert ok["call_key"].nunique() == wanted and len(ok) == wanted  # 0 lost, 0 doubled in the log
     bench = _benchmark_rows(home)
-    remade = answered_all - answered_before - len(bench)  # collection calls answered during the resume
+    cascade_bench = _benchmark_rows(home, "benchmark_cascade")  # the cascade's stage calls, their own log
+    assert len(cascade_bench) > 0 and set(cascade_bench["usage_source"]) == {"provider"}
+    remade = answered_all - answered_before - len(bench) - len(cascade_bench)  # collection calls of the resume
     assert remade == wanted - len(logged_before), (remade, wanted, len(logged_before))  # nothing logged re-made
     in_flight = answered_before - len(logged_before)  # answered, then killed before the log had them
     assert 0 <= in_flight <= 8  # at most the collection concurrency
