@@ -14,6 +14,20 @@ TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (frac
                "quality), budget=USD per 1k queries, lambda=L")
 
 
+BACKBONE_HELP = ("embedding model: a hub id or local dir (sentence-transformers / transformers), `static` (Model2Vec "
+                 "distilled from the bundled MiniLM, built once under $ROUTER_LITE_HOME/backbones) or a static model "
+                 "dir (docs/backbones.md)")
+
+
+def profile_with_backbone(profile, backbone: str | None):
+    """`profile` with `backbone.model` replaced (`run --backbone`), or as it is when None."""
+    if not backbone:
+        return profile
+    import dataclasses
+
+    return dataclasses.replace(profile, backbone=dataclasses.replace(profile.backbone, model=backbone))
+
+
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
@@ -28,6 +42,7 @@ def cmd_run(args) -> int:
     from resources.storage import default_home
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
+    profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
     times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
     print_summary(default_home(), args.profile)
@@ -96,7 +111,7 @@ def cmd_train(args) -> int:
     path = registry.register(
         out, fit.head, fit.guard, fit.best_single,
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1])},
+                  "dim": int(X.shape[1]), **bb.registry_fields()},
         agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
         data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
                      "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
@@ -109,14 +124,19 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _head_backbone(reg, device: str, dtype: str = "auto"):
+def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = None):
     """The backbone a registered head was trained on, as its manifest names it."""
+    from pathlib import Path
+
     from pipeline.route.embed import Backbone
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
-    return Backbone(bb["id"], pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
-                    max_seq_length=int(bb.get("max_seq_length", 256)))
+    model = bb["id"]
+    if bb.get("kind") == "static" and bb.get("path") and Path(bb["path"]).is_dir():
+        model = bb["path"]  # the files it was trained on (the alias would distil them again under another home)
+    return Backbone(model, pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
+                    max_seq_length=int(bb.get("max_seq_length", 256)), threads=threads)
 
 
 def cmd_route(args) -> int:
@@ -274,6 +294,7 @@ def _add_run_command(sub) -> None:
                    help="config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
+    p.add_argument("--backbone", default=None, help=BACKBONE_HELP + " (default: the profile's backbone.model)")
     p.add_argument("--wait-for-collection", action="store_true",
                    help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
@@ -293,7 +314,7 @@ def _add_train_command(sub) -> None:
     p.add_argument("--ship-confidence", type=float, default=0.9,
                    help="ship the head only if its validation gain over the best single agent is > 0 with this "
                         "one-sided bootstrap confidence (0: any positive point gain; default 0.9)")
-    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
     p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument("--device", default="auto")
@@ -318,7 +339,7 @@ def _add_regrade_command(sub) -> None:
 def _add_replicate_command(sub) -> None:
     p = sub.add_parser("replicate", help="RouterBench-style replication table on a bundled suite")
     p.add_argument("--suite", default="routerbench")
-    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.set_defaults(fn=cmd_replicate)
