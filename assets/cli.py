@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
@@ -241,6 +242,10 @@ def cmd_serve(args) -> int:
         raise RouterLiteError(f"--port {args.port} is not a TCP port (0-65535)")
     if args.threads < 0:
         raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
+    if args.workers < 1:
+        raise RouterLiteError(f"--workers {args.workers} must be >= 1")
+    if args.workers > 1 and args.fd is None:
+        return _serve_workers(args)
     reg = registry.load(args.head)
     reg.resolve_target(args.target)  # a bad default target fails before serving
     profile = load_profile(args.profile)
@@ -257,7 +262,7 @@ def cmd_serve(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    bb = _head_backbone(reg, args.device, dtype=args.dtype)
+    bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     app = build_app(reg, bb, agents, pool.client_for, settings)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     if not args.verbose:
@@ -267,9 +272,70 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
+    if args.fd is not None:  # one worker of `--workers N`: serve the socket the parent bound
+        import socket
+
+        sock = socket.socket(fileno=args.fd)
+        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
+                                **settings.uvicorn_options())
+        uvicorn.Server(config).run(sockets=[sock])
+        return 0
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
                 access_log=bool(args.verbose), **settings.uvicorn_options())
     return 0
+
+
+def _serve_workers(args) -> int:
+    """`serve --workers N`: bind the port once, start N `serve` processes that each load the head and backbone and
+    accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
+    exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
+    import signal
+    import socket
+    import subprocess
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    # the same command; the later --workers / --threads win, --fd hands over the socket
+    cmd = [sys.executable, "-m", "assets.cli", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
+           "--threads", str(threads)]
+    procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),)) for _ in range(args.workers)]
+    print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
+          f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
+          flush=True)
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    rc = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            for p in procs:
+                if p.poll() is not None and not stopping:
+                    rc = p.returncode or 1
+                    print(f"router-lite serve: worker {p.pid} exited with {p.returncode}; stopping the others",
+                          file=sys.stderr, flush=True)
+                    stop()
+            time.sleep(0.2)
+    finally:
+        stop()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        sock.close()
+    return 0 if stopping and rc == 0 else rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -373,11 +439,16 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a new prompt waits for others to batch with (0: no wait)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="server processes behind the one port, each with its own backbone and batcher (default 1; "
+                        "docs/serving.md has the measurement)")
+    p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts N of the same command
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # settings read deeper down (assets/run.py, the graded_calls step), for this command only
