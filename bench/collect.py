@@ -13,17 +13,17 @@
 
 2. Realistic latencies (`--realistic`, also part of the default run): the same collector against
    bench/realistic_endpoint.py (its own process): lognormal latency, median 2 s, p99 20 s (capped at 60 s), 2 % of
-   first requests answered 429 + Retry-After 1 s, every time multiplied by `--time-scale` (default 0.5: median 1 s,
-   p99 10 s, Retry-After 0.5 s, so a level takes ~40 s and the call rate is twice a real provider's), at concurrency
-   32, 128, 512. Each level makes `--realistic-generations` x concurrency calls (default 12: each slot is reused ~12
-   times). The ratio is the time-averaged number of calls in flight (at the endpoint, or in a Retry-After wait the
-   endpoint imposed) over the concurrency limit, from the first request to the start of the last new call (after
-   that, slots empty by necessity): by Little's law that is calls/s over the limit (concurrency / mean latency)
-   without the heavy tail's sampling noise. Also: collector CPU per call, and lost (a task without exactly one graded
-   row, or no 200 reply) / doubled (a prompt answered 200 more than once) calls (goal: >= 0.95, 0, 0). Written
-   under "realistic" in collect.json.
+   first requests answered 429 + Retry-After 1 s, every time multiplied by `--time-scale` (default 1: the provider's
+   own times; 0.5 halves the run and doubles the call rate), at concurrency 32, 128, 512. Each level makes
+   `--realistic-generations` x concurrency calls (default 10: each slot is reused ~10 times, ~35 s of issuing plus
+   the tail's drain, at most the 60 s cap). The ratio is the time-averaged number of calls in flight (at the
+   endpoint, or in a Retry-After wait the endpoint imposed) over the concurrency limit, from the first request to the
+   start of the last new call (after that, slots empty by necessity): by Little's law that is calls/s over the limit
+   (concurrency / mean latency) without the heavy tail's sampling noise. Also: collector CPU per call, and lost (a
+   task without exactly one graded row, or no 200 reply) / doubled (a prompt answered 200 more than once) calls
+   (goal: >= 0.95, 0, 0). Written under "realistic" in collect.json.
 
-       python bench/collect.py --realistic [--realistic-levels 32 128 512] [--time-scale 0.5]
+       python bench/collect.py --realistic [--realistic-levels 32 128 512] [--time-scale 1]
 
 3. Replay accuracy (`--replay-accuracy`): the demo pool (5 replayed agents) on every MMLU-Pro question (bundled
    task source) recorded for all 5 demo models, through `collect` on the in-process replay transport, graded with
@@ -332,8 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--realistic", action="store_true", help="only the realistic-latency part (part 2)")
     ap.add_argument("--no-realistic", action="store_true", help="skip the realistic-latency part")
     ap.add_argument("--realistic-levels", type=int, nargs="+", default=[32, 128, 512])
-    ap.add_argument("--time-scale", type=float, default=0.5, help="multiplies the realistic endpoint's times")
-    ap.add_argument("--realistic-generations", type=float, default=12.0,
+    ap.add_argument("--time-scale", type=float, default=1.0, help="multiplies the realistic endpoint's times")
+    ap.add_argument("--realistic-generations", type=float, default=10.0,
                     help="calls per level = this x concurrency")
     args = ap.parse_args(argv)
     home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
