@@ -182,12 +182,20 @@ def in_flight_ratio(events: list, c: int) -> dict:
     first_hit: dict[str, float] = {}
     for t_in, _, _, h, _ in events:
         first_hit[h] = min(t_in, first_hit.get(h, t_in))
-    w0, w1 = min(first_hit.values()), max(first_hit.values())
-    busy = 0.0
-    for t_in, t_out, status, _, extra in events:
-        end = t_out + (float(extra) if status == 429 else 0.0)  # the wait the endpoint imposed is its time too
-        busy += max(0.0, min(end, w1) - max(t_in, w0))
-    return {"ratio": busy / (c * (w1 - w0)) if w1 > w0 else float("nan"), "window_s": w1 - w0}
+    starts = sorted(first_hit.values())
+    w1 = starts[-1]
+
+    def ratio(w0: float) -> float:
+        busy = 0.0
+        for t_in, t_out, status, _, extra in events:
+            end = t_out + (float(extra) if status == 429 else 0.0)  # the wait the endpoint imposed is its time too
+            busy += max(0.0, min(end, w1) - max(t_in, w0))
+        return busy / (c * (w1 - w0)) if w1 > w0 else float("nan")
+
+    # ratio: from the first request (the ramp of starting c calls counts); steady: from the c-th new call's start
+    ramp_end = starts[min(c, len(starts)) - 1]
+    return {"ratio": ratio(starts[0]), "window_s": w1 - starts[0], "ramp_s": ramp_end - starts[0],
+            "ratio_after_ramp": ratio(ramp_end)}
 
 
 def realistic(levels: list[int], time_scale: float, generations: float, processes: int = 0) -> dict:
@@ -231,6 +239,7 @@ def realistic(levels: list[int], time_scale: float, generations: float, processe
                 n429 = sum(1 for e in ev if e[2] == 429)
                 row = {"concurrency": c, "processes": nproc, "calls": n, "graded": r["graded"],
                        "ratio": round(flight["ratio"], 4), "window_s": round(flight["window_s"], 1),
+                       "ramp_s": round(flight["ramp_s"], 2), "ratio_after_ramp": round(flight["ratio_after_ramp"], 4),
                        "wall_s": round(wall, 1), "calls_per_s": round(r["graded"] / wall, 1),
                        "whole_run_over_limit": round(r["graded"] / wall / (c / (sum(lat) / len(lat))), 3),
                        "latency_p50_s": round(float(pd.Series(lat).median()), 3),
@@ -240,7 +249,9 @@ def realistic(levels: list[int], time_scale: float, generations: float, processe
                 rows.append(row)
                 lost_total, doubled_total = lost_total + lost, doubled_total + doubled
                 print(f"realistic concurrency {c:4d} ({nproc} process{'es' if nproc > 1 else ''}): {n} calls, "
-                      f"in flight {row['ratio']:.3f} of the limit over {row['window_s']} s, {row['calls_per_s']}/s, "
+                      f"in flight {row['ratio']:.3f} of the limit over {row['window_s']} s "
+                      f"({row['ratio_after_ramp']:.3f} after the {row['ramp_s']} s ramp to {c} calls), "
+                      f"{row['calls_per_s']}/s, "
                       f"{n429} x 429, CPU {row['cpu_ms_per_call']} ms/call, lost {lost}, doubled {doubled} "
                       f"(load avg {row['load_avg_1m']})", flush=True)
                 if row["ratio"] >= 0.95:
