@@ -341,7 +341,8 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what the command sets by default: restored afterwards
     httpx_log = logging.getLogger("httpx")
     monkeypatch.setattr(httpx_log, "level", httpx_log.level)
-    assert cli.main(["serve", "--head", str(reg.path), "--profile", "smoke", "--port", "0", "--device", "cpu"]) == 0
+    assert cli.main(["serve", "--head", str(reg.path), "--profile", "smoke", "--port", "0", "--device", "cpu",
+                     "--workers", "1"]) == 0  # one process: the app it runs is captured here
     assert captured["host"] == "127.0.0.1" and captured["port"] == 0
     assert reg.name in capsys.readouterr().err
     prompt = tasks["prompt"].iloc[N_TRAIN + N_VAL]

@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,17 +59,16 @@ def test_two_workers_behind_one_port(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head_dir), "--profile",
                              "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # read as it comes
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200 and \
-                        len(_children(proc.pid)) == 2:
-                    break
-            except httpx.HTTPError:
-                pass
+        while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
+            assert proc.poll() is None, "".join(lines)
+            if sum("router-lite serve: head " in ln for ln in lines) == 2:
+                break
             time.sleep(0.3)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
         workers = _children(proc.pid)
         assert len(workers) == 2
         for p in prompts:  # each on a new connection: the kernel may hand it to either worker
@@ -86,5 +86,5 @@ def test_two_workers_behind_one_port(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-    out = proc.stdout.read()
+    out = "".join(lines)
     assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
