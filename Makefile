@@ -26,7 +26,8 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
-# the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/
+# the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/ (embed.json: static;
+# serve.json: static, workers; collect.json: realistic; docs/backbones.md has the generated table)
 bench: install
 	$(BIN)/python bench/embed.py
 	$(BIN)/python bench/serve.py
@@ -36,6 +37,8 @@ bench: install
 	  echo "-- $$f.json"; $(BIN)/python -c "import json,sys; d=json.load(open(sys.argv[1])); \
 	  print(json.dumps({k: v for k, v in d.items() if k not in ('speed','routing','levels','rows')}, indent=1))" \
 	  "$(ROUTER_LITE_HOME)/bench/$$f.json" || true; done
+	@echo; echo "== backbone tables (python scripts/backbone_table.py --write puts them into docs/backbones.md)"
+	$(BIN)/python scripts/backbone_table.py || true
 
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

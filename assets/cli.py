@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
@@ -24,6 +25,21 @@ def _use_override(args) -> None:
         os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
 
 
+DEFAULT_WORKERS = 2  # `serve` processes: on 2 cores, 2 gave ~1.4x the cold requests/s of 1 at the same p99
+BACKBONE_HELP = ("embedding model: a hub id or local dir (sentence-transformers / transformers), `static` (Model2Vec "
+                 "distilled from the bundled MiniLM, built once under $ROUTER_LITE_HOME/backbones) or a static model "
+                 "dir (docs/backbones.md)")
+
+
+def profile_with_backbone(profile, backbone: str | None):
+    """`profile` with `backbone.model` replaced (`run --backbone`), or as it is when None."""
+    if not backbone:
+        return profile
+    import dataclasses
+
+    return dataclasses.replace(profile, backbone=dataclasses.replace(profile.backbone, model=backbone))
+
+
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
@@ -39,6 +55,7 @@ def cmd_run(args) -> int:
     from resources.storage import default_home
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
+    profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
     times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
     print_summary(default_home(), args.profile)
@@ -107,7 +124,7 @@ def cmd_train(args) -> int:
     path = registry.register(
         out, fit.head, fit.guard, fit.best_single,
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1])},
+                  "dim": int(X.shape[1]), **bb.registry_fields()},
         agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
         data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
                      "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
@@ -174,14 +191,19 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
                         for k, t in chosen["targets"].items()}}
 
 
-def _head_backbone(reg, device: str, dtype: str = "auto"):
+def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = None):
     """The backbone a registered head was trained on, as its manifest names it."""
+    from pathlib import Path
+
     from pipeline.route.embed import Backbone
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
-    return Backbone(bb["id"], pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
-                    max_seq_length=int(bb.get("max_seq_length", 256)))
+    model = bb["id"]
+    if bb.get("kind") == "static" and bb.get("path") and Path(bb["path"]).is_dir():
+        model = bb["path"]  # the files it was trained on (the alias would distil them again under another home)
+    return Backbone(model, pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
+                    max_seq_length=int(bb.get("max_seq_length", 256)), threads=threads)
 
 
 def cmd_route(args) -> int:
@@ -321,6 +343,10 @@ def cmd_serve(args) -> int:
     if args.threads < 0:
         raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
     _use_override(args)
+    if args.workers is None:  # measured on 2 cores (docs/serving.md): 2 processes > 1 with the batcher
+        args.workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
+    if args.workers < 1:
+        raise RouterLiteError(f"--workers {args.workers} must be >= 1")
     profile = load_profile(args.profile)
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
@@ -329,6 +355,8 @@ def cmd_serve(args) -> int:
     reg.resolve_target(args.target)  # a bad default target fails before serving
     agents = pool.agents()
     pool.check(agents, needed_by="serve")
+    if args.workers > 1 and args.fd is None:  # the head, target, profile and pool are checked: start the workers
+        return _serve_workers(args)
     settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
                                              max_messages=args.max_messages, max_batch=args.max_batch,
                                              batch_wait_ms=args.batch_wait_ms)
@@ -338,7 +366,7 @@ def cmd_serve(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    bb = _head_backbone(reg, args.device, dtype=args.dtype)
+    bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     app = build_app(reg, bb, agents, pool.client_for, settings)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     if not args.verbose:
@@ -348,9 +376,70 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
+    if args.fd is not None:  # one worker of `--workers N`: serve the socket the parent bound
+        import socket
+
+        sock = socket.socket(fileno=args.fd)
+        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
+                                **settings.uvicorn_options())
+        uvicorn.Server(config).run(sockets=[sock])
+        return 0
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
                 access_log=bool(args.verbose), **settings.uvicorn_options())
     return 0
+
+
+def _serve_workers(args) -> int:
+    """`serve --workers N`: bind the port once, start N `serve` processes that each load the head and backbone and
+    accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
+    exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
+    import signal
+    import socket
+    import subprocess
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    # the same command; the later --workers / --threads win, --fd hands over the socket
+    cmd = [sys.executable, "-m", "assets.cli", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
+           "--threads", str(threads)]
+    procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),)) for _ in range(args.workers)]
+    print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
+          f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
+          flush=True)
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    rc = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            for p in procs:
+                if p.poll() is not None and not stopping:
+                    rc = p.returncode or 1
+                    print(f"router-lite serve: worker {p.pid} exited with {p.returncode}; stopping the others",
+                          file=sys.stderr, flush=True)
+                    stop()
+            time.sleep(0.2)
+    finally:
+        stop()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        sock.close()
+    return 0 if stopping and rc == 0 else rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,6 +468,7 @@ def _add_run_command(sub) -> None:
     p.add_argument("--override", default=None, metavar="FILE",
                    help="a YAML file merged over the profile, e.g. pool.base_url / pool.key_hosts for a local "
                         "endpoint (also ROUTER_LITE_OVERRIDE; docs/operations.md)")
+    p.add_argument("--backbone", default=None, help=BACKBONE_HELP + " (default: the profile's backbone.model)")
     p.add_argument("--wait-for-collection", action="store_true",
                    help="if another run is collecting a partition, wait for it instead of failing (docs/operations.md)")
     p.add_argument("--quarantine-bad-log-lines", action="store_true",
@@ -401,7 +491,7 @@ def _add_train_command(sub) -> None:
     p.add_argument("--ship-confidence", type=float, default=0.9,
                    help="ship the head only if its validation gain over the best single agent is > 0 with this "
                         "one-sided bootstrap confidence (0: any positive point gain; default 0.9)")
-    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
     p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument("--device", default="auto")
@@ -430,7 +520,7 @@ def _add_regrade_command(sub) -> None:
 def _add_replicate_command(sub) -> None:
     p = sub.add_parser("replicate", help="RouterBench-style replication table on a bundled suite")
     p.add_argument("--suite", default="routerbench")
-    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
     p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.set_defaults(fn=cmd_replicate)
@@ -466,11 +556,16 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a new prompt waits for others to batch with (0: no wait)")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"server processes behind the one port, each with its own backbone and batcher (default "
+                        f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
+    p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts N of the same command
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # settings read deeper down (assets/run.py, the graded_calls step), for this command only

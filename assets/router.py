@@ -146,7 +146,7 @@ def registered_head(context: AssetExecutionContext, router_head: dict, preflight
     path = registry.register(
         storage.path("registry"), head, guard, router_head["best_single"],
         backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
-                  "max_seq_length": backbone.max_seq_length, "dim": head.d},
+                  "max_seq_length": backbone.max_seq_length, "dim": head.d, **bb.registry_fields()},
         agents=agents, training={**router_head["train_config"], "activation": head.activation,
                                  "pool": pool.pool, "pool_kind": pool.kind},
         data_hashes=data_hashes, metrics=router_head["metrics"], scorer=scorer,

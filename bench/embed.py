@@ -11,6 +11,7 @@ Variants (all through `pipeline.route.embed.Backbone`, the same longest-first ba
 - onnx-int8      the same export, onnxruntime quantize_dynamic (per-channel QInt8; FFN down-projections kept float)
 - openvino-fp32  backend="openvino", dtype="float32"
 - openvino-bf16  backend="openvino", dtype="bfloat16" (bf16 inference precision: AVX512-BF16 / AMX)
+- static         Backbone("static"): Model2Vec distilled from the bundled MiniLM (256-d; built once, cached)
 Speed: round-robin rounds, each round timed on the same prompts; the ratio to torch-fp32 is taken per round (same
 machine state) and the median reported, wall clock and process CPU time.
 
@@ -20,8 +21,15 @@ train/validation rows (cached in $ROUTER_LITE_HOME/embeddings); each variant emb
 the same head routes them: decision agreement with the float32 picks, held-out reward, and whether it lies in the
 95 % bootstrap interval of the float32 head's reward (plus the paired interval of the difference).
 
+The static backbone embeds into another space (256-d), so the float32 head cannot read its rows: it gets its own
+head, trained the same way on its own embeddings of the same train/validation rows; its agreement is with the float32
+head's picks and its held-out reward is set against the float32 head's 95 % CI (goal: inside it; and >= 30x the
+prompts/s of OpenVINO bf16).
+
 Criteria for the default CPU backend: speed >= 3x, cosine min >= 0.995, agreement >= 0.99, quality in the CI.
-Writes $ROUTER_LITE_HOME/bench/embed.json {backend, speedup_vs_torch_fp32, cosine_min, decision_agreement, ...}.
+Writes $ROUTER_LITE_HOME/bench/embed.json {backend, speedup_vs_torch_fp32, cosine_min, decision_agreement, ...,
+static: {prompts_per_s, speedup_vs_torch_fp32, speedup_vs_openvino_bf16, decision_agreement, test_quality,
+test_quality_fp32, ci_low, ci_high, quality_in_fp32_ci}}.
 """
 from __future__ import annotations
 
@@ -45,7 +53,7 @@ from resources.storage import asset_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP_MMLU_PRO = Path("/tmp/mp/model_outputs_gemini-1.5-pro-002_5shots.json")
-VARIANTS = ("torch-fp32", "torch-bf16", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-bf16")
+VARIANTS = ("torch-fp32", "torch-bf16", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-bf16", "static")
 
 
 # ------------------------------------------------------------------ prompts
@@ -175,10 +183,16 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
     logging.getLogger("pipeline.route.embed").setLevel(logging.ERROR)  # the bench reports skips itself
     specs = {"torch-fp32": ("torch", "float32"), "torch-bf16": ("torch", "bfloat16"), "onnx-fp32": ("onnx", "auto"),
              "onnx-int8": ("onnx", "auto"), "openvino-fp32": ("openvino", "float32"),
-             "openvino-bf16": ("openvino", "bfloat16")}
+             "openvino-bf16": ("openvino", "bfloat16"), "static": ("static", "auto")}
     out = {}
     for name, (backend, dtype) in specs.items():
         if name not in want:
+            continue
+        if name == "static":  # distilled from the bundled MiniLM on first use (~2 min), then read from the cache
+            try:
+                out[name] = Backbone("static", batch_size=bs, export_dir=export_dir, log_every=10**9)
+            except Exception as e:  # noqa: BLE001 - model2vec missing: the rest of the table still runs
+                log(f"# static skipped ({type(e).__name__}: {e})")
             continue
         bb = Backbone(batch_size=bs, backend=backend, dtype=dtype, export_dir=export_dir, log_every=10**9)
         if bb.backend != backend:
@@ -210,15 +224,21 @@ def speed(variants: dict, prompts: list[str], rounds: int) -> dict:
         print(f"# speed round {r + 1}/{rounds} done", flush=True)
     base, n = clocks["torch-fp32"], len(prompts)
     res = {}
+    ov = clocks.get("openvino-bf16")
     for name in variants:
         cs = clocks[name]
-        cm, cmin = cosine(embs[name], embs["torch-fp32"])
+        same_space = embs[name].shape == embs["torch-fp32"].shape  # the static backbone has its own space
+        cm, cmin = cosine(embs[name], embs["torch-fp32"]) if same_space else (None, None)
         res[name] = {"prompts_per_s": round(n / min(c.wall for c in cs), 2),
                      "prompts_per_cpu_s": round(n / min(c.cpu for c in cs), 2),
                      "speedup_wall": round(float(np.median([b.wall / c.wall for b, c in zip(base, cs)])), 3),
                      "speedup_cpu": round(float(np.median([b.cpu / c.cpu for b, c in zip(base, cs)])), 3),
                      "per_round_wall": [round(b.wall / c.wall, 3) for b, c in zip(base, cs)],
-                     "cosine_mean": round(cm, 6), "cosine_min": round(cmin, 6)}
+                     "cosine_mean": None if cm is None else round(cm, 6),
+                     "cosine_min": None if cmin is None else round(cmin, 6)}
+        if ov is not None:  # the same per-round ratio against the default CPU backend
+            res[name]["speedup_vs_openvino_bf16"] = round(float(np.median([o.wall / c.wall
+                                                                          for o, c in zip(ov, cs)])), 3)
     return res
 
 
@@ -268,8 +288,13 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     out = {"n_test": len(U), "head_picks_distinct": len(set(ref.tolist())),
            "fp32_quality": round(q_ref, 4), "fp32_quality_ci95": [round(float(c), 4) for c in ci]}
     for name, bb in variants.items():
-        Xt = X[te] if name == "torch-fp32" else bb.encode(test_prompts)
-        picks = head.pick(Xt)
+        if bb.dim != fp32.dim or getattr(bb, "is_static", False):  # its own space: its own head, trained alike
+            Xs = EmbeddingCache(home / "embeddings").get_or_compute(prompts, bb)
+            own, _ = train_head(Xs[tr], R[tr], B[tr], Xs[va], R[va], B[va], load_profile("demo").train,
+                                agents=agents)
+            picks = own.pick(Xs[te])
+        else:
+            picks = head.pick(X[te] if name == "torch-fp32" else bb.encode(test_prompts))
         r = U[rows, picks]
         diff = (r - ref_r)[idx].mean(1)
         q = float(r.mean())
@@ -280,6 +305,11 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
 
 
 def verdict(sp: dict, rt: dict | None) -> dict:
+    if sp["cosine_min"] is None:  # the static backbone: its own goals (module docstring)
+        ok = {"speed_30x_openvino_bf16": (sp.get("speedup_vs_openvino_bf16") or 0) >= 30.0}
+        if rt:
+            ok["quality_in_ci"] = rt["quality_in_fp32_ci"]
+        return ok
     ok = {"speed_3x": sp["speedup_wall"] >= 3.0, "cosine_min_0.995": sp["cosine_min"] >= 0.995}
     if rt:
         ok["agreement_0.99"] = rt["decision_agreement"] >= 0.99
@@ -336,8 +366,9 @@ def main(argv=None) -> int:
               f"[{r['quality_diff_ci95'][0]:+.4f},{r['quality_diff_ci95'][1]:+.4f}]") if r
              else f"{'-':>6} {'-':>7} {'-':>17}")
         mark = "*" if name == chosen else " "
+        cos = f"{s['cosine_min']:>8.5f}" if s["cosine_min"] is not None else f"{'-':>8}"
         print(f"{name + mark:<14} {s['prompts_per_s']:>9.1f} {s['speedup_wall']:>11.2f} {s['speedup_cpu']:>6.2f} "
-              f"{s['cosine_min']:>8.5f} {q}  "
+              f"{cos} {q}  "
               f"{'all met' if all(ok.values()) else 'missing ' + ','.join(k for k, v in ok.items() if not v)}")
     if rt:
         print(f"fp32 head held-out reward {rt['fp32_quality']:.4f}, 95 % CI {rt['fp32_quality_ci95']} "
@@ -347,7 +378,18 @@ def main(argv=None) -> int:
               "cosine_min": s["cosine_min"], "decision_agreement": r.get("decision_agreement"),
               "quality_in_fp32_ci": r.get("quality_in_fp32_ci"), "criteria": verdict(s, r or None),
               "n_prompts": len(prompts), "source": source, "batch_size": args.batch_size, "rounds": args.rounds,
-              "cores": os.cpu_count(), "speed": sp, "routing": rt}
+              "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "speed": sp, "routing": rt}
+    if "static" in sp:
+        st, rs = sp["static"], (rt or {}).get("static", {})
+        ci = (rt or {}).get("fp32_quality_ci95") or [None, None]
+        result["static"] = {"prompts_per_s": st["prompts_per_s"], "speedup_vs_torch_fp32": st["speedup_wall"],
+                            "speedup_vs_openvino_bf16": st.get("speedup_vs_openvino_bf16"),
+                            "openvino_bf16_prompts_per_s": sp.get("openvino-bf16", {}).get("prompts_per_s"),
+                            "decision_agreement": rs.get("decision_agreement"), "test_quality": rs.get("quality"),
+                            "test_quality_fp32": (rt or {}).get("fp32_quality"), "ci_low": ci[0], "ci_high": ci[1],
+                            "quality_diff_ci95": rs.get("quality_diff_ci95"),
+                            "quality_in_fp32_ci": rs.get("quality_in_fp32_ci"),
+                            "criteria": verdict(st, rs or None)}
     out = Path(args.out) if args.out else home / "bench" / "embed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -60,8 +60,9 @@ def recorded_prompts(n: int, skip: int = 0) -> list[str]:
     return out[skip:]
 
 
-def build_head(out: Path, n: int = 300, max_seq_length: int = 128) -> Path:
-    """Register a MiniLM head trained on real rewards (recorded reply correct?) of `n` prompts; returns its dir."""
+def build_head(out: Path, n: int = 300, max_seq_length: int = 128, backbone: str | None = None) -> Path:
+    """Register a head trained on real rewards (recorded reply correct?) of `n` prompts, embedded by `backbone`
+    (default MiniLM; `static`: the Model2Vec backbone); returns its dir."""
     import pandas as pd
 
     from pipeline.collect.grading import grade
@@ -83,13 +84,13 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128) -> Path:
                             "mean_reward": list(R)})
     split = pd.Series(np.where(np.arange(len(tasks)) % 5 < 3, "train",
                                np.where(np.arange(len(tasks)) % 5 == 3, "validation", "test")))
-    bb = Backbone(None, max_seq_length=max_seq_length)
+    bb = Backbone(backbone, max_seq_length=max_seq_length)
     X = bb.encode(tasks["prompt"].tolist())
     fit = fit_router(X, rewards, split, TrainConfig(generations=10, log_every=0))
     return registry.register(
         out, fit.head, fit.guard, fit.best_single,
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1])},
+                  "dim": int(X.shape[1]), **bb.registry_fields()},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={"generations": 10, "bench": True},
         data_hashes={"bench": f"mmlu_pro first {n} recorded"}, metrics=fit.metrics)
 
@@ -101,7 +102,7 @@ def free_port() -> int:
 
 
 def start_server(head: Path, profile: str, dtype: str, device: str, threads: int = 0, timeout_s: float = 180.0,
-                 mode: str = "batched"):
+                 mode: str = "batched", workers: int = 1):
     import httpx
 
     port = free_port()
@@ -110,7 +111,7 @@ def start_server(head: Path, profile: str, dtype: str, device: str, threads: int
     proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head), "--profile", profile,
                              "--port", str(port), "--dtype", dtype, "--device", device,
                              "--threads", str(threads), "--max-batch", MODES[mode][0],
-                             "--batch-wait-ms", MODES[mode][1]],
+                             "--batch-wait-ms", MODES[mode][1], "--workers", str(workers)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -119,7 +120,11 @@ def start_server(head: Path, profile: str, dtype: str, device: str, threads: int
             log.seek(0)
             raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{log.read().decode()[-3000:]}")
         try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            # with --workers N every worker has loaded its backbone (each prints its banner just before serving)
+            log.seek(0)
+            loaded = log.read().count(b"router-lite serve: head ")
+            if loaded >= workers and httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                time.sleep(0.5 if workers > 1 else 0)  # the last worker's uvicorn startup
                 return proc, url, log
         except httpx.HTTPError:
             pass
@@ -143,7 +148,7 @@ async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, 
     import httpx
 
     todo = iter(prompts)
-    over, lat, errors = [], [], 0
+    over, lat, errors, upstream = [], [], 0, []
     deadline = time.monotonic() + max_seconds
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -165,11 +170,27 @@ async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, 
                     errors += 1
                     continue
                 over.append(float(r.headers["x-router-overhead-ms"]))
+                timing = dict(part.split(";dur=")[:2] for part in r.headers.get("server-timing", "").split(", ")
+                              if ";dur=" in part)
+                if "upstream" in timing:
+                    upstream.append(float(timing["upstream"].split(";")[0]))
 
         t0 = time.perf_counter()
         await asyncio.gather(*[worker() for _ in range(concurrency)])
         seconds = time.perf_counter() - t0
-    return {"overhead_ms": over, "latency_ms": lat, "errors": errors, "seconds": seconds}
+    return {"overhead_ms": over, "latency_ms": lat, "errors": errors, "seconds": seconds, "upstream_ms": upstream}
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and its child processes (the workers of `serve --workers N`)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(c) for c in _children(pid))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -201,6 +222,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-seconds", type=float, default=180.0, help="time limit per phase")
     ap.add_argument("--json", default=None, help="where to write the results (default: "
                                                   "$ROUTER_LITE_HOME/bench/serve.json)")
+    ap.add_argument("--workers", type=int, nargs="*", default=[1, 2],
+                    help="server processes to compare (cold prompts, --workers-clients clients, default backbone); "
+                         "none: skip")
+    ap.add_argument("--workers-clients", type=int, default=16)
+    ap.add_argument("--workers-rounds", type=int, default=2, help="alternating rounds of the workers comparison")
+    ap.add_argument("--static-clients", type=int, nargs="*", default=[1, 16, 64],
+                    help="client levels for a head on the static backbone (cold prompts); none: skip")
+    ap.add_argument("--static-workers", type=int, default=1, help="server processes for the static head")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -260,12 +289,114 @@ def main(argv=None) -> int:
               f"{r['requests']} | {r['errors']} | "
               f"{r['overhead_p50_ms']:.1f} ms | {r['overhead_p99_ms']:.1f} ms | {r['e2e_p50_ms']:.1f} ms | "
               f"{r['e2e_p99_ms']:.1f} ms | {r['req_per_s']:.0f} | {r['server_cpu_ms_per_req']:.1f} ms |")
+    extra = {}
+    if args.workers:
+        extra.update(workers_phase(head, reg, pool, args))
+    if args.static_clients:
+        rows += static_phase(Path(tmp.name), pool, args)
+    result = summary(rows, args)
+    result.update(extra)
+    if args.static_clients:
+        sel = [r for r in rows if r["mode"] == "static"]
+        result["static"] = {"workers": args.static_workers, "backbone": "static", "goals": STATIC_GOALS_MS,
+                            "clients": {str(r["clients"]): {
+                                "p50_ms": r["overhead_p50_ms"], "p99_ms": r["overhead_p99_ms"],
+                                "e2e_p50_ms": r["e2e_p50_ms"], "e2e_p99_ms": r["e2e_p99_ms"],
+                                "req_per_s": r["req_per_s"], "server_cpu_ms_per_req": r["server_cpu_ms_per_req"],
+                                "errors": r["errors"]} for r in sel}}
+        result["static"]["goals_met"] = {c: result["static"]["clients"].get(c, {}).get("p50_ms", float("inf")) <= g
+                                         for c, g in STATIC_GOALS_MS.items()}
+        print(f"\nstatic backbone head: {json.dumps(result['static']['clients'])}", file=sys.stderr)
+    result["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     out = Path(args.json) if args.json else bench_dir() / "serve.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary(rows, args), indent=2, default=float))
+    out.write_text(json.dumps(result, indent=2, default=float))
     print(f"\nwrote {out}", file=sys.stderr)
     tmp.cleanup()
     return 0
+
+
+STATIC_GOALS_MS = {"16": 20.0, "64": 60.0}  # clients -> p50 of the router overhead with the static backbone (issue 19)
+
+
+def batch_throughput(reg, prompts: list[str], rounds: int = 2) -> float:
+    """Prompts/s of the head's backbone embedding `prompts` in batches of 64 in this process (all cores, no server
+    running): the physical limit a cold endpoint can approach."""
+    from pipeline.route.embed import Backbone
+
+    m = reg.manifest["backbone"]
+    bb = Backbone(m["id"], max_seq_length=int(m.get("max_seq_length", 256)), log_every=10**9)
+    bb.encode(prompts[:8])
+    best = 0.0
+    for _ in range(rounds):
+        t = time.perf_counter()
+        bb.encode(prompts)
+        best = max(best, len(prompts) / (time.perf_counter() - t))
+    return best
+
+
+def workers_phase(head: Path, reg, pool: list[str], args) -> dict:
+    """Cold requests/s at `--workers-clients` clients: one server process (the batcher) vs N worker processes behind
+    one port, alternating rounds (fresh servers, so every prompt is new to them), next to the backbone's batch
+    throughput measured here first."""
+    prompts = pool[:args.requests]
+    limit = batch_throughput(reg, prompts)
+    print(f"backbone batch throughput (in-process, batch 64): {limit:.1f} prompts/s", file=sys.stderr, flush=True)
+    per: dict[str, list[dict]] = {str(w): [] for w in args.workers}
+    for rnd in range(args.workers_rounds):
+        for w in args.workers:
+            proc, url, log = start_server(head, args.profile, args.dtype[0], args.device, 0, workers=w)
+            try:
+                asyncio.run(phase(url, reg.name, pool[-16:], 8, 60))  # warm-up on several connections (workers)
+                cpu0 = tree_cpu_seconds(proc.pid)
+                r = asyncio.run(phase(url, reg.name, prompts, args.workers_clients, args.max_seconds))
+                cpu = tree_cpu_seconds(proc.pid) - cpu0
+            finally:
+                stop_server(proc)
+                log.close()
+            row = {"round": rnd, "req_per_s": len(r["latency_ms"]) / r["seconds"], "errors": r["errors"],
+                   "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
+                   "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
+                   "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"]))}
+            per[str(w)].append(row)
+            print(f"workers {w} round {rnd + 1}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    out = {}
+    for w, rs in per.items():
+        out[w] = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k != "round"}
+        out[w]["rounds"] = rs
+    best = max(out, key=lambda w: out[w]["req_per_s"])
+    return {"workers": out, "backbone_batch_prompts_per_s": limit, "workers_best": int(best),
+            "workers_clients": args.workers_clients,
+            "cold_req_per_s_over_batch_throughput": out[best]["req_per_s"] / limit if limit else None}
+
+
+def static_phase(tmpdir: Path, pool: list[str], args) -> list[dict]:
+    """A head trained on the static backbone, served cold at `--static-clients` levels (new prompts per level)."""
+    from pipeline.route import registry
+
+    head = build_head(tmpdir / "static", backbone="static")
+    reg = registry.load(head)
+    rows = []
+    proc, url, log = start_server(head, args.profile, "auto", "cpu", 0, workers=args.static_workers)
+    try:
+        asyncio.run(phase(url, reg.name, pool[-8:], 1, 60))
+        for li, conc in enumerate(args.static_clients):
+            prompts = pool[li * args.requests:(li + 1) * args.requests]
+            cpu0 = tree_cpu_seconds(proc.pid)
+            r = asyncio.run(phase(url, reg.name, prompts, conc, args.max_seconds))
+            cpu = tree_cpu_seconds(proc.pid) - cpu0
+            rows.append({"mode": "static", "dtype": "static", "threads": 0, "clients": conc, "cache": "cold",
+                         "requests": len(r["latency_ms"]), "errors": r["errors"],
+                         "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
+                         "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
+                         "req_per_s": len(r["latency_ms"]) / r["seconds"] if r["seconds"] else float("nan"),
+                         "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"])),
+                         "upstream_p50_ms": pct(r["upstream_ms"], 50)})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        stop_server(proc)
+        log.close()
+    return rows
 
 
 def bench_dir() -> Path:

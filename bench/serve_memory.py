@@ -65,7 +65,8 @@ def main(argv=None) -> int:
            "TOKENIZERS_PARALLELISM": "false"}
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", args.head, "--profile",
-                             args.profile, "--port", str(port), "--device", "cpu"], cwd=REPO, env=env, stdout=log,
+                             args.profile, "--port", str(port), "--device", "cpu", "--workers", "1"],  # one RSS
+                            cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

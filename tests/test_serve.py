@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import time
 from pathlib import Path
@@ -119,6 +120,9 @@ def test_reply_is_the_picked_agents_recorded_text(world, pool, client):
                                               "target": "max-quality", "lambda": 0.0}
         assert raw.headers["x-router-head"] == reg.name
         assert float(raw.headers["x-router-overhead-ms"]) >= 0
+        # Server-Timing: the router's own time, then the upstream call's, apart
+        timing = re.fullmatch(r"router;dur=([0-9.]+), upstream;dur=([0-9.]+)", raw.headers["server-timing"])
+        assert timing and timing.group(1) == raw.headers["x-router-overhead-ms"] and float(timing.group(2)) >= 0
         seen.add(agent)
     # the pick is the head's: same as embedding and routing offline
     X = world[1].encode(tasks["prompt"].iloc[N_TRAIN + N_VAL:N_TRAIN + N_VAL + 6].tolist())
@@ -337,7 +341,8 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what the command sets by default: restored afterwards
     httpx_log = logging.getLogger("httpx")
     monkeypatch.setattr(httpx_log, "level", httpx_log.level)
-    assert cli.main(["serve", "--head", str(reg.path), "--profile", "smoke", "--port", "0", "--device", "cpu"]) == 0
+    assert cli.main(["serve", "--head", str(reg.path), "--profile", "smoke", "--port", "0", "--device", "cpu",
+                     "--workers", "1"]) == 0  # one process: the app it runs is captured here
     assert captured["host"] == "127.0.0.1" and captured["port"] == 0
     assert reg.name in capsys.readouterr().err
     prompt = tasks["prompt"].iloc[N_TRAIN + N_VAL]

