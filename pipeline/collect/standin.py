@@ -387,7 +387,7 @@ class StandInServer:
     (what `pool.key_hosts` must list), `.standin`; `.stop()` or `with`."""
 
     def __init__(self, standin: OpenRouterStandIn, port: int = 0):
-        from pipeline.serve.http_server import LoopbackServer
+        from pipeline.core.http_server import LoopbackServer
 
         self.standin = standin
         self._server = LoopbackServer(standin_app(standin), "127.0.0.1", port, name="openrouter-standin")
