@@ -67,7 +67,7 @@ def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
-    from pipeline.core.validate import train_inputs
+    from pipeline.route.validate import train_inputs
     from pipeline.route import registry
     from pipeline.route.embed import Backbone, EmbeddingCache
     from pipeline.route.fit import fit_router
