@@ -40,11 +40,11 @@ bench: install
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# a local OpenRouter stand-in on 127.0.0.1:8765 (pipeline/collect/standin.py); in another shell:
+# a local OpenRouter stand-in on 127.0.0.1:8765 (pipeline/collect/standin.py; its command line pipeline/standin.py); in another shell:
 #   OPENROUTER_API_KEY=any .venv/bin/router-lite run --profile pilot --override $(ROUTER_LITE_HOME)/standin.yaml
 standin: install
 	@mkdir -p $(ROUTER_LITE_HOME)
-	$(BIN)/python -m pipeline.collect.standin --port 8765 --write-override $(ROUTER_LITE_HOME)/standin.yaml
+	$(BIN)/python -m pipeline.standin --port 8765 --write-override $(ROUTER_LITE_HOME)/standin.yaml
 
 clean:
 	rm -rf $(ROUTER_LITE_HOME)

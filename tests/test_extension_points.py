@@ -18,8 +18,8 @@ import pytest
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
-from pipeline.core.config import AgentPoolSettings, Profile, from_yaml
 from pipeline.core.errors import RouterLiteError
+from pipeline.profile import AgentPoolSettings, Profile, from_yaml
 from pipeline.report.frontier import baseline_policies, policy_table, router_policies
 from pipeline.route import registry
 from pipeline.route.knn import KnnRouter

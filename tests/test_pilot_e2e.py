@@ -300,8 +300,8 @@ def test_serve_without_a_key_is_one_line(monkeypatch, capsys):
 
 def test_an_override_file_points_the_pilot_at_another_endpoint(tmp_path, monkeypatch):
     from assets.definitions import build_definitions
-    from pipeline.core.config import load_profile
     from pipeline.core.errors import RouterLiteError
+    from pipeline.profile import load_profile
 
     f = tmp_path / "o.yaml"
     f.write_text("pool: {base_url: 'http://127.0.0.1:8765/api/v1', key_hosts: ['127.0.0.1:8765']}\n"
