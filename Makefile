@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test bench ui standin clean
+.PHONY: install run test test-fast bench ui standin clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ run: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+
+# the fast lane: everything but the tests marked slow (backbone, servers, lineage materialisations, smoke_home)
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -m "not slow"
 
 # the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/
 bench: install

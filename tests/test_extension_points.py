@@ -196,6 +196,7 @@ def _echo_client(agent: AgentSpec) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(api_key="none", base_url="http://toy.invalid/v1", http_client=http, max_retries=0)
 
 
+@pytest.mark.slow
 def test_the_server_routes_a_registered_toy_router(tmp_path):
     X, R, _ = _data()
     with routers_restored():

@@ -323,6 +323,7 @@ def test_an_override_file_points_the_pilot_at_another_endpoint(tmp_path, monkeyp
         load_profile("pilot")
 
 
+@pytest.mark.slow
 def test_the_standin_speaks_openrouter():
     """The stand-in alone: OpenRouter's response and error shapes, the key, Retry-After, generation stats."""
     import httpx
@@ -362,6 +363,7 @@ def test_the_standin_speaks_openrouter():
         assert grade(text, "B", "mcq_letter")[1] == st.intended(model, "Q?")
 
 
+@pytest.mark.slow
 def test_preflight_excludes_invalid_completions_from_the_standin(monkeypatch):
     """Pre-flight's first criterion (valid completions) through the stand-in: OpenRouter's HTTP 200 carrying an
     `error` object and no choices, on every call of one model -> that agent is excluded with its reason; a 502

@@ -174,6 +174,7 @@ class _Backbone:
         return np.stack([self.X[int(t.split()[-1])] for t in texts])
 
 
+@pytest.mark.slow
 def test_serve_honours_the_target_per_request(tmp_path):
     import httpx
     import openai
