@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test bench ui standin clean
+.PHONY: install run test test-fast bench ui standin clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ run: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest
+
+# the fast lane: everything but the tests marked slow (backbone, servers, lineage materialisations, smoke_home)
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -m "not slow"
 
 # the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/ (embed.json: static;
 # serve.json: static, workers; collect.json: realistic; docs/backbones.md has the generated table)
@@ -43,11 +48,11 @@ bench: install
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# a local OpenRouter stand-in on 127.0.0.1:8765 (pipeline/collect/standin.py); in another shell:
+# a local OpenRouter stand-in on 127.0.0.1:8765 (pipeline/collect/standin.py; its command line pipeline/standin.py); in another shell:
 #   OPENROUTER_API_KEY=any .venv/bin/router-lite run --profile pilot --override $(ROUTER_LITE_HOME)/standin.yaml
 standin: install
 	@mkdir -p $(ROUTER_LITE_HOME)
-	$(BIN)/python -m pipeline.collect.standin --port 8765 --write-override $(ROUTER_LITE_HOME)/standin.yaml
+	$(BIN)/python -m pipeline.standin --port 8765 --write-override $(ROUTER_LITE_HOME)/standin.yaml
 
 clean:
 	rm -rf $(ROUTER_LITE_HOME)

@@ -15,8 +15,8 @@ from assets.shown import rounded
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.collect import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
-from pipeline.core.config import BENCHMARK_SUITES
 from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.profile import BENCHMARK_SUITES
 from pipeline.report.benchmark import benchmark_from_tasks, cascade_benchmark, load_benchmark, score
 from pipeline.report.frontier import (
     PointSet,

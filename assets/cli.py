@@ -20,7 +20,7 @@ def _use_override(args) -> None:
     if getattr(args, "override", None):
         from pathlib import Path
 
-        from pipeline.core.config import OVERRIDE_ENV
+        from pipeline.profile import OVERRIDE_ENV
 
         os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
 
@@ -51,7 +51,7 @@ def cmd_run(args) -> int:
     from assets.definitions import build_definitions
     from assets.report import print_summary
     from assets.run import run_lineage
-    from pipeline.core.config import load_profile
+    from pipeline.profile import load_profile
     from resources.storage import default_home
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
@@ -84,11 +84,11 @@ def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
-    from pipeline.core.validate import train_inputs
     from pipeline.route import registry
     from pipeline.route.embed import Backbone, EmbeddingCache
     from pipeline.route.fit import fit_router
     from pipeline.route.train import TrainConfig
+    from pipeline.route.validate import train_inputs
     from resources.backbone import resolve_device
     from resources.storage import default_home
 
@@ -333,7 +333,7 @@ def cmd_serve(args) -> int:
 
     import uvicorn
 
-    from pipeline.core.config import load_profile
+    from pipeline.profile import load_profile
     from pipeline.route import registry
     from pipeline.serve.app import ServeSettings, build_app, return_big_buffers_to_the_os
     from resources.pool import PoolResource

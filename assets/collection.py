@@ -29,9 +29,9 @@ from pipeline.collect.rewards import baselines as compute_baselines
 from pipeline.collect.rewards import collection_totals, cost_basis
 from pipeline.collect.rewards import reward_matrix as build_matrix
 from pipeline.collect.settings import CollectionSettings
-from pipeline.core.config import Profile, load_profile
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
+from pipeline.profile import Profile, load_profile
 from pipeline.report.publish import publish_dataset
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource

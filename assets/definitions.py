@@ -13,7 +13,7 @@ from assets import benchmark, collection, pool_report, publish, router, tasks
 from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
-from pipeline.core.config import Profile, as_profile
+from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource

@@ -36,7 +36,7 @@ from dagster import (
 from assets.automation import BENCHMARK, FREE_REFRESH, REFRESH_SENSOR, refresh_sensor  # noqa: F401
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
-from pipeline.core.config import Profile
+from pipeline.profile import Profile
 
 RECOLLECTION_TAG = "router_lite/recollection"  # run id of the pre-flight run that started a re-collection
 DASK_ADDRESS_ENV = "ROUTER_LITE_DASK_ADDRESS"

@@ -5,8 +5,8 @@ The module-level defaults (every seed source × 3 repetitions) serve the asset m
 test materialising any source's tasks."""
 from dagster import MultiPartitionsDefinition, StaticPartitionsDefinition
 
-from pipeline.core.config import MAX_REPETITIONS
 from pipeline.core.errors import RouterLiteError
+from pipeline.profile import MAX_REPETITIONS
 from pipeline.tasks.sources import SOURCES
 
 

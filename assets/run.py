@@ -12,8 +12,8 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, MultiPartitionKey, materialize
 
 from assets.automation import IN_PROCESS_TAG
-from pipeline.core.config import Profile, as_profile
 from pipeline.core.errors import RouterLiteError, debug_enabled
+from pipeline.profile import Profile, as_profile
 
 # (stage name, asset keys, partitioning: None | "source" | "source_x_repetition" | "suite")
 STAGES = [

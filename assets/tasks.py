@@ -14,7 +14,7 @@ from dagster import (
 )
 
 from assets.partitions import source_partitions
-from pipeline.core.config import SourceSettings
+from pipeline.profile import SourceSettings
 from pipeline.report.publish import publish_dataset
 from pipeline.tasks.sources import load_source
 from pipeline.tasks.task_pool import (

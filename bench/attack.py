@@ -120,6 +120,7 @@ def demo_with(**collection) -> str:
 # ----------------------------------------------------------------------------------------------------- profiles
 @row("3", "profile: billion-laughs YAML at an integer field")
 def yaml_bomb(tmp: Path) -> str:
+    from pipeline import profile
     from pipeline.core import config
 
     levels = ["  - &l0 [" + ", ".join(["lol"] * 9) + "]"]
@@ -127,7 +128,7 @@ def yaml_bomb(tmp: Path) -> str:
     text = "collection:\n  concurrency:\n" + "\n".join(levels) + "\nsources: {zeroeval_gsm8k: {}}\n"
     t = time.perf_counter()
     with profile_text(tmp, text) as path:
-        msg = refused(lambda: config.load_profile("demo"), str(path), "aliases")
+        msg = refused(lambda: profile.load_profile("demo"), str(path), "aliases")
     bomb = ["lol"] * 9
     for _ in range(9):
         bomb = [bomb] * 9  # 9^10 strings once expanded, 10 lists in memory
@@ -138,43 +139,43 @@ def yaml_bomb(tmp: Path) -> str:
 
 @row("5", "profile: temperature nan / 5 / -1, top_p 2 / inf, max_tokens 1e9")
 def profile_bounds(tmp: Path) -> str:
-    from pipeline.core import config
+    from pipeline import profile
 
     cases = [("temperature", float("nan")), ("temperature", 5), ("temperature", -1), ("top_p", 2),
              ("top_p", float("inf")), ("max_tokens", 10**9)]
     for key, value in cases:
         with profile_text(tmp, demo_with(**{key: value})) as path:
-            refused(lambda: config.load_profile("demo"), str(path), f"collection.{key}")
+            refused(lambda: profile.load_profile("demo"), str(path), f"collection.{key}")
     return f"{len(cases)} values refused at load, each naming file and key"
 
 
 @row("6", "profile: 50 MB file, 100,000-deep nesting, non-UTF-8 bytes")
 def profile_size_depth_encoding(tmp: Path) -> str:
-    from pipeline.core import config
+    from pipeline import profile
 
     t = time.perf_counter()
     with profile_text(tmp, b"description: '" + b"x" * (50 << 20) + b"'\n") as path:
-        refused(lambda: config.load_profile("demo"), str(path), "larger than")
+        refused(lambda: profile.load_profile("demo"), str(path), "larger than")
     big_s = time.perf_counter() - t
     with profile_text(tmp, "train: " + "[" * 100_000 + "]" * 100_000 + "\n") as path:
-        refused(lambda: config.load_profile("demo"), str(path), "nested deeper")
+        refused(lambda: profile.load_profile("demo"), str(path), "nested deeper")
     with profile_text(tmp, b"description: caf\xe9\n") as path:
-        refused(lambda: config.load_profile("demo"), str(path), "not UTF-8")
+        refused(lambda: profile.load_profile("demo"), str(path), "not UTF-8")
     assert big_s < 5, big_s
     return f"each one line; the 50 MB file refused in {big_s:.2f}s"
 
 
 @row("7", "profile: --profile ../path, ROUTER_LITE_PROFILE=<path>, dagster.yaml as a profile")
 def profile_traversal(tmp: Path) -> str:
-    from pipeline.core import config
+    from pipeline import profile
 
     (tmp / "elsewhere").mkdir(exist_ok=True)
     shutil.copy(REPO / "config" / "profiles" / "demo.yaml", tmp / "elsewhere" / "name.yaml")
     rel = os.path.relpath(tmp / "elsewhere" / "name", REPO / "config" / "profiles")
     for name in (rel, str(tmp / "elsewhere" / "name"), "../../dagster"):
-        refused(lambda name=name: config.load_profile(name), "is not a profile name", "ROUTER_LITE_CONFIG")
+        refused(lambda name=name: profile.load_profile(name), "is not a profile name", "ROUTER_LITE_CONFIG")
         with env(ROUTER_LITE_PROFILE=name):
-            refused(lambda: config.load_profile(), "is not a profile name")
+            refused(lambda: profile.load_profile(), "is not a profile name")
     rc, err = cli("run", "--profile", "../../dagster", "--upto", "source_tasks")
     assert rc == 2 and err.count("\n") == 1 and "is not a profile name" in err, (rc, err)
     return "names only; another config dir only through ROUTER_LITE_CONFIG"

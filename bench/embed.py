@@ -259,7 +259,7 @@ def demo_data(home: Path):
 def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     """Head trained on float32 embeddings; each variant's test embeddings routed by it (see the module doc)."""
     from pipeline.collect.rewards import to_arrays
-    from pipeline.core.config import load_profile
+    from pipeline.profile import load_profile
     from pipeline.route.embed import EmbeddingCache
     from pipeline.route.fit import split_masks
     from pipeline.route.train import effective_rewards, train_head

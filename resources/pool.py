@@ -34,8 +34,8 @@ import httpx
 from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
+from pipeline import profile
 from pipeline.collect.agents import AgentSpec, load_agents
-from pipeline.core import config
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.tables import restored
 
@@ -307,8 +307,8 @@ KINDS = POOL_KINDS.keys()  # a live view: a registered kind is known everywhere 
 
 
 def _sync_profile_kinds() -> None:
-    """Profiles check `pool.kind` against `pipeline.core.config.POOL_KINDS` (names only: pipeline/ has no clients)."""
-    config.POOL_KINDS[:] = list(POOL_KINDS)
+    """Profiles check `pool.kind` against `pipeline.profile.POOL_KINDS` (names only: pipeline/ has no clients)."""
+    profile.POOL_KINDS[:] = list(POOL_KINDS)
 
 
 def pool_kind(kind: str) -> PoolKind:

@@ -6,7 +6,7 @@ from typing import Any
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
-from pipeline.core.config import Profile, active_profile_name, load_profile
+from pipeline.profile import Profile, active_profile_name, load_profile
 
 
 class ProfileResource(ConfigurableResource):

@@ -67,9 +67,9 @@ def value_setup(data: str):
     """What the value scripts share: the data, its train/validation/test masks, effective rewards, the ridge-start
     head and the value scorer fitted on train (alpha chosen on validation)."""
     from pipeline.collect.rewards import to_arrays
-    from pipeline.report.value import fit_value_scorer
     from pipeline.route.fit import split_masks
     from pipeline.route.train import effective_rewards, train_head
+    from pipeline.route.value import fit_value_scorer
 
     X, rewards, split, labels, name = pipeline_data() if data == "pipeline" else routerbench_data()
     agents, R, B, C = to_arrays(rewards)

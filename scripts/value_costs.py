@@ -13,9 +13,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np
 from router_value import value_setup
 
-from pipeline.report.frontier import aiq, upper_hull
-from pipeline.report.value import agent_costs
+from pipeline.route.frontier import aiq, upper_hull
 from pipeline.route.train import ridge_path
+from pipeline.route.value import agent_costs
 
 LAMBDAS = np.concatenate([[0], np.geomspace(1e-2, 1e5, 150)])
 

@@ -19,8 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from router_value import value_setup
 
-from pipeline.report.frontier import aiq, upper_hull
-from pipeline.report.value import agent_costs
+from pipeline.route.frontier import aiq, upper_hull
 from pipeline.route.knn import KnnRouter
 from pipeline.route.targets import (
     REPORT_TARGETS,
@@ -30,6 +29,7 @@ from pipeline.route.targets import (
     point_stats,
     resolve,
 )
+from pipeline.route.value import agent_costs
 
 
 def main() -> int:

@@ -66,3 +66,11 @@ def temp_instance_dir(tmp_path):
         cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
     (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
     return root
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the materialised lineage (`smoke_home`, `smoke_home_copy`) is `slow` even when its module
+    forgot the mark, so `make test-fast` (`-m "not slow"`) never materialises the lineage."""
+    for item in items:
+        if {"smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

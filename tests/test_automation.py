@@ -17,6 +17,8 @@ from assets.definitions import build_definitions
 from assets.ops import COLLECTION_JOB
 from assets.run import run_lineage
 
+pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
+
 NEVER = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "prompt_embeddings", "hub_release",
          "routerbench_replication"}
 

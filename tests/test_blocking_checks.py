@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from dagster import AssetCheckResult, AssetCheckSeverity, DagsterInstance, asset, asset_check, materialize
 
 from assets import collection, pool_report, tasks
 from assets.definitions import build_assets, build_definitions, build_resources
 from assets.run import failed_blocking_check
 from resources.storage import asset_path
+
+pytestmark = pytest.mark.slow  # Dagster materialisations of the lineage (make test-fast leaves it out)
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_ASSETS = [a for a in build_assets("smoke") if a.key.to_user_string() in ("source_tasks", "task_pool")] + [

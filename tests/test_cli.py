@@ -27,6 +27,7 @@ def own_files(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path))
     rc = main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),

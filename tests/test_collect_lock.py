@@ -15,6 +15,8 @@ from assets.run import user_error
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
 from pipeline.core.errors import RouterLiteError
 
+pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
+
 PARTITION = "0|mmlu_pro"
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline import profile
 from pipeline.core import config
-from pipeline.core.config import BackboneSettings, Profile, load_profile
 from pipeline.core.errors import RouterLiteError
+from pipeline.profile import BackboneSettings, Profile, load_profile
 
 PROFILES = Path(__file__).resolve().parents[1] / "config" / "profiles"
 
@@ -23,8 +24,8 @@ def test_every_bundled_profile_loads_typed():
         assert prof.name == f.stem and prof.path == str(f)
         for section in ("task_pool", "pool", "collection", "backbone", "train", "benchmark"):
             assert dataclasses.is_dataclass(getattr(prof, section)), (f.stem, section)
-        assert all(isinstance(s, config.SourceSettings) for s in prof.sources.values())
-        assert 1 <= prof.repetitions <= config.MAX_REPETITIONS
+        assert all(isinstance(s, profile.SourceSettings) for s in prof.sources.values())
+        assert 1 <= prof.repetitions <= profile.MAX_REPETITIONS
     demo = load_profile("demo")
     assert demo.pool.kind == "replay" and demo.pool.wide_name == "demo_wide" and demo.repetitions == 1
     assert demo.benchmark.suites == ("routerbench", "zeroeval-outputs")
@@ -144,7 +145,7 @@ def _documented(cls) -> set[str]:
     return set(re.findall(r"^ {4}(\w+) = ", docs, flags=re.M))
 
 
-@pytest.mark.parametrize("cls", config.SECTIONS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", profile.SECTIONS, ids=lambda c: c.__name__)
 def test_every_option_is_in_its_section_table(cls):
     fields = {f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)}
     assert fields == _documented(cls)
@@ -168,8 +169,8 @@ def test_pool_kinds_and_suites_match_their_owners():
     from pipeline.report.suites import PROFILE_BUILDERS
     from resources.pool import KINDS
 
-    assert config.POOL_KINDS == list(KINDS)
-    assert set(SUITES) == set(config.BENCHMARK_SUITES) <= set(PROFILE_BUILDERS)
+    assert profile.POOL_KINDS == list(KINDS)
+    assert set(SUITES) == set(profile.BENCHMARK_SUITES) <= set(PROFILE_BUILDERS)
 
 
 def test_a_definitions_build_reads_the_profile_once(monkeypatch):

@@ -24,6 +24,8 @@ from assets.dask_executor import PRIVATE_NAMES, private_name, router_lite_dask_e
 from assets.ops import DASK_ADDRESS_ENV, DASK_JOB, dask_cluster_config
 from resources.storage import asset_path
 
+pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
+
 AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 
 

@@ -13,6 +13,8 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import mcq_prompt, prompt_hash
 from pipeline.route.embed import Backbone, EmbeddingCache, last_token_pool
 
+pytestmark = pytest.mark.slow  # the backbone (make test-fast leaves it out)
+
 PROMPTS = [
     mcq_prompt("What is the capital of France?", ["Paris", "Rome", "Berlin", "Madrid"]),
     mcq_prompt("Which gas do plants absorb during photosynthesis?", ["Oxygen", "Carbon dioxide", "Nitrogen"]),

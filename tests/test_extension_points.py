@@ -18,8 +18,8 @@ import pytest
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.grading import GRADER_SPECS, GraderSpec, grade, graders_restored, register_grader
-from pipeline.core.config import AgentPoolSettings, Profile, from_yaml
 from pipeline.core.errors import RouterLiteError
+from pipeline.profile import AgentPoolSettings, Profile, from_yaml
 from pipeline.report.frontier import baseline_policies, policy_table, router_policies
 from pipeline.route import registry
 from pipeline.route.knn import KnnRouter
@@ -196,6 +196,7 @@ def _echo_client(agent: AgentSpec) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(api_key="none", base_url="http://toy.invalid/v1", http_client=http, max_retries=0)
 
 
+@pytest.mark.slow
 def test_the_server_routes_a_registered_toy_router(tmp_path):
     X, R, _ = _data()
     with routers_restored():

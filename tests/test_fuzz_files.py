@@ -214,6 +214,7 @@ def test_unknown_held_out_split_is_one_error_line(split):
         assert_refused(*run_train(d / "rewards.jsonl", d / "tasks.jsonl", d / "out", split), d / "out", split)
 
 
+@pytest.mark.slow
 def test_the_unbroken_files_train():
     """The fuzz's starting point is valid: every refusal above is owed to the one thing broken."""
     with tempfile.TemporaryDirectory() as d:

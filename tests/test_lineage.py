@@ -3,10 +3,13 @@ import json
 
 import datasets
 import pandas as pd
+import pytest
 from dagster import AssetKey, DagsterInstance
 
 from pipeline.route import registry
 from resources.storage import asset_path
+
+pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
 
 
 def test_every_stage_materialised_and_checks_pass(smoke_home):

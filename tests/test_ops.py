@@ -40,6 +40,8 @@ from assets.ops import (
 )
 from resources.storage import asset_path
 
+pytestmark = pytest.mark.slow  # Dagster materialisations and the smoke_home lineage (make test-fast leaves it out)
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_AGENTS = ["frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"]
 WIDE_AGENTS = ["wide_jamba", "wide_qwen", "wide_phi"]

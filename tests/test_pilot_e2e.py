@@ -303,8 +303,8 @@ def test_serve_without_a_key_is_one_line(monkeypatch, capsys):
 
 def test_an_override_file_points_the_pilot_at_another_endpoint(tmp_path, monkeypatch):
     from assets.definitions import build_definitions
-    from pipeline.core.config import load_profile
     from pipeline.core.errors import RouterLiteError
+    from pipeline.profile import load_profile
 
     f = tmp_path / "o.yaml"
     f.write_text("pool: {base_url: 'http://127.0.0.1:8765/api/v1', key_hosts: ['127.0.0.1:8765']}\n"
@@ -326,6 +326,7 @@ def test_an_override_file_points_the_pilot_at_another_endpoint(tmp_path, monkeyp
         load_profile("pilot")
 
 
+@pytest.mark.slow
 def test_the_standin_speaks_openrouter():
     """The stand-in alone: OpenRouter's response and error shapes, the key, Retry-After, generation stats."""
     import httpx
@@ -365,6 +366,7 @@ def test_the_standin_speaks_openrouter():
         assert grade(text, "B", "mcq_letter")[1] == st.intended(model, "Q?")
 
 
+@pytest.mark.slow
 def test_preflight_excludes_invalid_completions_from_the_standin(monkeypatch):
     """Pre-flight's first criterion (valid completions) through the stand-in: OpenRouter's HTTP 200 carrying an
     `error` object and no choices, on every call of one model -> that agent is excluded with its reason; a 502

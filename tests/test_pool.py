@@ -20,9 +20,9 @@ from pipeline.collect.collect import collect
 from pipeline.collect.preflight import preflight
 from pipeline.collect.replay import default_recordings_path
 from pipeline.collect.settings import CollectionSettings
-from pipeline.core.config import CollectionConfig, from_yaml
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import mcq_prompt
+from pipeline.profile import CollectionConfig, from_yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_server import FaultServer  # noqa: E402

@@ -217,6 +217,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_partition_then_resume(tmp_path, record_property):
     n, agents = 150, [AGENT, AGENT2]
     settings = CollectionSettings(concurrency=8, timeout_s=5, max_retries=1, backoff_base_s=0.01)

@@ -13,6 +13,8 @@ from assets.cli import main
 from pipeline.core.errors import RouterLiteError
 from pipeline.report.hub_release import _license, build_release, latest_head
 
+pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
+
 TASK_FILES = ["README.md", "data/test.parquet", "data/train.parquet", "data/validation.parquet"]
 HEAD_FILES = ["README.md", "cost_scorer.safetensors", "guard.npz", "head.safetensors", "manifest.json",
               "reference.py", "scorer.safetensors"]

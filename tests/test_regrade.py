@@ -2,6 +2,7 @@
 import json
 
 import pandas as pd
+import pytest
 from dagster import DagsterInstance
 
 from assets.cli import main
@@ -26,6 +27,7 @@ def test_regrade_recomputes_ok_rows_only():
     assert out.loc[1, "correct"] is False and out.loc[2, "correct"] is None  # empty stays wrong, error ungraded
 
 
+@pytest.mark.slow
 def test_regrade_cli_rewrites_stored_grades(smoke_home_copy, monkeypatch, capsys):
     home = smoke_home_copy("regrade-cli")
     f = sorted(asset_path(home, "graded_calls").parent.glob("*.parquet"))[0]
@@ -40,6 +42,7 @@ def test_regrade_cli_rewrites_stored_grades(smoke_home_copy, monkeypatch, capsys
     assert pd.read_parquet(f)["correct"].tolist() == truth.tolist()
 
 
+@pytest.mark.slow
 def test_regrade_job_makes_zero_calls(smoke_home_copy, tmp_path):
     home = smoke_home_copy("regrade-job")
     defs = build_definitions(home=str(home), profile="smoke")

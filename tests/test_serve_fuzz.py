@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.collect.agents import AgentSpec
+from pipeline.core.http_server import LoopbackServer
 from pipeline.route import registry
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
 from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
-from pipeline.serve.http_server import LoopbackServer
 
 pytestmark = pytest.mark.slow
 

@@ -55,6 +55,7 @@ def test_malformed_rows_of_other_sources(tmp_path):
         load_source("math500", path=f)
 
 
+@pytest.mark.slow
 def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
     """A user error inside a Dagster step of `router-lite run`: one line, exit 2, no stack trace; --debug shows it."""
     config = tmp_path / "config"
@@ -79,6 +80,7 @@ def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
     assert p.returncode != 0 and "Traceback" in p.stderr
 
 
+@pytest.mark.slow
 def test_run_replays_step_warnings_and_finds_the_user_error():
     """With Dagster's console silenced, a step's own warnings are still printed, and the RouterLiteError that failed
     the run is found in its failure event (a bug is not taken for a user error)."""

@@ -1,4 +1,4 @@
-"""Operating points (pipeline/route/targets.py), the value report (pipeline/report/value.py)
+"""Operating points (pipeline/route/targets.py), the held-out value (pipeline/route/value.py)
 and targets through the registry."""
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.report.value import routellm_metrics
 from pipeline.route import registry
 from pipeline.route.fit import fit_router
 from pipeline.route.ood import OODGuard
@@ -20,6 +19,7 @@ from pipeline.route.targets import (
     resolve,
 )
 from pipeline.route.train import TrainConfig
+from pipeline.route.value import routellm_metrics
 
 
 @pytest.mark.parametrize("text, want", [
@@ -174,6 +174,7 @@ class _Backbone:
         return np.stack([self.X[int(t.split()[-1])] for t in texts])
 
 
+@pytest.mark.slow
 def test_serve_honours_the_target_per_request(tmp_path):
     import httpx
     import openai

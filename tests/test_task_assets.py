@@ -8,6 +8,8 @@ from assets import tasks
 from assets.definitions import build_assets, build_resources
 from resources.storage import asset_path
 
+pytestmark = pytest.mark.slow  # Dagster materialisations of the task assets (make test-fast leaves it out)
+
 CHECKS = [tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader, tasks.task_pool_proportions,
           tasks.task_pool_deterministic]
 

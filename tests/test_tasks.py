@@ -220,7 +220,7 @@ def test_zeroeval_pool_split_by_source_with_geometry_out_of_distribution(all_tas
 
 
 def test_profile_ood_rule(tmp_path, monkeypatch):
-    from pipeline.core.config import load_profile
+    from pipeline.profile import load_profile
 
     demo = load_profile("demo")
     assert demo.task_pool.ood_column == "category" and demo.task_pool.ood_categories == ("geometry",)

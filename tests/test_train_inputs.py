@@ -132,6 +132,7 @@ def test_unknown_extension_and_missing_task(files, capsys):
     assert_one_error(*train(files, r, t2, capsys=capsys), "r.jsonl: row 20", "'t19' has no row in")
 
 
+@pytest.mark.slow
 def test_csv_and_parquet_files_train(files, capsys):
     """CSV cells hold the list fields as text; the head trained from CSV equals the one from Parquet/JSONL."""
     r_csv, t_csv = write(files / "r.csv", rewards_rows()), write(files / "t.csv", tasks_rows())
@@ -146,6 +147,7 @@ def test_csv_and_parquet_files_train(files, capsys):
     assert a["metrics"] == b["metrics"] and a["agents"] == b["agents"]
 
 
+@pytest.mark.slow
 def test_published_rewards_with_split_and_source_columns(files, capsys):
     """A rewards file that also carries split/source (as the published rewards dataset does) trains; the tasks
     file's values are the ones used."""

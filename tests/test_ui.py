@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # a Dagster webserver on the smoke_home lineage (make test-fast leaves it out)
+
 REPO = Path(__file__).resolve().parents[1]
 LINEAGE = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "reward_matrix", "baselines",
            "prompt_embeddings", "pool_report", "router_head", "registered_head", "benchmark_report",

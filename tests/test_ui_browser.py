@@ -6,6 +6,8 @@ import httpx
 import pytest
 from test_ui import webserver  # noqa: F401 (the fixture: dagster-webserver on a free loopback port)
 
+pytestmark = pytest.mark.slow  # a browser on a Dagster webserver (make test-fast leaves it out)
+
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 GROUPS = "{ assetNodes { groupName } }"
 

@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.http_server import LoopbackServer
 from pipeline.core.prompts import prompt_hash
-from pipeline.serve.http_server import LoopbackServer
 
 CHARS_PER_TOKEN = 4
 TOKEN_COUNT_METHOD = "ceil(characters/4)"  # stated in every replayed `usage` (an extra key): the counts are estimates

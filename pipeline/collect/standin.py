@@ -4,7 +4,7 @@ For running the pilot profile (or any OpenRouter pool) end to end without the ne
 cannot tell it from https://openrouter.ai/api/v1. Start it and point the profile at it with an override file
 (`router-lite run --override FILE`, docs/operations.md, "A local OpenRouter stand-in"):
 
-    python -m pipeline.collect.standin --port 8765            # prints the override file to use
+    python -m pipeline.standin --port 8765                    # prints the override file to use
     router-lite run --profile pilot --override standin.yaml   # pool.base_url / pool.key_hosts -> 127.0.0.1:8765
 
 What it speaks (OpenRouter's shapes, under `/api/v1`):
@@ -48,14 +48,12 @@ next request for the same model and prompt came no earlier), and the requests wi
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import hashlib
 import json
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -387,7 +385,7 @@ class StandInServer:
     (what `pool.key_hosts` must list), `.standin`; `.stop()` or `with`."""
 
     def __init__(self, standin: OpenRouterStandIn, port: int = 0):
-        from pipeline.serve.http_server import LoopbackServer
+        from pipeline.core.http_server import LoopbackServer
 
         self.standin = standin
         self._server = LoopbackServer(standin_app(standin), "127.0.0.1", port, name="openrouter-standin")
@@ -409,11 +407,11 @@ class StandInServer:
         self.stop()
 
 
-def pool_standin(pool: str = "pilot", profile: str | None = "pilot", tasks: Iterable[dict] | None = None,
-                 agents_file: str | Path | None = None, **kwargs: Any) -> OpenRouterStandIn:
+def pool_standin(pool: str = "pilot", tasks: Iterable[dict] | None = None, agents_file: str | Path | None = None,
+                 **kwargs: Any) -> OpenRouterStandIn:
     """A stand-in answering the model ids of `pool` (config/agents.yaml) at their list prices, knowing the tasks of
-    `tasks` (rows with prompt, task_id, gold, grader, source, domain, difficulty, choices) or else of the bundled
-    sources of `profile`."""
+    `tasks` (rows with prompt, task_id, gold, grader, source, domain, difficulty, choices; None = none; a profile's
+    tasks: `pipeline.standin.profile_tasks`)."""
     from pipeline.collect.agents import load_agents
 
     if agents_file is None:
@@ -421,70 +419,5 @@ def pool_standin(pool: str = "pilot", profile: str | None = "pilot", tasks: Iter
         agents_file = Path(base) if base else Path(__file__).resolve().parents[2] / "config"
         agents_file = agents_file / "agents.yaml"
     agents = load_agents(Path(agents_file), pool)
-    if tasks is None:
-        tasks = profile_tasks(profile) if profile else []
-    return OpenRouterStandIn([a.model for a in agents], tasks,
+    return OpenRouterStandIn([a.model for a in agents], list(tasks or []),
                              prices={a.model: (a.price_in_per_mtok, a.price_out_per_mtok) for a in agents}, **kwargs)
-
-
-def profile_tasks(profile: str) -> list[dict]:
-    """Every task of the profile's sources (not only the pool's sample: any pool size is answered)."""
-    from pipeline.core.config import load_profile
-    from pipeline.tasks.sources import load_source
-
-    rows: list[dict] = []
-    for key, src in load_profile(profile).sources.items():
-        df = load_source(key, path=src.path, hub_id=src.hub_id, hub_config=src.hub_config, hub_split=src.hub_split)
-        rows += df.to_dict("records")
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.collect.standin",
-                                 description="A local OpenRouter stand-in on 127.0.0.1 (module doc).")
-    ap.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (0: a free one)")
-    ap.add_argument("--pool", default="pilot", help="the pool of config/agents.yaml whose model ids it answers")
-    ap.add_argument("--profile", default="pilot", help="the profile whose bundled sources it knows the answers of")
-    ap.add_argument("--key-env", default="OPENROUTER_API_KEY",
-                    help="require this variable's value as the bearer key (when it is set; else any key)")
-    ap.add_argument("--faults", default=None, help="a YAML/JSON file: {model id: {fault: value}} (module doc)")
-    ap.add_argument("--latency-ms", type=float, default=20.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--price-factor", type=float, default=1.0, help="reported cost = list price x tokens x this")
-    ap.add_argument("--write-override", default=None, metavar="FILE",
-                    help="write the profile override pointing at this server to FILE")
-    args = ap.parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        print(f"standin: error: --port {args.port} is not a TCP port", file=sys.stderr)
-        return 2
-    try:
-        faults = None
-        if args.faults:
-            import yaml
-
-            faults = yaml.safe_load(Path(args.faults).read_text())
-        standin = pool_standin(args.pool, args.profile, key=os.environ.get(args.key_env) or None, faults=faults,
-                               seed=args.seed, latency_ms=args.latency_ms, price_factor=args.price_factor)
-        server = StandInServer(standin, args.port)
-    except (RouterLiteError, OSError) as exc:
-        print(f"standin: error: {exc}", file=sys.stderr)
-        return 2
-    override = server.override()
-    if args.write_override:
-        import yaml
-
-        Path(args.write_override).write_text(yaml.safe_dump(override, sort_keys=False))
-    print(f"listening {server.base_url} ({len(standin.models)} models of pool {args.pool!r}, "
-          f"{len(standin.tasks)} known tasks); profile override:\n{json.dumps(override)}", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,29 +1,11 @@
-"""Profiles: one YAML file per way of running the lineage (config/profiles/<name>.yaml).
+"""The typed-YAML reader under every profile (the typed profile itself is `pipeline/profile.py`, above the stages).
 
-The active profile is chosen by one setting — `ROUTER_LITE_PROFILE` (or `router-lite --profile NAME`) — never by
-code edits. Default: `demo`, the embedded default (replay pool, bundled data, bundled backbone).
-
-Every section of a profile is a typed, frozen dataclass whose docstring is its table of options (option = default,
-meaning; pycma style):
-
-    sources     dict source -> `SourceSettings`   which benchmarks, and where each one's rows come from
-    task_pool   `pipeline.tasks.task_pool.TaskPoolConfig`   size, balance, split and out-of-distribution set
-                                                            of the task pool
-    pool        `AgentPoolSettings`               the agent pool: kind, pool name(s), endpoint
-    collection  `CollectionConfig`                repetitions + `pipeline.collect.settings.CollectionSettings`
-                                                  (how one call is made)
-    backbone    `BackboneSettings`                the frozen embedding model (`resources.backbone.BackboneResource`)
-    train       `pipeline.route.train.TrainConfig`      the router head's CMA-ES training
-    benchmark   `BenchmarkSettings`               the routed benchmark and the replication suites
-
-`load_profile` validates the whole file once (`from_yaml`: the dataclass fields and their type hints are the
-schema): an unknown key, a value of the wrong type or outside its choices anywhere is one `RouterLiteError` naming
-the file and the dotted key. Everything downstream takes the typed `Profile`; nothing re-validates a section.
-
-An override file (`ROUTER_LITE_OVERRIDE=FILE`, or `router-lite run|serve --override FILE`) is merged over the profile
-before that validation: a mapping merges key by key, any other value (a list, a number, a string) replaces the
-profile's. It changes a profile for one machine without copying it, e.g. the pilot's endpoint:
-`pool: {base_url: http://127.0.0.1:8765/api/v1, key_hosts: ["127.0.0.1:8765"]}`.
+`from_yaml(cls, raw)` reads a YAML mapping into a frozen dataclass: the dataclass fields are the known keys and
+their type hints the types; only lossless readings are made; any failure is one `RouterLiteError`
+"<dotted key>: <problem>". `_read_yaml(path)` reads one file within bounds (size, UTF-8, depth, values with aliases
+expanded); `profile_path(name)` / `override_path()` find the profile and the override file (`OVERRIDE_ENV`);
+`merged(base, over)` merges the override over the profile. Nothing here knows a stage: each stage keeps its own
+option class and `pipeline/profile.py` assembles them.
 """
 from __future__ import annotations
 
@@ -34,28 +16,15 @@ import re
 import reprlib
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.embed import DEFAULT_MODEL_ID
-from pipeline.route.train import TrainConfig
-from pipeline.tasks.sources import SOURCES
-from pipeline.tasks.task_pool import TaskPoolConfig
 
 DEFAULT_PROFILE = "demo"
 OVERRIDE_ENV = "ROUTER_LITE_OVERRIDE"  # a YAML file merged over the active profile (module doc)
-MAX_REPETITIONS = 3  # the seed's 3 repetitions; a profile may use fewer
-
-Suite = Literal["routerbench", "mmlu-pro-outputs", "zeroeval-outputs"]
-# The names of the agent-pool kinds. resources/pool.py owns each kind's client factory (`POOL_KINDS` there) and
-# adds a kind registered with `register_pool_kind` here, so a profile naming it loads (register before loading).
-POOL_KINDS: list[str] = ["replay", "openrouter", "openai_compatible"]
-BENCHMARK_SUITES: tuple[str, ...] = typing.get_args(Suite)
 
 
 def config_dir() -> Path:
@@ -64,209 +33,6 @@ def config_dir() -> Path:
 
 def active_profile_name() -> str:
     return os.environ.get("ROUTER_LITE_PROFILE", DEFAULT_PROFILE)
-
-
-# --- the sections -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SourceSettings:
-    """Where one source's rows come from (`sources.<source>`; `{}` = the bundled copy). First match wins.
-
-    hub_id = None
-        A hub dataset id (or a local dataset dir / data file) read through `datasets.load_dataset`.
-    hub_config = None
-        The hub dataset's configuration name (with ``hub_id``).
-    hub_split = "test"
-        The hub dataset's split (with ``hub_id``).
-    path = None
-        A local Parquet, JSONL (optionally .gz) or CSV file in the source's original format (docs/tasks.md).
-        Needed for a source without a bundled copy (rlpr).
-    """
-
-    hub_id: str | None = None
-    hub_config: str | None = None
-    hub_split: str = "test"
-    path: str | None = None
-
-
-@dataclass(frozen=True)
-class OodSpec:
-    """`task_pool.ood`: the general form of `task_pool.ood_categories` (set one or the other).
-
-    column = "category"
-        The task column whose values mark a task out-of-distribution.
-    values = ()
-        Values of ``column`` kept out of training entirely (split "test", ood=True). At least one.
-    """
-
-    column: str = "category"
-    values: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.values:
-            raise RouterLiteError("task_pool.ood.values must name at least one value")
-
-
-@dataclass(frozen=True)
-class AgentPoolSettings:
-    """The agent pool (`pool:`): which agents of config/agents.yaml answer, and through which client.
-
-    kind = "replay"
-        "replay" (real recorded outputs, in process, no key), "openrouter" (needs OPENROUTER_API_KEY) or
-        "openai_compatible" (any OpenAI-protocol endpoint at ``base_url``). Also names the Dagster concurrency pool
-        `provider:<kind>` when the pool's agents mix providers, and the call-log directory.
-    name = "demo"
-        The pool in config/agents.yaml.
-    wide_name = None
-        A wider pool of the same kind that the re-collection schedule collects with (None = no re-collection).
-    base_url = None
-        Endpoint of the pool's client (None = the kind's default; required for openai_compatible).
-    key_hosts = ()
-        Hosts (``host`` or ``host:port``) besides openrouter.ai that may receive the API key.
-    """
-
-    kind: str = field(default="replay", metadata={"choices": lambda: POOL_KINDS})
-    name: str = "demo"
-    wide_name: str | None = None
-    base_url: str | None = None
-    key_hosts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CollectionConfig(CollectionSettings):
-    """The `collection:` section: how many times each task is asked, plus every
-    `pipeline.collect.settings.CollectionSettings` option (how one call is made; its table is there). Only
-    `repetitions` is not a call setting: it decides the `graded_calls` partitions and never enters a call's
-    settings hash.
-
-    repetitions = 3
-        Times each task is asked each agent (1..3; partitions ``repetition`` 0..repetitions-1). Use 1 with a replay
-        pool: a repetition would replay the same recorded reply.
-    """
-
-    repetitions: int = 3
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 1 <= self.repetitions <= MAX_REPETITIONS:
-            raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
-
-
-@dataclass(frozen=True)
-class BackboneSettings:
-    """The frozen embedding model (`backbone:`); the fields of `resources.backbone.BackboneResource` a profile sets.
-
-    model = "sentence-transformers/all-MiniLM-L6-v2"
-        Hub id or local dir; the MiniLM id maps to the bundled copy. ``static``: a Model2Vec static embedding
-        distilled from the bundled MiniLM (built once under $ROUTER_LITE_HOME/backbones; hundreds of times faster
-        on a CPU, docs/backbones.md), or the directory of any Model2Vec model.
-    pooling = "mean"
-        "mean" (sentence-transformers encoders) or "last_token" (decoders, e.g. Qwen/Qwen3-1.7B).
-    device = "auto"
-        "auto" (CUDA when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N".
-    dtype = "auto"
-        "auto" (float16 on CUDA; on the CPU bf16 OpenVINO where the CPU has it, else float32), "float32",
-        "float16" or "bfloat16".
-    batch_size = 64
-        Prompts per forward pass.
-    max_seq_length = 256
-        Tokens per prompt; longer prompts are cut. Part of the embedding cache key.
-    revision = None
-        Hub revision of ``model`` (None = the default branch).
-    log_every = 10
-        A progress log line every this many batches.
-    backend = "auto"
-        "auto" (OpenVINO on the CPU for mean pooling, torch on CUDA), "torch", "openvino" or "onnx"
-        (docs/backbones.md has the measurements behind the choice).
-    export_dir = None
-        Where ONNX exports and compiled blobs go (None = $ROUTER_LITE_HOME/backbones).
-    """
-
-    model: str = DEFAULT_MODEL_ID
-    pooling: Literal["mean", "last_token"] = "mean"
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    batch_size: int = 64
-    max_seq_length: int = 256
-    revision: str | None = None
-    log_every: int = 10
-    backend: Literal["auto", "torch", "openvino", "onnx"] = "auto"
-    export_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise RouterLiteError(f"backbone.device {self.device!r} is not one of auto, cpu, cuda, cuda:N")
-        for name in ("batch_size", "max_seq_length"):
-            if getattr(self, name) < 1:
-                raise RouterLiteError(f"backbone.{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass(frozen=True)
-class BenchmarkSettings:
-    """The routed benchmark and the replication suites (`benchmark:`).
-
-    file = None
-        An extra benchmark file (`pipeline.report.benchmark.load_benchmark`) routed next to the held-out test split.
-    target = None
-        The operating point the routed benchmark uses (e.g. "parity"; ROUTER_LITE_TARGET overrides; None = the
-        head's default).
-    suites = ()
-        The `routerbench_replication` partitions `router-lite run` materialises, of "routerbench",
-        "mmlu-pro-outputs", "zeroeval-outputs" (() = all).
-    """
-
-    file: str | None = None
-    target: str | None = None
-    suites: tuple[Suite, ...] = ()
-
-
-@dataclass(frozen=True)
-class Profile:
-    """One profile file (config/profiles/<name>.yaml): its sections, each typed and validated by `load_profile`.
-
-    name = the file name
-        Shown in the UI, the printed report and the tasks dataset card.
-    description = ""
-        One line about the profile.
-    sources = {}
-        Source key -> `SourceSettings` (`{}` = bundled copy); at least one of `pipeline.tasks.sources.SOURCES`.
-    task_pool = TaskPoolConfig()
-        The task pool (`pipeline.tasks.task_pool.TaskPoolConfig`).
-    pool = AgentPoolSettings()
-        The agent pool.
-    collection = CollectionConfig()
-        Repetitions and call settings.
-    backbone = BackboneSettings()
-        The embedding model.
-    train = TrainConfig()
-        The router head's training (`pipeline.route.train.TrainConfig`).
-    benchmark = BenchmarkSettings()
-        The routed benchmark and replication suites.
-    """
-
-    name: str = ""
-    description: str = ""
-    # live: a registered source counts
-    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})
-    task_pool: TaskPoolConfig = field(default_factory=TaskPoolConfig)
-    pool: AgentPoolSettings = field(default_factory=AgentPoolSettings)
-    collection: CollectionConfig = field(default_factory=CollectionConfig)
-    backbone: BackboneSettings = field(default_factory=BackboneSettings)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
-    path: str = field(default="", metadata={"yaml": False})  # the file it was read from, not a key
-    override: str = field(default="", metadata={"yaml": False})  # the override file merged over it ("" = none)
-
-    def __post_init__(self) -> None:
-        if not self.sources:
-            raise RouterLiteError(f"`sources` is empty; name at least one of {', '.join(SOURCES)}")
-
-    @property
-    def repetitions(self) -> int:
-        return self.collection.repetitions
-
-
-SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, BackboneSettings, BenchmarkSettings,
-            Profile, TaskPoolConfig, CollectionSettings, TrainConfig)  # every dataclass a profile is read into
 
 
 # --- the one validator --------------------------------------------------------------------------------------------
@@ -442,19 +208,6 @@ def _read_yaml(path: Path) -> Any:
     return raw
 
 
-def _ood_form(raw: dict) -> dict:
-    """`task_pool.ood: {column, values}` -> TaskPoolConfig's `ood_column` / `ood_categories`."""
-    tp = raw.get("task_pool")
-    if not isinstance(tp, dict) or "ood" not in tp:
-        return raw
-    tp = dict(tp)
-    ood = from_yaml(OodSpec, tp.pop("ood"), "task_pool.ood")
-    if tp.get("ood_categories"):
-        raise RouterLiteError("task_pool.ood: replaces task_pool.ood_categories; set one of them")
-    tp["ood_column"], tp["ood_categories"] = ood.column, list(ood.values)
-    return {**raw, "task_pool": tp}
-
-
 def profile_path(name: str) -> Path:
     """config/profiles/<name>.yaml for a profile *name* (letters, digits, `_`, `-`, `.`; no path): a profile
     elsewhere is read only through the explicit option ROUTER_LITE_CONFIG (another config directory)."""
@@ -485,31 +238,3 @@ def merged(base: Any, over: Any) -> Any:
     if isinstance(base, dict) and isinstance(over, dict):
         return {**base, **{k: merged(base.get(k), v) if k in base else v for k, v in over.items()}}
     return over
-
-
-def load_profile(name: str | None = None) -> Profile:
-    """Read and validate config/profiles/<name>.yaml (default: the active profile) into a typed `Profile`, with the
-    override file of ROUTER_LITE_OVERRIDE (when set) merged over it first."""
-    name = name or active_profile_name()
-    path = profile_path(name)
-    if not path.exists():
-        known = sorted(p.stem for p in (config_dir() / "profiles").glob("*.yaml"))
-        raise RouterLiteError(f"unknown profile {name!r} (ROUTER_LITE_PROFILE); known profiles: {', '.join(known)}")
-    over = override_path()
-    where = f"{path} (override {over})" if over else str(path)
-    try:
-        raw = _read_yaml(path)
-        if over is not None:
-            extra = _read_yaml(over)
-            if not isinstance(extra, dict):
-                raise RouterLiteError(f"override {over}: expected a mapping, got {_what(extra)}")
-            raw = merged(raw, extra)
-        profile = from_yaml(Profile, _ood_form(raw) if isinstance(raw, dict) else raw)
-    except RouterLiteError as exc:
-        raise RouterLiteError(f"{where}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
-    return dataclasses.replace(profile, name=profile.name or name, path=str(path), override=str(over or ""))
-
-
-def as_profile(profile: Profile | str | None) -> Profile:
-    """A `Profile` as given, or the named (default: the active) one loaded."""
-    return profile if isinstance(profile, Profile) else load_profile(profile or None)

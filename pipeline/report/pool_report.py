@@ -26,6 +26,7 @@ import pandas as pd
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import bootstrap_means
+from pipeline.route.value import label_router_picks
 
 DOMAIN_COLUMNS = ("source", "category", "domain")
 WARNING = "routing can pay here on cost, not on quality"
@@ -103,13 +104,6 @@ def verdict(lead: dict[str, dict], R: np.ndarray, agents: list[str]) -> dict:
 
 def _folds(n: int, k: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n) % k
-
-
-def label_router_picks(R_fit: np.ndarray, g_fit: np.ndarray, g_apply: np.ndarray, fallback: int) -> np.ndarray:
-    """Per-domain label router: the best agent (mean reward on the fitting rows) of each domain; a domain unseen
-    when fitting gets `fallback`."""
-    best = {g: int(np.argmax(R_fit[g_fit == g].mean(axis=0))) for g in set(g_fit.tolist())}
-    return np.array([best.get(g, fallback) for g in g_apply.tolist()], dtype=np.int64)
 
 
 def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, folds: int = 5, seed: int = 0) -> dict:

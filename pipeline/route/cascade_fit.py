@@ -189,8 +189,8 @@ def fit_cascade(R_tr, C_tr, E_tr, P_tr, g_tr, R_va, C_va, E_va, P_va, g_va, best
 
 # ------------------------------------------------------------------------------------------- held-out value
 def path_aiq(path: dict, cost_span: tuple[float, float]) -> float:
-    """AIQ of a path's (cost per query, quality) points over `cost_span` (pipeline.report.frontier.aiq)."""
-    from pipeline.report.frontier import aiq
+    """AIQ of a path's (cost per query, quality) points over `cost_span` (pipeline.route.frontier.aiq)."""
+    from pipeline.route.frontier import aiq
 
     pts = np.array([(p["cost_per_1k"] / 1000.0, p["quality"]) for p in path["points"]])
     return float(aiq(pts, *cost_span))
@@ -206,7 +206,7 @@ def ratio_ci(reward: np.ndarray, best_reward: np.ndarray, n_boot: int = 2000, se
 
 def held_out_cascade(path: dict, R, C, E, order, P, graders, best: int, agents: list[str], targets) -> dict:
     """Per target: the plan the validation path selects, scored on these (test) rows, in the shape of
-    pipeline.report.value.held_out_value's targets (plus quality ratio with its paired CI, calls per query, plan)."""
+    pipeline.route.value.held_out_value's targets (plus quality ratio with its paired CI, calls per query, plan)."""
     from pipeline.route.targets import resolve
 
     bq, bc = float(R[:, best].mean()), float(1000 * C[:, best].mean())
@@ -240,7 +240,7 @@ def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | No
                  best: int, agents: list[str], targets, guard_z: float = GUARD_Z) -> dict:
     """Both variants fitted on train, pathed on validation and scored on the held-out rows; `chosen` is the variant
     with the higher validation AIQ (the held-out rows choose nothing). Zero API calls: R, C, E, P are the matrix."""
-    from pipeline.report.frontier import aiq, cost_span
+    from pipeline.route.frontier import aiq, cost_span
 
     g = np.asarray(graders, dtype=object)
     tr, va, te = masks["train"], masks["validation"], masks["held_out"]

@@ -44,7 +44,7 @@ class RouterFit:
     scorer: Head | None = None  # value scorer: predicted rewards, for the cost-aware operating points
     cost_scorer: Head | None = None  # predicted cost per query and agent (None when the matrix has no costs)
     operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.route.targets)
-    value: dict = field(default_factory=dict)  # held-out value report (pipeline.report.value.held_out_value)
+    value: dict = field(default_factory=dict)  # held-out value report (pipeline.route.value.held_out_value)
     knn: Router | None = None  # the fitted kNN baseline (registrable like the head: kind "knn")
 
 
@@ -151,9 +151,9 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
 
 def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_head: Router | None = None) -> dict:
     """λ-trained heads' (cost, quality) points on validation and held-out rows, with their AIQ over each split's
-    individual cost span (pipeline/report/frontier.py); with `score_head`, also the validation AIQ of that head's
+    individual cost span (pipeline/route/frontier.py); with `score_head`, also the validation AIQ of that head's
     score sweep and `kept`: the better of the two on validation (the frontier's "trained head")."""
-    from pipeline.report.frontier import aiq, cost_span, policy_points
+    from pipeline.route.frontier import aiq, cost_span, policy_points
 
     tr, va, te = m["train"], m["validation"], m["held_out"]
     has_val = bool(va.any())
@@ -177,7 +177,8 @@ def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_h
 def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
                      labels, picks_te, knn_picks_te) -> dict:
     """The value scorer, the λ path on validation (pipeline.route.targets) and the held-out value report."""
-    from pipeline.report.value import (
+    from pipeline.route.targets import operating_path
+    from pipeline.route.value import (
         agent_costs,
         fit_cost_scorer,
         fit_value_scorer,
@@ -185,7 +186,6 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
         label_router_metrics,
         pick_costs,
     )
-    from pipeline.route.targets import operating_path
 
     tr, va, te = m["train"], m["validation"], m["held_out"]
     fit_rows = va if va.any() else tr

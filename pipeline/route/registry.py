@@ -115,8 +115,8 @@ class RegisteredHead:
         fired = self.guard.fires(X)
         lam = point["lambda"]
         if lam > 0:
-            from pipeline.report.value import pick_costs
             from pipeline.route.targets import cost_aware_pick
+            from pipeline.route.value import pick_costs
 
             cost = pick_costs(self.cost_scorer, X, self.operating_points["agent_cost"])
             picks = cost_aware_pick(self.scorer.scores(X), cost, lam, self.operating_points.get("allowed"))

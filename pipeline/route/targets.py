@@ -111,7 +111,7 @@ def cost_aware_pick(pred: np.ndarray, agent_cost: np.ndarray, lam: float, allowe
 def hull_agents(quality: np.ndarray, agent_cost: np.ndarray) -> np.ndarray:
     """Mask of the agents on the upper cost–quality hull of the individual agents (mean quality vs mean cost):
     an agent that a mixture of two others beats at its cost is left out of the cost-aware picks."""
-    from pipeline.report.frontier import upper_hull
+    from pipeline.route.frontier import upper_hull
 
     q = np.asarray(quality, dtype=np.float64)
     c = np.asarray(agent_cost, dtype=np.float64)

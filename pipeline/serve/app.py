@@ -36,7 +36,7 @@ at most `batch_wait_ms` for others (or until `max_batch` are queued), requests t
 join the next batch, and a batch that fails is retried prompt by prompt so only the culprit's request fails. Each
 prompt is cut by characters before tokenising (pipeline/core/text_guard.py), so a 1 MB prompt costs what a long normal
 one does. Connections: a request head must arrive within `header_timeout_s`, its body within `body_timeout_s`, at
-most `max_connections` are open at once (pipeline/serve/http_server.py). An LRU of recent prompts
+most `max_connections` are open at once (pipeline/core/http_server.py). An LRU of recent prompts
 (`embed_cache_size`, keyed by a SHA-256 of the text) keeps their routing decision: a repeated prompt is not
 re-embedded (the head and guard are fixed, so the decision is what its embedding would give).
 
@@ -64,9 +64,9 @@ import numpy as np
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import scrub
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.http_server import LoopbackServer, guarded_h11
 from pipeline.core.text_guard import json_problem
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
-from pipeline.serve.http_server import LoopbackServer, guarded_h11
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ async def _read_body(request, limit: int) -> bytes:
             if len(buf) > limit:
                 raise RequestError(400, f"request body is over the limit of {limit} bytes", "body_too_large")
     except ClientDisconnect:
-        # gone, or closed by the body read timeout (pipeline/serve/http_server.py): no one reads this
+        # gone, or closed by the body read timeout (pipeline/core/http_server.py): no one reads this
         raise RequestError(400, "the client disconnected before sending the whole body", "incomplete_body") from None
     return bytes(buf)
 

@@ -1,0 +1,151 @@
+"""Imports in pipeline/ run one way (docs/architecture.md, "Layout"): down the stage order core < tasks < collect <
+route < report, serve (report and serve, side by side, do not import each other), with the modules directly in
+pipeline/ (profile.py, standin.py) above every stage; and no import circle joins files of different stages.
+
+Every `import` counts, module level or inside a function: a lazy import is still a dependency."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = {"core": 0, "tasks": 1, "collect": 2, "route": 3, "report": 4, "serve": 4}
+TOP = 5  # pipeline/<module>.py: above every stage
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """The pipeline modules an import statement names (`from pipeline.route import fit` names pipeline.route.fit)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: resolve against this module's package
+        pkg = module.split(".") if is_package else module.split(".")[:-1]
+        pkg = pkg[: len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def _stage(module: str) -> str | None:
+    """The stage of a pipeline module: its sub-package, "top" for pipeline/<module>.py, None for `pipeline` itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return parts[1] if len(parts) > 2 or parts[1] in STAGES else "top"
+
+
+def _rank(stage: str) -> int:
+    return TOP if stage == "top" else STAGES[stage]
+
+
+def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> the pipeline modules it imports, the modules of root/pipeline); a target that names a function
+    or class (`from pipeline.x.y import f`) is dropped, the module it came from kept."""
+    files = {_module(f, root): f for f in sorted((root / "pipeline").rglob("*.py"))}
+    edges: dict[str, set[str]] = {m: set() for m in files}
+    for module, f in files.items():
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            for target in _targets(node, module, f.name == "__init__.py"):
+                if target in files and target != module and target.split(".")[0] == "pipeline":
+                    edges[module].add(target)
+    return edges, sorted(files)
+
+
+def violations(root: Path) -> list[str]:
+    edges, modules = graph(root)
+    bad = [f"{m}: pipeline/{m.split('.')[1]}/ is no known stage; add it to the order (STAGES, docs/architecture.md)"
+           for m in modules if _stage(m) not in (None, "top", *STAGES)]
+    if bad:
+        return bad
+    for src in modules:
+        s = _stage(src)
+        for dst in sorted(edges[src]):
+            d = _stage(dst)
+            if s is None or d is None or d == s:
+                continue
+            if _rank(d) > _rank(s) or (_rank(d) == _rank(s) and d != s):
+                bad.append(f"{src} imports {dst} ({s} -> {d}: against the stage order)")
+    # circles: strongly connected components (Tarjan) spanning more than one stage
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len({_stage(m) for m in comp}) > 1:
+                bad.append("import circle across stages: " + ", ".join(sorted(comp)))
+
+    for v in modules:
+        if v not in index:
+            visit(v)
+    return bad
+
+
+def test_pipeline_imports_run_down_the_stages_without_cross_stage_circles():
+    edges, modules = graph(ROOT)
+    assert len(modules) > 50 and sum(map(len, edges.values())) > 100  # the walk sees the tree
+    assert violations(ROOT) == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in {"pipeline/__init__.py": "", **files}.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        init = p.parent / "__init__.py"
+        if not init.exists():
+            init.write_text("")
+    return tmp_path
+
+
+@pytest.mark.parametrize("files, found", [
+    ({"pipeline/core/a.py": "def f():\n    from pipeline.route.b import g\n", "pipeline/route/b.py": ""},
+     "pipeline.core.a imports pipeline.route.b (core -> route"),
+    ({"pipeline/report/a.py": "from pipeline.serve import b\n", "pipeline/serve/b.py": ""},
+     "pipeline.report.a imports pipeline.serve.b (report -> serve"),
+    ({"pipeline/collect/a.py": "from pipeline import profile\n", "pipeline/profile.py": ""},
+     "pipeline.collect.a imports pipeline.profile (collect -> top"),
+    ({"pipeline/route/a.py": "from ..report import b\n", "pipeline/report/b.py": ""},
+     "pipeline.route.a imports pipeline.report.b"),
+    ({"pipeline/route/a.py": "import pipeline.report.b\n",
+      "pipeline/report/b.py": "from pipeline.route.a import x\n"}, "import circle across stages: pipeline.report.b, "
+                                                                  "pipeline.route.a"),
+    ({"pipeline/extra/a.py": ""}, "pipeline/extra/ is no known stage"),
+])
+def test_the_check_finds_an_upward_import_and_a_cross_stage_circle(tmp_path, files, found):
+    bad = violations(_tree(tmp_path, files))
+    assert any(found in b for b in bad), bad
+
+
+def test_the_check_allows_downward_imports_and_a_circle_inside_one_stage(tmp_path):
+    root = _tree(tmp_path, {
+        "pipeline/core/a.py": "", "pipeline/route/routers.py": "def builtins():\n    import pipeline.route.head\n",
+        "pipeline/route/head.py": "from pipeline.route.routers import builtins\nfrom pipeline.core import a\n",
+        "pipeline/report/r.py": "from pipeline.route.head import builtins\n",
+        "pipeline/profile.py": "from pipeline.route import head\n"})
+    assert violations(root) == []
