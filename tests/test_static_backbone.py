@@ -95,7 +95,7 @@ def test_selected_by_profile_and_by_run_backbone(tiny_static, tmp_path, monkeypa
 
     from assets.cli import build_parser, profile_with_backbone
     from assets.definitions import build_resources
-    from pipeline.core.config import Profile, _ood_form, from_yaml, load_profile
+    from pipeline.profile import Profile, _ood_form, from_yaml, load_profile
 
     raw = yaml.safe_load(open(load_profile("smoke").path))
     raw["backbone"] = {"model": str(tiny_static), "max_seq_length": 256}  # a profile's `backbone:` section
