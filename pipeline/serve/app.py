@@ -736,7 +736,10 @@ async def _cascade_chat(state, req, decision, point, t0):
     headers = {"X-Router-Head": head_name, "X-Router-Agents-Called": ",".join(names),
                "X-Router-Cost-Usd": f"{result.cost:.8f}", "X-Router-Cascade-Stage": str(result.stage),
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
-               GRADER_HEADER: grader, "X-Router-Overhead-Ms": f"{overhead_ms:.3f}"}
+               GRADER_HEADER: grader, "X-Router-Overhead-Ms": f"{overhead_ms:.3f}",
+               "X-Router-Stage-Ms": ",".join(f"{w:.1f}" for w in result.stage_ms),
+               "Server-Timing": f"router;dur={overhead_ms:.3f}, "
+                                + ", ".join(f"stage{i};dur={w:.1f}" for i, w in enumerate(result.stage_ms))}
     if result.accepted is None:
         last = result.replies[-1]
         spec = state.specs[last.agent]

@@ -37,6 +37,7 @@ class CascadeResult:
     accepted: Reply | None  # None: the last agent failed too (its error is in `replies`)
     replies: list[Reply]  # every call made, in the order they finished stage by stage
     stage: int  # the stage that answered
+    stage_ms: list[float] = dataclasses.field(default_factory=list)  # wall of each stage run (its calls in parallel)
 
     @property
     def cost(self) -> float:
@@ -89,14 +90,17 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
     order = np.asarray(order, dtype=np.int64)
     replies: dict[int, Reply] = {}
     done: list[Reply] = []
+    walls: list[float] = []
     for t, stage in enumerate(policy.stages[start:], start):
         new = [j for j in stage.agents if j not in replies]
+        t0 = time.perf_counter()
         got = await asyncio.gather(*(ask(j, specs[j], clients[j], upstream, options, grader) for j in new))
+        walls.append((time.perf_counter() - t0) * 1000.0)
         for r in got:
             replies[r.agent] = r
             done.append(r)
         if stage.k == 0:
-            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t)
+            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls)
         called = np.zeros((1, K), dtype=bool)
         E = np.zeros((1, K, K), dtype=bool)
         for a, ra in replies.items():
@@ -106,7 +110,7 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
                                                                                                          rb.answer))
         size, rep = agreeing_rep(E, called, order)
         if size[0] >= stage.k:
-            return CascadeResult(replies[int(rep[0])], done, t)
+            return CascadeResult(replies[int(rep[0])], done, t, walls)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
 
 
