@@ -38,6 +38,9 @@ bench: install
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/collect.py
 	$(BIN)/python bench/train.py
+	# cascades (they read the lineage `make run` materialised): ablation + guard + goal bound; stage walls
+	$(BIN)/python bench/cascade.py || echo "bench/cascade.py needs \`make run\` first"
+	$(BIN)/python bench/serve_cascade.py || echo "bench/serve_cascade.py needs \`make run\` first"
 	@echo; echo "== bench results ($(ROUTER_LITE_HOME)/bench/)"; for f in embed serve collect; do \
 	  echo "-- $$f.json"; $(BIN)/python -c "import json,sys; d=json.load(open(sys.argv[1])); \
 	  print(json.dumps({k: v for k, v in d.items() if k not in ('speed','routing','levels','rows')}, indent=1))" \
