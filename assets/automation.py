@@ -32,7 +32,8 @@ IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (
 REFRESH_SENSOR = "refresh_after_collection"
 
 # computed from the graded calls without any API call
-FREE_REFRESH = ("reward_matrix", "baselines", "pool_report", "router_head", "registered_head")
+FREE_REFRESH = ("reward_matrix", "agent_answers", "baselines", "pool_report", "router_head", "registered_head",
+                "cascade_router", "registered_cascade")
 # calls the routed agents through the pool: automated only where that costs nothing (a replay pool)
 BENCHMARK = "benchmark_report"
 NOT_A_TRIGGER = AssetSelection.assets("source_tasks", "task_pool", "agent_pool", "preflight")
