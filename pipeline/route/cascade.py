@@ -122,6 +122,19 @@ def agreeing_rep(E: np.ndarray, called: np.ndarray, order: np.ndarray) -> tuple[
     return size, order[np.minimum(best.min(axis=1), K - 1)]
 
 
+def agreeing_answer(answers: dict[int, str | None], K: int, order: np.ndarray, agree) -> tuple[int, int]:
+    """`agreeing_rep` for one query whose answers are in hand (agent -> answer or None; `agree(a, b)` compares two
+    answers): (size of the largest agreeing class, its preferred agent). The live executors use it."""
+    called = np.zeros((1, K), dtype=bool)
+    E = np.zeros((1, K, K), dtype=bool)
+    for a, x in answers.items():
+        called[0, a] = True
+        for b, y in answers.items():
+            E[0, a, b] = x is not None and y is not None and (a == b or agree(x, y))
+    size, rep = agreeing_rep(E, called, order)
+    return int(size[0]), int(rep[0])
+
+
 def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E: np.ndarray, order: np.ndarray,
                P: np.ndarray | None = None) -> Outcome:
     """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first)."""
@@ -248,16 +261,10 @@ def execute(policies: list[Policy], direct: np.ndarray, order, ask, agree) -> Ou
             if st.k == 0:
                 j = st.agents[0]
             else:
-                called = np.zeros((1, K), dtype=bool)
-                E = np.zeros((1, K, K), dtype=bool)
-                for a, ra in got[i].items():
-                    called[0, a] = True
-                    for b, rb in got[i].items():
-                        E[0, a, b] = ra[0] is not None and rb[0] is not None and (a == b or agree(i, ra[0], rb[0]))
-                size, rep = agreeing_rep(E, called, order)
-                if size[0] < st.k:
+                size, j = agreeing_answer({a: r[0] for a, r in got[i].items()}, K, order,
+                                          lambda x, y, i=i: agree(i, x, y))
+                if size < st.k:
                     continue
-                j = int(rep[0])
             reward[i], by[i], stage_of[i] = got[i][j][1], j, (-1 if direct[i] >= 0 else t)
             open_.discard(i)
         t += 1

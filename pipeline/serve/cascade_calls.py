@@ -19,7 +19,7 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
 from pipeline.collect.grading import extract_answer, grader_spec
 from pipeline.collect.replay import approx_tokens
-from pipeline.route.cascade import Policy, agreeing_rep
+from pipeline.route.cascade import Policy, agreeing_answer
 
 
 @dataclasses.dataclass
@@ -101,16 +101,9 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
             done.append(r)
         if stage.k == 0:
             return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls)
-        called = np.zeros((1, K), dtype=bool)
-        E = np.zeros((1, K, K), dtype=bool)
-        for a, ra in replies.items():
-            called[0, a] = True
-            for b, rb in replies.items():
-                E[0, a, b] = ra.answer is not None and rb.answer is not None and (a == b or spec.agree(ra.answer,
-                                                                                                         rb.answer))
-        size, rep = agreeing_rep(E, called, order)
-        if size[0] >= stage.k:
-            return CascadeResult(replies[int(rep[0])], done, t, walls)
+        size, rep = agreeing_answer({a: r.answer for a, r in replies.items()}, K, order, spec.agree)
+        if size >= stage.k:
+            return CascadeResult(replies[rep], done, t, walls)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
 
 
