@@ -131,29 +131,12 @@ def head_beats_random(router_head: dict) -> AssetCheckResult:
        description="The head in the registry: stable name head-<backbone>-<hash>, manifest, weights, reference code.")
 def registered_head(context: AssetExecutionContext, router_head: dict, preflight: pd.DataFrame,
                     backbone: BackboneResource, pool: PoolResource, storage: StorageResource) -> Output[dict]:
-    src = storage.path("router_head")
-    head = Head.load(src / registry.WEIGHTS, agents=router_head["agents"])
-    scorer = Head.load(src / registry.SCORER, agents=router_head["agents"])
-    cost_scorer = (Head.load(src / registry.COST_SCORER, agents=router_head["agents"])
-                   if (src / registry.COST_SCORER).exists() else None)
-    guard = registry.load_guard(src / registry.GUARD)
-    bb = backbone.get_backbone()
-    pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
-    models = {a.name: a.model for a in pool.agents()}
-    agents = [{"name": a, "model": models.get(a, a)} for a in router_head["agents"]]
-    data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]
-                   for name in ("task_pool", "reward_matrix", "prompt_embeddings")}
-    path = registry.register(
-        storage.path("registry"), head, guard, router_head["best_single"],
-        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
-                  "max_seq_length": backbone.max_seq_length, "dim": head.d, **bb.registry_fields()},
-        agents=agents, training={**router_head["train_config"], "activation": head.activation,
-                                 "pool": pool.pool, "pool_kind": pool.kind},
-        data_hashes=data_hashes, metrics=router_head["metrics"], scorer=scorer,
-        operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
-    entry = json.loads((path / registry.MANIFEST).read_text())
+    head, scorer, cost_scorer, guard = _saved_head(storage, router_head)
+    path, entry = _register(context, head, guard, router_head, preflight, backbone, pool, storage,
+                            training={**router_head["train_config"], "activation": head.activation},
+                            data=("task_pool", "reward_matrix", "prompt_embeddings"), metrics=router_head["metrics"],
+                            scorer=scorer, cost_scorer=cost_scorer)
     atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
-    context.log.info(f"registered {entry['name']} at {path}")
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
                             "manifest": MetadataValue.json(entry)})
@@ -167,6 +150,27 @@ def _saved_head(storage: StorageResource, router_head: dict):
                    if (src / registry.COST_SCORER).exists() else None)
     return (Head.load(src / registry.WEIGHTS, agents=agents), Head.load(src / registry.SCORER, agents=agents),
             cost_scorer, registry.load_guard(src / registry.GUARD))
+
+
+def _register(context, router, guard, router_head: dict, preflight: pd.DataFrame, backbone: BackboneResource,
+              pool: PoolResource, storage: StorageResource, *, training: dict, data: tuple[str, ...], metrics: dict,
+              scorer, cost_scorer):
+    """Register `router` (any kind) with the backbone, the pool's models, the hashes of the assets in `data` and
+    the head's operating points: (entry directory, manifest)."""
+    bb = backbone.get_backbone()
+    pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
+    models = {a.name: a.model for a in pool.agents()}
+    path = registry.register(
+        storage.path("registry"), router, guard, router_head["best_single"],
+        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
+                  "max_seq_length": backbone.max_seq_length, "dim": router.d, **bb.registry_fields()},
+        agents=[{"name": a, "model": models.get(a, a)} for a in router.agents],
+        training={**training, "pool": pool.pool, "pool_kind": pool.kind},
+        data_hashes={name: content_hash(storage.asset_file(name).read_bytes())[:16] for name in data},
+        metrics=metrics, scorer=scorer, operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
+    entry = json.loads((path / registry.MANIFEST).read_text())
+    context.log.info(f"registered {entry['name']} at {path}")
+    return path, entry
 
 
 @asset(group_name="router", io_manager_key="io_manager",
@@ -219,21 +223,10 @@ def registered_cascade(context: AssetExecutionContext, cascade_router: dict, rou
     head, scorer, cost_scorer, guard = _saved_head(storage, router_head)
     chosen = cascade_router["variants"][cascade_router["chosen"]]
     router = CascadeRouter(head, chosen["path"], chosen["order"], cascade_router["agents"])
-    bb = backbone.get_backbone()
-    pool = pool_of(pool, preflight)
-    models = {a.name: a.model for a in pool.agents()}
-    agents = [{"name": a, "model": models.get(a, a)} for a in router.agents]
-    data_hashes = {name: content_hash(storage.asset_file(name).read_bytes())[:16]
-                   for name in ("task_pool", "reward_matrix", "agent_answers", "prompt_embeddings")}
-    path = registry.register(
-        storage.path("registry"), router, guard, router_head["best_single"],
-        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
-                  "max_seq_length": backbone.max_seq_length, "dim": head.d},
-        agents=agents, training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"],
-                                 "pool": pool.pool, "pool_kind": pool.kind},
-        data_hashes=data_hashes, metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()},
-        scorer=scorer, operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
-    entry = json.loads((path / registry.MANIFEST).read_text())
-    context.log.info(f"registered {entry['name']} at {path}")
+    path, entry = _register(context, router, guard, router_head, preflight, backbone, pool, storage,
+                            training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"]},
+                            data=("task_pool", "reward_matrix", "agent_answers", "prompt_embeddings"),
+                            metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()},
+                            scorer=scorer, cost_scorer=cost_scorer)
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "manifest": MetadataValue.json(entry)})
