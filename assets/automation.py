@@ -28,7 +28,7 @@ from dagster import (
     DefaultSensorStatus,
 )
 
-IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (assets/run.py)
+IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (cli/run.py)
 REFRESH_SENSOR = "refresh_after_collection"
 
 # computed from the graded calls without any API call

@@ -1,6 +1,6 @@
 """Opt-in stage: publish the tasks and rewards datasets and the registered head to the Hugging Face Hub.
 
-Not one of `router-lite run`'s stages (assets/run.py): materialise `hub_release` in the UI with run config
+Not one of `router-lite run`'s stages (cli/run.py): materialise `hub_release` in the UI with run config
 `repo_id` (and `dry_run: true` to only list the commit), or use `router-lite publish`.
 """
 import os

@@ -67,7 +67,7 @@ def refused(fn, *must: str, max_len: int = 600) -> str:
 
 def cli(*argv: str) -> tuple[int, str]:
     """`router-lite ARGV` in process: (exit code, stderr)."""
-    from assets.cli import main
+    from cli.main import main
 
     err = io.StringIO()
     saved = dict(os.environ)  # `run --profile` exports the profile for Dagster's workers: not for the next row

@@ -251,7 +251,7 @@ def demo_data(home: Path):
     files = [asset_path(home, a) for a in ("task_pool", "reward_matrix")]
     if not all(f.is_file() for f in files):
         print("# task_pool / reward_matrix not materialised: `router-lite run --upto reward_matrix`", flush=True)
-        subprocess.run([sys.executable, "-c", "from assets.cli import main; raise SystemExit(main())", "run",
+        subprocess.run([sys.executable, "-c", "from cli.main import main; raise SystemExit(main())", "run",
                         "--upto", "reward_matrix"], cwd=ROOT, check=True)
     return pd.read_parquet(files[0]), pd.read_parquet(files[1])
 

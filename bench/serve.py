@@ -108,7 +108,7 @@ def start_server(head: Path, profile: str, dtype: str, device: str, threads: int
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head), "--profile", profile,
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head), "--profile", profile,
                              "--port", str(port), "--dtype", dtype, "--device", device,
                              "--threads", str(threads), "--max-batch", MODES[mode][0],
                              "--batch-wait-ms", MODES[mode][1], "--workers", str(workers)],

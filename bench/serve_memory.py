@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", args.head, "--profile",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", args.head, "--profile",
                              args.profile, "--port", str(port), "--device", "cpu", "--workers", "1"],  # one RSS
                             cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)

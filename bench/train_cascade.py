@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         r, t, n = build(a.rows, Path(tmp))
         print(f"matrix: {n} rows with answers, built in {time.perf_counter() - t0:.0f} s")
-        cmd = [sys.executable, "-m", "assets.cli", "train", "--rewards", str(r), "--tasks", str(t),
+        cmd = [sys.executable, "-m", "cli.main", "train", "--rewards", str(r), "--tasks", str(t),
                "--generations", str(a.generations), "--out", str(Path(tmp) / "reg")]
         if a.backbone:
             cmd += ["--backbone", a.backbone]

@@ -25,7 +25,7 @@ def smoke_home(tmp_path_factory):
     mp.setenv("ROUTER_LITE_HOME", str(home))
     mp.setenv("DAGSTER_HOME", str(dagster_home))
     from assets.definitions import build_definitions
-    from assets.run import run_lineage
+    from cli.run import run_lineage
 
     run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
     mp.undo()

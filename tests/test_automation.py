@@ -15,7 +15,7 @@ from dagster import (
 from assets.automation import FREE_REFRESH, REFRESH_SENSOR, refresh_keys
 from assets.definitions import build_definitions
 from assets.ops import COLLECTION_JOB
-from assets.run import run_lineage
+from cli.run import run_lineage
 
 pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
 

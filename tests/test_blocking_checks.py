@@ -12,7 +12,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, DagsterInstance, asset
 
 from assets import collection, pool_report, tasks
 from assets.definitions import build_assets, build_definitions, build_resources
-from assets.run import failed_blocking_check
+from cli.run import failed_blocking_check
 from resources.storage import asset_path
 
 pytestmark = pytest.mark.slow  # Dagster materialisations of the lineage (make test-fast leaves it out)
@@ -91,7 +91,7 @@ def planted(*args):
     pool.loc[pool.index[3], "gold"] = ""  # the planted bad row: a task without a gold answer
     return pool
 t.build_task_pool = planted
-from assets.cli import main
+from cli.main import main
 sys.exit(main(["run", "--profile", "smoke", "--upto", "preflight"]))
 """
 
@@ -120,7 +120,7 @@ def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, mo
     collection stage; the reward matrix is not rebuilt."""
     import pytest
 
-    from assets.run import run_lineage
+    from cli.run import run_lineage
     from pipeline.core.errors import RouterLiteError
 
     home = smoke_home_copy()

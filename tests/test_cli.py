@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
-from assets.cli import main
+from cli.main import main
 from pipeline.report.suites import build_suite
 
 KEYS = {"head", "best_single", "oracle", "random", "knn", "headroom_captured", "distribution", "n_train", "n_test"}

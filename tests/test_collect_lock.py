@@ -11,7 +11,7 @@ import pytest
 from assets.collection import COLLECT_WAIT_TAG
 from assets.definitions import build_definitions
 from assets.ops import COLLECTION_JOB
-from assets.run import user_error
+from cli.run import user_error
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
 from pipeline.core.errors import RouterLiteError
 

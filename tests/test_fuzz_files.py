@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from assets.cli import main
+from cli.main import main
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,

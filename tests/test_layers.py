@@ -149,3 +149,31 @@ def test_the_check_allows_downward_imports_and_a_circle_inside_one_stage(tmp_pat
         "pipeline/report/r.py": "from pipeline.route.head import builtins\n",
         "pipeline/profile.py": "from pipeline.route import head\n"})
     assert violations(root) == []
+
+
+PACKAGES = {"pipeline": 0, "resources": 1, "assets": 2, "cli": 3}  # the top-level packages, bottom to top
+
+
+def package_violations(root: Path) -> list[str]:
+    """Imports from a lower top-level package to a higher one (pipeline < resources < assets < cli)."""
+    bad = []
+    for pkg, level in PACKAGES.items():
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if PACKAGES.get(top, -1) > level:
+                        bad.append(f"{path.relative_to(root)} imports {name} ({pkg} -> {top})")
+    return bad
+
+
+def test_top_level_packages_import_downwards_only():
+    assert package_violations(ROOT) == []
+
+
+def test_the_package_check_finds_an_upward_import(tmp_path):
+    root = _tree(tmp_path, {"assets/a.py": "def f():\n    from cli.run import run_lineage\n", "cli/run.py": "",
+                            "pipeline/x.py": "", "resources/y.py": ""})
+    assert package_violations(root) == ["assets/a.py imports cli.run (assets -> cli)"]

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from assets.cli import main
+from cli.main import main
 from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
 from pipeline.route.head import Head

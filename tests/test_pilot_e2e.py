@@ -52,7 +52,7 @@ def _env(home: Path, dagster_home: Path, key: str | None) -> dict:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "assets.cli", *args]
+    return [sys.executable, "-m", "cli.main", *args]
 
 
 def _run(args: list[str], env: dict, logs: list, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -141,7 +141,7 @@ def test_pilot_end_to_end_through_the_openrouter_standin(tmp_path, temp_instance
     from dagster import AssetKey, materialize
 
     from assets.definitions import build_definitions
-    from assets.run import user_error
+    from cli.run import user_error
 
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     monkeypatch.setenv("ROUTER_LITE_OVERRIDE", str(override))
@@ -292,7 +292,7 @@ def standin_agents():
 def test_serve_without_a_key_is_one_line(monkeypatch, capsys):
     """`router-lite serve` on the pilot pool without OPENROUTER_API_KEY: one line naming it and `serve`, exit 2,
     before the head is read."""
-    from assets import cli
+    from cli import main as cli
 
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     monkeypatch.delenv("ROUTER_LITE_OVERRIDE", raising=False)

@@ -26,7 +26,7 @@ def test_long_eta_reads_in_minutes():
 def test_run_prints_and_stores_stage_times(tmp_path, capsys):
     import json
 
-    from assets.cli import print_stage_times
+    from cli.main import print_stage_times
 
     times = {"stages": {"collection": 12.5, "router": 30.25}, "steps": {"prompt_embeddings": 20.0}, "total_s": 44.0}
     print_stage_times(times, str(tmp_path))

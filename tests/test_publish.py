@@ -9,7 +9,7 @@ import pytest
 import yaml
 from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
 
-from assets.cli import main
+from cli.main import main
 from pipeline.core.errors import RouterLiteError
 from pipeline.report.hub_release import _license, build_release, latest_head
 
@@ -116,7 +116,7 @@ def test_hub_release_asset_is_opt_in_and_dry_runs_in_dagster(published, monkeypa
     from dagster import DagsterInstance, materialize
 
     from assets.definitions import build_assets, build_resources
-    from assets.run import STAGES
+    from cli.run import STAGES
 
     assert "hub_release" not in {k for _, keys, _ in STAGES for k in keys}  # not one of `router-lite run`'s stages
     monkeypatch.setenv("HF_TOKEN", "hf_NotARealToken0123456789")  # the asset's EnvVar resolves at launch

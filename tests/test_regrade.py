@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 from dagster import DagsterInstance
 
-from assets.cli import main
 from assets.definitions import build_definitions
+from cli.main import main
 from pipeline.collect.regrade import regrade
 from resources.storage import asset_path
 

@@ -333,7 +333,7 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
     """`router-lite serve --head DIR --profile smoke`: the app it would run answers from the profile's replay pool."""
     import uvicorn
 
-    from assets import cli
+    from cli import main as cli
 
     reg, _, _, tasks = world
     captured = {}
@@ -396,7 +396,7 @@ def test_router_retries_a_failed_batch_one_by_one_with_the_real_backbone(world):
 
 def test_cli_route_invalid_utf8_is_one_line_exit_2(world, capsys):
     """`router-lite route --head H $'caf\\xe9'`: argv decodes the byte as a surrogate escape (before: traceback)."""
-    from assets import cli
+    from cli import main as cli
 
     reg = world[0]
     assert cli.main(["route", "--head", str(reg.path), "--device", "cpu", "caf\udce9"]) == 2

@@ -56,7 +56,7 @@ def test_two_workers_behind_one_port(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "serve", "--head", str(head_dir), "--profile",
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
                              "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

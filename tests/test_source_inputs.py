@@ -67,7 +67,7 @@ def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
            "DAGSTER_HOME": str(temp_instance_dir), "PYTHONPATH": str(REPO)}
     env.pop("ROUTER_LITE_LOG_LEVEL", None)
     env.pop("ROUTER_LITE_DEBUG", None)
-    cmd = [sys.executable, "-m", "assets.cli", "run", "--profile", "smoke", "--upto", "source_tasks"]
+    cmd = [sys.executable, "-m", "cli.main", "run", "--profile", "smoke", "--upto", "source_tasks"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO,
                        check=False)
     lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
@@ -75,7 +75,7 @@ def test_run_prints_a_step_failure_as_one_line(tmp_path, temp_instance_dir):
     assert len(lines) == 1, lines
     assert lines[0] == ("router-lite: error: source tasks (partition mmlu_pro): " + bad
                         + ": row 0: field 'options' must be a non-empty list of options, got NoneType 'None'")
-    p = subprocess.run([sys.executable, "-m", "assets.cli", "--debug", *cmd[3:]], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "cli.main", "--debug", *cmd[3:]], env=env, capture_output=True,
                        text=True, timeout=300, cwd=REPO, check=False)
     assert p.returncode != 0 and "Traceback" in p.stderr
 
@@ -86,7 +86,7 @@ def test_run_replays_step_warnings_and_finds_the_user_error():
     the run is found in its failure event (a bug is not taken for a user error)."""
     from dagster import DagsterInstance, asset, materialize
 
-    from assets.run import _print_warnings, user_error
+    from cli.run import _print_warnings, user_error
 
     @asset
     def shaky(context):

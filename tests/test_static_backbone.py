@@ -93,8 +93,8 @@ def test_alias_is_built_once_under_the_export_dir(tmp_path, monkeypatch):
 def test_selected_by_profile_and_by_run_backbone(tiny_static, tmp_path, monkeypatch):
     import yaml
 
-    from assets.cli import build_parser, profile_with_backbone
     from assets.definitions import build_resources
+    from cli.main import build_parser, profile_with_backbone
     from pipeline.profile import Profile, _ood_form, from_yaml, load_profile
 
     raw = yaml.safe_load(open(load_profile("smoke").path))
@@ -111,7 +111,7 @@ def test_selected_by_profile_and_by_run_backbone(tiny_static, tmp_path, monkeypa
 
 
 def test_registry_records_it_and_reference_embeds_with_it(tiny_static, tmp_path, monkeypatch, capsys):
-    from assets.cli import main
+    from cli.main import main
     from pipeline.report.suites import build_suite
 
     s = build_suite("routerbench")

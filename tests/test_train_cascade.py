@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from assets.cli import main
+from cli.main import main
 from pipeline.collect.grading import grade
 from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource

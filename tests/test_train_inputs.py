@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from assets.cli import main
+from cli.main import main
 
 AGENTS = ["a", "b", "c"]
 

@@ -41,7 +41,7 @@ most `max_connections` are open at once (pipeline/core/http_server.py). An LRU o
 re-embedded (the head and guard are fixed, so the decision is what its embedding would give).
 
 `serve_in_thread(app)` runs the app under uvicorn on a loopback port in a daemon thread (tests, benchmarks);
-`router-lite serve` (assets/cli.py) runs it in the foreground. There is no authentication: bind to loopback or
+`router-lite serve` (cli/main.py) runs it in the foreground. There is no authentication: bind to loopback or
 put a proxy in front.
 """
 from __future__ import annotations

@@ -49,8 +49,8 @@ def cmd_run(args) -> int:
 
         os.environ["ROUTER_LITE_TARGET"] = parse_target(args.target).name  # the routed benchmark's operating point
     from assets.definitions import build_definitions
-    from assets.report import print_summary
-    from assets.run import run_lineage
+    from cli.run import run_lineage
+    from cli.summary import print_summary
     from pipeline.profile import load_profile
     from resources.storage import default_home
 
@@ -404,7 +404,7 @@ def _serve_workers(args) -> int:
     sock.set_inheritable(True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     # the same command; the later --workers / --threads win, --fd hands over the socket
-    cmd = [sys.executable, "-m", "assets.cli", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
+    cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
            "--threads", str(threads)]
     procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),)) for _ in range(args.workers)]
     print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
@@ -568,7 +568,7 @@ def main(argv=None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts N of the same command
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # settings read deeper down (assets/run.py, the graded_calls step), for this command only
+    # settings read deeper down (cli/run.py, the graded_calls step), for this command only
     flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
              "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None,
              "ROUTER_LITE_QUARANTINE_LOG_LINES": "1" if getattr(args, "quarantine_bad_log_lines", False) else None}
