@@ -29,6 +29,7 @@ from dagster import (
 )
 
 IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (cli/run.py)
+OPT_IN_TAG = "router_lite/opt_in"  # an asset tag: not one of `router-lite run`'s stages (cli/run.py), e.g. hub_release
 REFRESH_SENSOR = "refresh_after_collection"
 
 # computed from the graded calls without any API call

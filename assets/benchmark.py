@@ -1,16 +1,15 @@
 """Lineage stage 4: the benchmark report (routed benchmark with real replies + cost–quality frontier) and the
 RouterBench-style replication per suite."""
 import base64
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
+from dagster import AssetExecutionContext, Config, MetadataValue, Output, StaticPartitionsDefinition, asset
+from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
-from assets.router import registered_head, reward_embeddings, training_split
+from assets.router import reward_embeddings, training_split
 from assets.shown import rounded
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.collect import run_collect
@@ -33,6 +32,7 @@ from pipeline.report.value import ablation_markdown, router_value, targets_markd
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.embed import EmbeddingCache
+from pipeline.route.fitted import FittedRouter
 from pipeline.route.knn import KnnRouter
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
@@ -159,18 +159,26 @@ def _slug(target: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in target)
 
 
-@asset(deps=[registered_head], group_name="report",
-       io_manager_key="io_manager",
+class BenchmarkConfig(Config):
+    """Run config of `benchmark_report` (launchpad: `ops: {benchmark_report: {config: {target: parity}}}`;
+    `router-lite run --target`)."""
+
+    target: str = Field(default="", description="Operating point of the routed benchmark: max-quality, parity, "
+                                                 "quality>=F, budget=USD per 1k queries, lambda=L; empty: the "
+                                                 "profile's benchmark.target.")
+
+
+@asset(group_name="report", io_manager_key="io_manager",
        description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
                    "pool → letter extracted and scored) on the held-out test split and an out-of-distribution "
                    "variant, plus the RouterBench cost–quality frontier with AIQ against every baseline.")
-def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
-                     prompt_embeddings: pd.DataFrame, router_head: dict, preflight: pd.DataFrame,
-                     cascade_router: dict, registered_cascade: dict,
-                     profile: ProfileResource, pool: PoolResource, backbone: BackboneResource,
-                     storage: StorageResource) -> Output[pd.DataFrame]:
+def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, reward_matrix: pd.DataFrame,
+                     task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, router_head: FittedRouter,
+                     preflight: pd.DataFrame, pool_report: dict, registered_head: dict, cascade_router: FittedRouter,
+                     registered_cascade: dict, profile: ProfileResource, pool: PoolResource,
+                     backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    reg = registry.load(json.loads((storage.path("registry") / "latest.json").read_text())["path"])
+    reg = registry.load(registered_head["path"])
     agents = [a["name"] for a in reg.agents]
     pool = pool_of(pool, preflight)  # the pool the head was trained on
     pool.require_key("benchmark_report")  # it calls the routed agents
@@ -180,7 +188,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         from pipeline.core.errors import RouterLiteError
         raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
     reports = storage.path("reports")
-    target = os.environ.get("ROUTER_LITE_TARGET") or prof.benchmark.target
+    target = config.target or prof.benchmark.target
     point = reg.resolve_target(target)
     md = [f"## Routed benchmark ({prof.name}, head {reg.name}), target {point['target']} "
           f"(λ {point['lambda']:.4g})", ""]
@@ -201,18 +209,18 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     value = head_summary["value"]
     marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
     table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks,
-                           estimated, cascade_router, head_summary["extra"].get("head_sweep"))
+                           estimated, cascade_router.summary, head_summary["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
     _, R, _, C = to_arrays(rewards)
     va = (split == "validation").to_numpy()
     span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
-    pool_file = reports / "pool_report.json"
-    verdict = json.loads(pool_file.read_text())["verdict"]["text"] if pool_file.exists() else None
+    verdict = pool_report["verdict"]["text"]
     # aiq.head: the cost–quality policy the head ships (its operating points on test; the trained head without them)
     rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (operating points)", aiq.get("trained head")),
                                                   "prior": aiq.get("prior"),
                                                   "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")},
-                      cascade=cascade_router, head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
+                      cascade=cascade_router.summary,
+                      head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"))
     atomic_write_json(rv, reports / "router_value.json")

@@ -1,6 +1,4 @@
 """Lineage stage 2: agents → pre-flight → graded calls (source × repetition) → reward matrix → baselines."""
-import os
-
 import pandas as pd
 from dagster import (
     AssetCheckResult,
@@ -21,7 +19,7 @@ from assets.partitions import collection_partitions
 from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
-from pipeline.collect.call_log_lock import WAIT_ENV, collection_lock, wait_setting
+from pipeline.collect.call_log_lock import collection_lock, wait_setting
 from pipeline.collect.collect import run_collect
 from pipeline.collect.preflight import preflight as run_preflight
 from pipeline.collect.regrade import regrade
@@ -37,8 +35,7 @@ from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
-REGRADE_TAG = "router_lite/regrade"
-COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
+REGRADE_TAG = "router_lite/regrade"  # a label on the regrade job's runs; the regrade itself is run config
 LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 # the assets whose steps call the pool: only these need its key (OPENROUTER_API_KEY for an openrouter pool);
 # `router-lite run` checks the key before the first of them, and each checks it itself (a UI launch)
@@ -165,8 +162,22 @@ def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
     return [a for a in pool.agents() if a.name in ok]
 
 
-def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, preflight: pd.DataFrame,
-                  pool: PoolResource, profile: ProfileResource, storage: StorageResource):
+class GradedCallsConfig(Config):
+    """Run config of `graded_calls` (launchpad: `ops: {graded_calls: {config: {...}}}`; `router-lite run
+    --wait-for-collection / --quarantine-bad-log-lines`; the regrade job sets `regrade`)."""
+
+    regrade: bool = Field(default=False, description="Regrade the stored calls of this partition from their stored "
+                                                     "completions with the current graders: zero API calls.")
+    wait_for_collection: str = Field(
+        default="", description="When another run is collecting this partition: empty or false = fail at once, "
+                                "true = wait as long as it takes, a number = wait at most that many seconds.")
+    quarantine_bad_log_lines: bool = Field(
+        default=False, description="Move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine "
+                                   "instead of stopping.")
+
+
+def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, task_pool: pd.DataFrame,
+                  preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource, storage: StorageResource):
     prof = profile.get()
     pool = pool_of(pool, preflight)
     keys = context.partition_key.keys_by_dimension
@@ -177,13 +188,13 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
         raise RouterLiteError(f"repetition {rep} is beyond profile {prof.name!r}'s {prof.repetitions} repetitions")
     tasks = task_pool[task_pool["source"] == source]
     agents = passed_agents(pool, preflight)
-    regrading = context.run.tags.get(REGRADE_TAG) == "true"  # the regrade job: stored completions only, zero calls
+    regrading = config.regrade  # stored completions only, zero calls
     if not regrading:
         pool.require_key("graded_calls")  # a missing key: one line naming it, before the lock and any call
-    log = CallLog(storage.calls_dir(pool.kind, source, rep), quarantine=quarantine_setting())
+    log = CallLog(storage.calls_dir(pool.kind, source, rep), quarantine=config.quarantine_bad_log_lines)
     # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
     # when asked
-    wait = wait_setting(context.run.tags.get(COLLECT_WAIT_TAG) or os.environ.get(WAIT_ENV))
+    wait = wait_setting(config.wait_for_collection)
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
         if regrading:
@@ -212,15 +223,6 @@ def _graded_calls(context: AssetExecutionContext, task_pool: pd.DataFrame, prefl
     })
 
 
-QUARANTINE_ENV = "ROUTER_LITE_QUARANTINE_LOG_LINES"  # "1"/"true": bad call-log lines are set aside, not fatal
-
-
-def quarantine_setting() -> bool:
-    """`router-lite run --quarantine-bad-log-lines` (or ROUTER_LITE_QUARANTINE_LOG_LINES=1): the collection moves a
-    call-log line that is not a JSON call row to `<agent>.jsonl.quarantine` instead of stopping."""
-    return os.environ.get(QUARANTINE_ENV, "").strip().lower() in ("1", "true", "yes")
-
-
 def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settings: CollectionSettings) -> pd.DataFrame:
     """This partition's calls as stored in the call log, regraded with the current graders. A call the log lacks
     is an error here (the regrade job never calls): collect it first."""
@@ -229,7 +231,7 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
     stored = stored[stored["call_key"].isin(keys)]
     if len(stored) < len(keys):
         raise RouterLiteError(f"regrade: {len(keys) - len(stored)} of {len(keys)} calls of this partition are not in "
-                              f"the call log {log.directory}; materialise graded_calls without the regrade tag first")
+                              f"the call log {log.directory}; materialise graded_calls without `regrade` first")
     return regrade(stored, tasks)[0].reset_index(drop=True)
 
 

@@ -17,7 +17,7 @@ from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
-from resources.storage import ParquetIOManager, StorageResource, default_home
+from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
 
 ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # publish: opt-in, not in run
 
@@ -40,6 +40,7 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
         "pool": pool_resource(prof),
         "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(home) / "backbones"), **backbone),
         "io_manager": ParquetIOManager(home=home),
+        "router_io_manager": RouterIOManager(home=home),  # fitted routers of any kind (their save/from_files)
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
         "hub": publish.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release

@@ -106,6 +106,7 @@ def build_ops(prof: Profile) -> dict:
                     "leaves out because it calls the agents).")
     regrade_job = define_asset_job(
         REGRADE_JOB, selection=AssetSelection.assets("graded_calls"), tags={REGRADE_TAG: "true"},
+        config={"ops": {"graded_calls": {"config": {"regrade": True}}}},
         description="Regrade stored calls from their stored completions with the current graders (zero API calls): "
                     f"backfill every partition of the profile; {REFRESH_SENSOR} refreshes the rest.")
     dask_job = define_asset_job(

@@ -7,6 +7,7 @@ import os
 
 from dagster import AssetExecutionContext, Config, EnvVar, MetadataValue, Output, asset
 
+from assets.automation import OPT_IN_TAG
 from assets.collection import reward_matrix
 from assets.tasks import task_pool
 from pipeline.report.hub_release import build_release
@@ -26,7 +27,7 @@ class PublishConfig(Config):
     dry_run: bool = False
 
 
-@asset(deps=[task_pool, reward_matrix], group_name="publish", io_manager_key="io_manager",
+@asset(deps=[task_pool, reward_matrix], group_name="publish", io_manager_key="io_manager", tags={OPT_IN_TAG: "true"},
        description="The tasks dataset, the rewards dataset (no prompt text) and the registered head with their "
                    "cards, pushed to the Hub (token: env HF_TOKEN). Opt-in: not part of `router-lite run`.")
 def hub_release(context: AssetExecutionContext, config: PublishConfig, registered_head: dict, hub: HubResource,

@@ -11,7 +11,7 @@ from assets.shown import rounded
 from assets.shown import table as shown_table
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import to_arrays
-from pipeline.core.io import atomic_write_json
+from pipeline.core.io import atomic_write_json, frame_version
 from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import targets_markdown, value_line
@@ -20,8 +20,7 @@ from pipeline.route.cascade import CascadeRouter
 from pipeline.route.cascade_fit import fit_cascades
 from pipeline.route.embed import EmbeddingCache
 from pipeline.route.fit import fit_router, split_masks
-from pipeline.route.head import Head
-from pipeline.route.registry import content_hash
+from pipeline.route.fitted import FittedRouter
 from pipeline.route.targets import REPORT_TARGETS, path_table
 from pipeline.route.train import effective_rewards
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
@@ -63,11 +62,11 @@ def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
     return t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
 
 
-@asset(group_name="router", io_manager_key="io_manager",
+@asset(group_name="router", io_manager_key="router_io_manager",
        description="Router head trained with separable CMA-ES on the static reward matrix (zero API calls); "
                    "held-out metrics against best single, kNN, random and the oracle.")
 def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame,
-                task_pool: pd.DataFrame, profile: ProfileResource, storage: StorageResource) -> Output[dict]:
+                task_pool: pd.DataFrame, profile: ProfileResource) -> Output[FittedRouter]:
     prof = profile.get()
     rewards = reward_matrix
     X = reward_embeddings(prompt_embeddings, rewards)
@@ -75,14 +74,6 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     fit = fit_router(X, rewards, split, prof.train, labels=labels_of(t, domain_column(t)), frontier=True)
-    out = storage.path("router_head")
-    fit.head.save(out / registry.WEIGHTS)
-    fit.scorer.save(out / registry.SCORER)
-    if fit.cost_scorer is not None:
-        fit.cost_scorer.save(out / registry.COST_SCORER)
-    elif (out / registry.COST_SCORER).exists():
-        (out / registry.COST_SCORER).unlink()
-    registry.save_guard(fit.guard, out / registry.GUARD)
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
                "extra": fit.extra, "train_config": prof.train.to_dict(),
@@ -96,7 +87,8 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     table = pd.DataFrame([{"policy": k, "held_out_reward": m[k],
                            "vs best single (95% paired bootstrap CI)": _gain_text(ci[k]) if k in ci else ""}
                           for k in ("head", "best_single", "knn", "random", "oracle")])
-    return Output(summary, metadata=rounded({
+    companions = {"scorer": fit.scorer, **({"cost_scorer": fit.cost_scorer} if fit.cost_scorer is not None else {})}
+    return Output(FittedRouter(fit.head, summary, companions, fit.guard), metadata=rounded({
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
         "n_test": m["n_test"], "n_params": fit.head.n_params, "ood_fire_rate_test": fit.extra["ood_fire_rate"],
@@ -121,7 +113,7 @@ def _gain_text(ci: dict) -> str:
 
 
 @asset_check(asset=router_head, description="The head beats uniform random on held-out tasks.")
-def head_beats_random(router_head: dict) -> AssetCheckResult:
+def head_beats_random(router_head: FittedRouter) -> AssetCheckResult:
     m = router_head["metrics"]
     return AssetCheckResult(passed=bool(m["head"] > m["random"]),
                             metadata={"head": m["head"], "random": m["random"], "best_single": m["best_single"]})
@@ -129,63 +121,57 @@ def head_beats_random(router_head: dict) -> AssetCheckResult:
 
 @asset(group_name="router", io_manager_key="io_manager",
        description="The head in the registry: stable name head-<backbone>-<hash>, manifest, weights, reference code.")
-def registered_head(context: AssetExecutionContext, router_head: dict, preflight: pd.DataFrame,
+def registered_head(context: AssetExecutionContext, router_head: FittedRouter, task_pool: pd.DataFrame,
+                    reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame,
                     backbone: BackboneResource, pool: PoolResource, storage: StorageResource) -> Output[dict]:
-    head, scorer, cost_scorer, guard = _saved_head(storage, router_head)
-    path, entry = _register(context, head, guard, router_head, preflight, backbone, pool, storage,
-                            training={**router_head["train_config"], "activation": head.activation},
-                            data=("task_pool", "reward_matrix", "prompt_embeddings"), metrics=router_head["metrics"],
-                            scorer=scorer, cost_scorer=cost_scorer)
+    router = router_head.router
+    path, entry = _register(context, router, router_head, preflight, backbone, pool, storage,
+                            training={**router_head["train_config"],
+                                      **({"activation": router.activation} if hasattr(router, "activation") else {})},
+                            data={"task_pool": task_pool, "reward_matrix": reward_matrix,
+                                  "prompt_embeddings": prompt_embeddings},
+                            metrics=router_head["metrics"])
     atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
                             "manifest": MetadataValue.json(entry)})
 
 
-def _saved_head(storage: StorageResource, router_head: dict):
-    """(shipped head, value scorer, cost scorer or None, guard) that `router_head` wrote."""
-    src = storage.path("router_head")
-    agents = router_head["agents"]
-    cost_scorer = (Head.load(src / registry.COST_SCORER, agents=agents)
-                   if (src / registry.COST_SCORER).exists() else None)
-    return (Head.load(src / registry.WEIGHTS, agents=agents), Head.load(src / registry.SCORER, agents=agents),
-            cost_scorer, registry.load_guard(src / registry.GUARD))
-
-
-def _register(context, router, guard, router_head: dict, preflight: pd.DataFrame, backbone: BackboneResource,
-              pool: PoolResource, storage: StorageResource, *, training: dict, data: tuple[str, ...], metrics: dict,
-              scorer, cost_scorer):
-    """Register `router` (any kind) with the backbone, the pool's models, the hashes of the assets in `data` and
-    the head's operating points: (entry directory, manifest)."""
+def _register(context, router, router_head: FittedRouter, preflight: pd.DataFrame, backbone: BackboneResource,
+              pool: PoolResource, storage: StorageResource, *, training: dict, data: dict[str, pd.DataFrame],
+              metrics: dict):
+    """Register `router` (any kind) with the prompt router's guard and scorers, the backbone, the pool's models, the
+    data versions of the frames in `data` and the prompt router's operating points: (entry directory, manifest)."""
     bb = backbone.get_backbone()
     pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
     models = {a.name: a.model for a in pool.agents()}
     path = registry.register(
-        storage.path("registry"), router, guard, router_head["best_single"],
+        storage.path("registry"), router, router_head.guard, router_head["best_single"],
         backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
                   "max_seq_length": backbone.max_seq_length, "dim": router.d, **bb.registry_fields()},
         agents=[{"name": a, "model": models.get(a, a)} for a in router.agents],
         training={**training, "pool": pool.pool, "pool_kind": pool.kind},
-        data_hashes={name: content_hash(storage.asset_file(name).read_bytes())[:16] for name in data},
-        metrics=metrics, scorer=scorer, operating_points=router_head["operating_points"], cost_scorer=cost_scorer)
+        data_hashes={name: frame_version(df) for name, df in data.items()}, metrics=metrics,
+        scorer=router_head.companions.get("scorer"), operating_points=router_head["operating_points"],
+        cost_scorer=router_head.companions.get("cost_scorer"))
     entry = json.loads((path / registry.MANIFEST).read_text())
     context.log.info(f"registered {entry['name']} at {path}")
     return path, entry
 
 
-@asset(group_name="router", io_manager_key="io_manager",
+@asset(group_name="router", io_manager_key="router_io_manager",
        description="Cascade router fitted on the static matrix from the agents' recorded answers (zero API calls): "
                    "cheap agents asked first, their answer accepted when they agree, else a stronger agent; with and "
                    "without the prompt router's predicted success; operating points chosen on validation.")
 def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
-                   prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame, router_head: dict,
-                   storage: StorageResource) -> Output[dict]:
+                   prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame,
+                   router_head: FittedRouter) -> Output[FittedRouter]:
     rewards = reward_matrix
     agents, R, B, C = to_arrays(rewards)
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
     E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
     X = reward_embeddings(prompt_embeddings, rewards)
-    head, scorer, _, _ = _saved_head(storage, router_head)
+    head, scorer = router_head.router, router_head.companions["scorer"]
     masks = split_masks(training_split(rewards, task_pool).reset_index(drop=True), "test",
                         rewards["task_id"].astype(str).tolist())
     best = router_head["best_single"]
@@ -193,8 +179,6 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
                        REPORT_TARGETS)
     chosen = fit["variants"][fit["chosen"]]
     router = CascadeRouter(head, chosen["path"], chosen["order"], agents)
-    out = storage.path("cascade_router")
-    router.save_files(out)
     summary = {"agents": agents, "best_single": best, **fit}
     rows = []
     for variant, v in fit["variants"].items():
@@ -206,7 +190,7 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     context.log.info(f"cascade: chosen variant {fit['chosen']} (validation AIQ "
                      + ", ".join(f"{k} {v['aiq_validation']:.4f}" for k, v in fit["variants"].items()) + ")\n"
                      + table.to_markdown(index=False, floatfmt=".3f"))
-    return Output(summary, metadata=rounded({
+    return Output(FittedRouter(router, summary), metadata=rounded({
         "chosen": fit["chosen"], "validation_rows": fit["validation_rows"],
         **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
         **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
@@ -217,16 +201,14 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
 @asset(group_name="router", io_manager_key="io_manager",
        description="The cascade in the registry: stable name cascade-<backbone>-<hash>, manifest, its policies, the "
                    "prompt router it falls back on.")
-def registered_cascade(context: AssetExecutionContext, cascade_router: dict, router_head: dict,
-                       preflight: pd.DataFrame, backbone: BackboneResource, pool: PoolResource,
-                       storage: StorageResource) -> Output[dict]:
-    head, scorer, cost_scorer, guard = _saved_head(storage, router_head)
-    chosen = cascade_router["variants"][cascade_router["chosen"]]
-    router = CascadeRouter(head, chosen["path"], chosen["order"], cascade_router["agents"])
-    path, entry = _register(context, router, guard, router_head, preflight, backbone, pool, storage,
+def registered_cascade(context: AssetExecutionContext, cascade_router: FittedRouter, router_head: FittedRouter,
+                       task_pool: pd.DataFrame, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
+                       prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame, backbone: BackboneResource,
+                       pool: PoolResource, storage: StorageResource) -> Output[dict]:
+    path, entry = _register(context, cascade_router.router, router_head, preflight, backbone, pool, storage,
                             training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"]},
-                            data=("task_pool", "reward_matrix", "agent_answers", "prompt_embeddings"),
-                            metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()},
-                            scorer=scorer, cost_scorer=cost_scorer)
+                            data={"task_pool": task_pool, "reward_matrix": reward_matrix,
+                                  "agent_answers": agent_answers, "prompt_embeddings": prompt_embeddings},
+                            metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()})
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "manifest": MetadataValue.json(entry)})

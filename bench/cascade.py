@@ -27,7 +27,7 @@ from pipeline.report.value import ablation_markdown  # noqa: E402
 from pipeline.route.cascade import Plan, run_plan, run_policy  # noqa: E402
 from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
 from pipeline.route.fit import split_masks  # noqa: E402
-from pipeline.route.head import Head  # noqa: E402
+from pipeline.route.fitted import FittedRouter  # noqa: E402
 from pipeline.route.targets import resolve  # noqa: E402
 from pipeline.route.train import effective_rewards  # noqa: E402
 from resources.storage import asset_path  # noqa: E402
@@ -43,7 +43,7 @@ def load(home: Path):
     split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood").reset_index(drop=True)
     E = agreement(answers_matrix(answers, rm["task_id"], agents), t["grader"].tolist())
     X = np.stack(emb["embedding"].to_numpy()).astype(np.float32)
-    P = Head.load(home / "router_head" / "scorer.safetensors", agents=agents).scores(X)
+    P = FittedRouter.load(asset_path(home, "router_head", suffix="")).companions["scorer"].scores(X)
     masks = split_masks(split, "test", rm["task_id"].astype(str).tolist())
     return agents, effective_rewards(R, B), C, E, P, t["grader"].to_numpy(), masks
 

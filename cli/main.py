@@ -44,12 +44,16 @@ def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
     _use_override(args)
+    config = {}  # run config per asset, for the runs of the stages that hold it
     if args.target:
         from pipeline.route.targets import parse_target
 
-        os.environ["ROUTER_LITE_TARGET"] = parse_target(args.target).name  # the routed benchmark's operating point
+        config["benchmark_report"] = {"target": parse_target(args.target).name}  # the routed benchmark's point
+    if args.wait_for_collection or args.quarantine_bad_log_lines:
+        config["graded_calls"] = {"wait_for_collection": "true" if args.wait_for_collection else "",
+                                  "quarantine_bad_log_lines": bool(args.quarantine_bad_log_lines)}
     from assets.definitions import build_definitions
-    from cli.run import run_lineage
+    from cli.run import run_lineage, stages_of
     from cli.summary import print_summary
     from pipeline.profile import load_profile
     from resources.storage import default_home
@@ -57,8 +61,9 @@ def cmd_run(args) -> int:
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
     profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
-    times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True))
-    print_summary(default_home(), args.profile)
+    times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
+                        asset_config=config)
+    print_summary(default_home(), [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
     print_stage_times(times, default_home())
     return 0
 
@@ -70,8 +75,9 @@ def print_stage_times(times: dict, home: str) -> None:
     from pipeline.core.io import atomic_write_json
 
     print(f"\nStage times (wall, s; total {times.get('total_s', 0):.1f}):")
+    width = max([14, *map(len, times.get("stages", {}))])
     for stage, s in times.get("stages", {}).items():
-        print(f"  {stage:<14} {s:>7.1f}")
+        print(f"  {stage:<{width}} {s:>7.1f}")
     steps = sorted(times.get("steps", {}).items(), key=lambda kv: -kv[1])
     if steps:
         print("  slowest steps: " + ", ".join(f"{k} {v:.1f}" for k, v in steps[:6]))
@@ -568,10 +574,8 @@ def main(argv=None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts N of the same command
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    # settings read deeper down (cli/run.py, the graded_calls step), for this command only
-    flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None,
-             "ROUTER_LITE_COLLECT_WAIT": "true" if getattr(args, "wait_for_collection", False) else None,
-             "ROUTER_LITE_QUARANTINE_LOG_LINES": "1" if getattr(args, "quarantine_bad_log_lines", False) else None}
+    # --debug is read deeper down (cli/run.py, one_line), for this command only
+    flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None}
     saved = {k: os.environ.get(k) for k, v in flags.items() if v}
     os.environ.update({k: v for k, v in flags.items() if v})
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,

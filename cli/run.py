@@ -9,25 +9,13 @@ import re
 import time
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance, MultiPartitionKey, materialize
+from dagster import AssetKey, DagsterInstance, materialize
 
-from assets.automation import IN_PROCESS_TAG
+from assets.automation import IN_PROCESS_TAG, OPT_IN_TAG
 from pipeline.core.errors import RouterLiteError, debug_enabled
 from pipeline.profile import Profile, as_profile
 
-# (stage name, asset keys, partitioning: None | "source" | "source_x_repetition" | "suite")
-STAGES = [
-    ("source tasks", ["source_tasks"], "source"),
-    ("task pool", ["task_pool", "agent_pool"], None),  # no call, no key: `--upto task_pool` stops here
-    ("pre-flight", ["preflight"], None),
-    ("collection", ["graded_calls"], "source_x_repetition"),
-    ("rewards", ["reward_matrix", "agent_answers", "baselines"], None),
-    ("router", ["prompt_embeddings", "pool_report", "router_head", "registered_head", "cascade_router",
-                "registered_cascade"], None),
-    ("report", ["benchmark_report"], None),
-    ("replication", ["routerbench_replication"], "suite"),
-]
-
+Stage = tuple[str, list[str], object]  # (name, asset keys, partitions definition or None)
 
 # the console shows our stage lines and warnings; every event is still in the instance (and the UI)
 QUIET = {"loggers": {"console": {"config": {"log_level": os.environ.get("ROUTER_LITE_LOG_LEVEL", "WARNING")}}}}
@@ -94,17 +82,16 @@ def _instance() -> DagsterInstance:
     return DagsterInstance.ephemeral()
 
 
-def _partition_keys(kind, profile, assets_def):
-    if kind is None:
+def _partition_keys(partitions_def, profile) -> list:
+    """The runs of a stage: one per partition of its partitions definition (the definitions factory builds them
+    from the profile), [None] for an unpartitioned stage; suites narrowed to the profile's `benchmark.suites`."""
+    if partitions_def is None:
         return [None]
-    if kind == "source":
-        return list(profile.sources)
-    if kind == "source_x_repetition":
-        return [MultiPartitionKey({"source": s, "repetition": str(r)})
-                for s in profile.sources for r in range(profile.repetitions)]
-    keys = assets_def.partitions_def.get_partition_keys()
+    keys = partitions_def.get_partition_keys()
     wanted = profile.benchmark.suites
-    return [k for k in keys if k in wanted] if wanted else keys
+    if wanted and set(wanted) <= set(keys):
+        keys = [k for k in keys if k in wanted]
+    return keys
 
 
 def _step_seconds(instance, run_id: str, into: dict) -> None:
@@ -117,17 +104,51 @@ def _step_seconds(instance, run_id: str, into: dict) -> None:
         pass
 
 
-def stages_upto(asset_keys, upto: str | None = None) -> list[tuple[str, list[str], str | None]]:
-    """The stages `run_lineage` materialises: STAGES with the assets of the definitions, up to the stage holding
-    `upto` (all when None or not found)."""
-    out = []
-    for stage, keys, kind in STAGES:
-        keys = [k for k in keys if k in asset_keys]
-        if keys:
-            out.append((stage, keys, kind))
-            if upto and upto in keys:
-                break
-    return out
+def _stage_name(group: str, partitions_def) -> str:
+    if partitions_def is None:
+        return group
+    dims = getattr(partitions_def, "partition_dimension_names", None)
+    return f"{group} (per {' × '.join(dims)})" if dims else f"{group} (per partition)"
+
+
+def stages_of(defs, upto: str | None = None) -> list[Stage]:
+    """The stages `run_lineage` materialises, read off the Definitions' asset graph: its assets (without the ones
+    tagged opt-in and their descendants; with `upto`, that asset and what it depends on) in topological order,
+    split where the group or the partitioning changes. Among the assets ready next, one of the stage being built
+    comes first, then the first in definition order, so a stage holds a group's assets together."""
+    graph = defs.resolve_asset_graph()
+    order = {k: i for i, k in enumerate(k for a in defs.assets for k in a.keys)}
+    keys = [k for k in graph.toposorted_asset_keys if graph.get(k).is_materializable]
+    opt_out = {k for k in keys if OPT_IN_TAG in (graph.get(k).tags or {})}
+    for k in keys:  # descendants of an opt-in asset are opt-in too (toposorted: parents come first)
+        if set(graph.get(k).parent_keys) & opt_out:
+            opt_out.add(k)
+    wanted = [k for k in keys if k not in opt_out]
+    if upto:
+        target = next((k for k in wanted if k.to_user_string() == upto), None)
+        if target is None:
+            raise RouterLiteError(f"--upto {upto!r} is no asset of `router-lite run`; its assets: "
+                                  + ", ".join(k.to_user_string() for k in wanted))
+        keep, todo = set(), [target]
+        while todo:
+            k = todo.pop()
+            if k not in keep:
+                keep.add(k)
+                todo += list(graph.get(k).parent_keys)
+        wanted = [k for k in wanted if k in keep]
+    def kind(k):
+        return graph.get(k).group_name, graph.get(k).partitions_def
+
+    left, stages = set(wanted), []
+    while left:
+        ready = sorted((k for k in left if not (set(graph.get(k).parent_keys) & left)), key=lambda k: order.get(k, 0))
+        same = [k for k in ready if stages and kind(k) == stages[-1][0]]
+        key = (same or ready)[0]
+        if not same:
+            stages.append((kind(key), []))
+        stages[-1][1].append(key.to_user_string())
+        left.discard(key)
+    return [(_stage_name(g, p), ks, p) for (g, p), ks in stages]
 
 
 def check_key(defs, stages) -> None:
@@ -148,27 +169,35 @@ def check_key(defs, stages) -> None:
                                   ) from None
 
 
-def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = None, log=print) -> dict:
-    """Materialise the stages in order; returns {"stages": {stage: s}, "steps": {asset step: s}, "total_s": s}."""
+def _with_config(run_config: dict, asset_config: dict | None, keys: list[str]) -> dict:
+    """`run_config` plus the run config of the assets of `keys` that `asset_config` has (asset -> its config)."""
+    ops = {k: {"config": asset_config[k]} for k in keys if k in (asset_config or {})}
+    return {**run_config, "ops": ops} if ops else run_config
+
+
+def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = None, log=print,
+                asset_config: dict | None = None) -> dict:
+    """Materialise the stages in order, each asset with its run config from `asset_config` (asset -> config, e.g.
+    {"benchmark_report": {"target": "parity"}}); returns {"stages": {stage: s}, "steps": {asset step: s},
+    "total_s": s}."""
     profile = as_profile(profile)
     times: dict = {"stages": {}, "steps": {}}
     t_all = time.time()
     all_assets = list(defs.assets)
     checks = list(defs.asset_checks or [])
-    by_key = {k.to_user_string(): a for a in all_assets for k in a.keys}
-    stages = stages_upto(by_key, upto)
+    stages = stages_of(defs, upto)
     check_key(defs, stages)  # a missing key fails now, not after the stages that need none
     if profile.override:
         log(f"profile {profile.name} with override {profile.override}")
     instance = _instance()
     resources = defs.resources
     run_config, replay_warnings = _run_config()
-    for stage, keys, kind in stages:
+    for stage, keys, partitions_def in stages:
         t0 = time.time()
-        for pk in _partition_keys(kind, profile, by_key[keys[0]]):
+        for pk in _partition_keys(partitions_def, profile):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
                                  resources=resources, partition_key=str(pk) if pk is not None else None,
-                                 raise_on_error=False, run_config=run_config,
+                                 raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),
                                  tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
             _step_seconds(instance, result.run_id, times["steps"])
             if replay_warnings:

@@ -11,7 +11,8 @@ def _table(counts: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in counts.items())
 
 
-def print_summary(home: str, profile: str | None = None) -> None:
+def print_summary(home: str, assets: list[str]) -> None:
+    """What the run left under `home`; `assets`: the run's assets in stage order (whose reports are printed)."""
     root = Path(home).resolve()
     verdict_file = root / "reports" / "pool_report.json"
     if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
@@ -60,8 +61,8 @@ def print_summary(home: str, profile: str | None = None) -> None:
         rv = json.loads(rv_file.read_text())
         if rv.get("routers"):
             print("\nRouter kinds on held-out test (prompt-only / cascade / combined):\n\n" + ablation_markdown(rv))
-    for name in ("pool_report.md", "baselines.md", "benchmark_report.md", "routerbench_replication.md"):
-        f = root / "reports" / name
+    for key in assets:  # every report asset's Markdown, `reports/<asset>.md` (docs/architecture.md: add a report)
+        f = root / "reports" / f"{key}.md"
         if f.exists():
             print(f"\n{f.read_text()}")
     if (root / "reports").exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,38 @@ class ParquetIOManager(ConfigurableIOManager):
                 return pd.concat(parts, ignore_index=True)
             return parts
         return self._read(key, None)
+
+
+class RouterIOManager(ConfigurableIOManager):
+    """Fitted routers (`pipeline.route.fitted.FittedRouter`, any registered kind): each router's own `save_files`
+    into `<home>/assets/<asset>/__all__/`, read back through the router table's `from_files`; the fit's summary also
+    as `__all__.json`, for people and the command line's summary."""
+
+    home: str = DEFAULT_HOME
+
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        from pipeline.route.fitted import FittedRouter
+
+        if not isinstance(obj, FittedRouter):
+            raise TypeError(f"asset {context.asset_key.to_user_string()} must return a FittedRouter, got "
+                            f"{type(obj).__name__}")
+        name = "/".join(context.asset_key.path)
+        directory = asset_path(self.home, name, suffix="")
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        obj.save(tmp)
+        if directory.exists():  # swap whole: a reader never sees half of the old and half of the new fit
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+        atomic_write_json(obj.summary, asset_path(self.home, name, suffix=".json"))
+
+    def load_input(self, context: InputContext) -> Any:
+        from pipeline.route.fitted import FittedRouter
+
+        name = "/".join(context.asset_key.path)
+        directory = asset_path(self.home, name, suffix="")
+        if not directory.exists():
+            raise RouterLiteError(f"asset {name!r} has not been materialised yet ({directory} missing): materialise "
+                                  f"it first (`router-lite run` or the Dagster UI)")
+        return FittedRouter.load(directory)

@@ -22,7 +22,6 @@ from pathlib import Path
 from pipeline.core.errors import RouterLiteError
 
 LOCK_FILE = ".collect.lock"
-WAIT_ENV = "ROUTER_LITE_COLLECT_WAIT"  # "1"/"true": wait as long as it takes; N: wait up to N seconds; unset: fail
 POLL_S = 0.2
 
 
@@ -64,8 +63,8 @@ def collection_lock(directory: str | Path, partition: str, wait: float | None = 
                     waited = f" after waiting {wait:g} s" if wait else ""
                     raise RouterLiteError(
                         f"collection for {partition} is running (pid {_holder(fh)}){waited}: its call log {directory} "
-                        f"is locked. Let it finish, or ask to wait for it (router-lite run --wait-for-collection, "
-                        f"{WAIT_ENV}=1, or run tag router_lite/collect_wait=true)") from None
+                        f"is locked. Let it finish, or ask to wait for it (router-lite run --wait-for-collection, or "
+                        f"run config ops: {{graded_calls: {{config: {{wait_for_collection: 'true'}}}}}})") from None
                 time.sleep(POLL_S)
         fh.seek(0)
         fh.truncate()

@@ -34,6 +34,18 @@ def atomic_write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
     return atomic_write(path, lambda p: df.to_parquet(p, index=False, compression="zstd"))
 
 
+def frame_version(df: pd.DataFrame) -> str:
+    """The data version of a frame: the first 16 hex digits of the SHA-256 of the bytes `atomic_write_parquet`
+    writes for it (pyarrow writes no time stamp, so same frame, same version). The assets give it to Dagster as
+    their data version and the registry records it in a router's manifest."""
+    import hashlib
+    import io
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False, compression="zstd")
+    return hashlib.sha256(buf.getvalue() + b"\0").hexdigest()[:16]
+
+
 def atomic_write_text(text: str, path: str | Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 

@@ -274,6 +274,7 @@ def execute(policies: list[Policy], direct: np.ndarray, order, ask, agree) -> Ou
 # ---------------------------------------------------------------------------------------------------- router kind
 CASCADE_FILE = "cascade.json"
 FALLBACK_FILE = "cascade_head.safetensors"
+FALLBACK_PREFIX = "fallback."  # the files of a prompt router of another kind than head
 
 
 @register_router("cascade")
@@ -327,14 +328,27 @@ class CascadeRouter:
 
     def save_files(self, directory: str | Path) -> dict:
         from pipeline.core.io import atomic_write_json
-
-        self.fallback.save(Path(directory) / FALLBACK_FILE)
         from pipeline.route.targets import REPORT_TARGETS
 
+        directory = Path(directory)
+        doc = {}
+        if getattr(self.fallback, "kind", "head") == "head":  # the head's one file, as the reference code reads it
+            self.fallback.save(directory / FALLBACK_FILE)
+            files = {"weights": FALLBACK_FILE}
+        else:  # any other router kind: its own files, prefixed, and its manifest fields in cascade.json
+            import tempfile
+
+            with tempfile.TemporaryDirectory(dir=directory) as tmp:  # its files, renamed into this directory
+                fields = dict(self.fallback.save_files(tmp))
+                files = {role: FALLBACK_PREFIX + name for role, name in fields.pop("files").items()}
+                for name in files.values():
+                    (Path(tmp) / name[len(FALLBACK_PREFIX):]).replace(directory / name)
+            doc["fallback"] = {"kind": self.fallback.kind, "files": files, **fields}
+            files = {}
         targets = {name: self.resolve(name)["index"] for name in REPORT_TARGETS}  # for reference.py
         atomic_write_json({"path": self.path, "order": self.order.tolist(), "agents": self.agents,
-                           "targets": targets}, Path(directory) / CASCADE_FILE)
-        return {"files": {"weights": FALLBACK_FILE, "cascade": CASCADE_FILE},
+                           "targets": targets, **doc}, directory / CASCADE_FILE)
+        return {"files": {**files, "cascade": CASCADE_FILE},
                 "cascade": {"n_points": len(self.path["points"]), "guard_z": self.path.get("guard_z")}}
 
     @classmethod
@@ -355,8 +369,15 @@ class CascadeRouter:
             raise RouterLiteError(f"cascade file {f}: expected an object with a non-empty path.points list")
         if doc.get("agents") != names:
             raise RouterLiteError(f"cascade file {f} was fitted for agents {doc.get('agents')}, not {names}")
-        fallback = Head.load(Path(directory) / files.get("weights", FALLBACK_FILE), d=int(manifest["dim"]),
-                             K=len(names), agents=names)
+        if isinstance(doc.get("fallback"), dict):  # a prompt router of another kind than head
+            from pipeline.route.routers import router_class
+
+            fb = doc["fallback"]
+            fallback = router_class(fb.get("kind")).from_files(directory, {**fb, "dim": manifest["dim"],
+                                                                           "agents": manifest["agents"]})
+        else:
+            fallback = Head.load(Path(directory) / files.get("weights", FALLBACK_FILE), d=int(manifest["dim"]),
+                                 K=len(names), agents=names)
         try:
             return cls(fallback, doc["path"], doc.get("order", list(range(len(names)))), names)
         except RouterLiteError as exc:

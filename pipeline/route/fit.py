@@ -20,7 +20,7 @@ from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_re
 from pipeline.route.head import Head
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import Router
+from pipeline.route.routers import Router, router_class
 from pipeline.route.train import (
     TrainConfig,
     best_single_agent,
@@ -99,6 +99,15 @@ def constant_head(like: Router, best: int) -> Head:
     return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
 
 
+def fit_kind(kind: str, agents: list[str], X_train, R_train, B_train, X_val, R_val, B_val) -> Router:
+    """A router of table kind `kind` fitted the way `KnnRouter` is (`cls(agents=...).fit(...)`)."""
+    cls = router_class(kind)
+    if not callable(getattr(cls, "fit", None)):
+        raise RouterLiteError(f"train.router {kind!r}: router kind {cls.__name__} has no fit(X_train, R_train, X_val, "
+                              f"R_val, best_train, best_val); the lineage cannot train it")
+    return cls(agents=agents).fit(X_train, R_train, X_val, R_val, B_train, B_val)
+
+
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
                held_out: str = "test", cost_lambda: float = 0.0, labels=None, frontier: bool = False) -> RouterFit:
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
@@ -117,11 +126,16 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                              B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
                              agents=agents)
     best = best_single_agent(R[tr], B[tr])
+    trained = head
+    if cfg.router != "head":  # another kind of the router table ships; the head still sets the operating points
+        head = fit_kind(cfg.router, agents, X[tr], R[tr], B[tr], *((X[va], R[va], B[va]) if has_val else (None,) * 3))
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
-    trained = head
+    if not cfg.ship_gate:
+        gate = {**gate, "shipped": "head", "gate": "off"}
+    gate["router"] = cfg.router
     if gate["shipped"] != "head":
-        head = constant_head(head, best)
+        head = constant_head(trained, best)
     knn = KnnRouter(agents=agents).fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
     # the guard's threshold comes from in-distribution rows that were not trained on
     guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])

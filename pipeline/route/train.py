@@ -103,6 +103,13 @@ class TrainConfig:
         if its validation gain over that agent is positive with this one-sided confidence (paired bootstrap over
         the validation rows; 0.9, the default, ships less noise), or positive at all with 0.
         A head that is not shipped is replaced by a constant head, whose cost–quality frontier is a single point.
+    ship_gate = True
+        Apply the ship gate. False ships the trained router even when it does not beat the best single agent on
+        validation (an experiment; the gate's measurement is still reported).
+    router = "head"
+        The router kind the lineage ships: "head" (this sep-CMA-ES head) or any kind of the router table whose class
+        takes ``agents=`` and has ``fit(X_train, R_train, X_val, R_val, best_train, best_val)`` (e.g. "knn"). The
+        head is trained in every case: its value and cost scorers set the operating points.
     """
 
     generations: int = 60
@@ -125,6 +132,8 @@ class TrainConfig:
     patience: int | None = None
     log_every: int = 10
     ship_confidence: float = 0.9
+    ship_gate: bool = True
+    router: str = "head"
 
     def validate(self) -> None:
         if self.generations < 0:
