@@ -15,6 +15,7 @@ from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
+from resources.hub import hub_resource
 from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
@@ -43,7 +44,7 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
         "router_io_manager": RouterIOManager(home=home),  # fitted routers of any kind (their save/from_files)
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
-        "hub": publish.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
+        "hub": hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }
 
 

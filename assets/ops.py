@@ -17,8 +17,6 @@ How to use each from the UI and the command line: docs/operations.md.
 """
 from __future__ import annotations
 
-import os
-
 from dagster import (
     AssetSelection,
     DagsterRunStatus,
@@ -37,9 +35,9 @@ from assets.automation import BENCHMARK, FREE_REFRESH, REFRESH_SENSOR, refresh_s
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
 from pipeline.profile import Profile
+from resources.dask import DASK_ADDRESS_ENV, dask_address
 
 RECOLLECTION_TAG = "router_lite/recollection"  # run id of the pre-flight run that started a re-collection
-DASK_ADDRESS_ENV = "ROUTER_LITE_DASK_ADDRESS"
 RECOLLECT_CRON = "0 3 * * 0"  # Sundays 03:00 (instance timezone)
 
 SOURCE_TASKS_JOB = "source_tasks_job"
@@ -70,7 +68,7 @@ def dask_cluster_config(address: str | None = None) -> dict:
     """The dask executor's `cluster` config: an existing scheduler when an address is given (or
     ROUTER_LITE_DASK_ADDRESS is set), else a small in-process LocalCluster (2 workers × 1 thread, dashboard on
     loopback only)."""
-    address = address or os.environ.get(DASK_ADDRESS_ENV)
+    address = address or dask_address()
     if address:
         return {"existing": {"address": address}}
     return {"local": {"n_workers": 2, "threads_per_worker": 1, "processes": False,

@@ -3,23 +3,14 @@
 Not one of `router-lite run`'s stages (cli/run.py): materialise `hub_release` in the UI with run config
 `repo_id` (and `dry_run: true` to only list the commit), or use `router-lite publish`.
 """
-import os
-
-from dagster import AssetExecutionContext, Config, EnvVar, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 
 from assets.automation import OPT_IN_TAG
 from assets.collection import reward_matrix
 from assets.tasks import task_pool
 from pipeline.report.hub_release import build_release
-from resources.hub import HF_TOKEN_ENV, HubResource
+from resources.hub import HubResource
 from resources.storage import StorageResource
-
-
-def hub_resource() -> HubResource:
-    """The token as an EnvVar (resolved when a run launches, shown in the UI by name only) when HF_TOKEN is set for
-    the code location; without it a dry run still works (an EnvVar of an unset variable would fail every run that
-    uses the resource) and a push stops with one message saying to set it and reload."""
-    return HubResource(token=EnvVar(HF_TOKEN_ENV)) if os.environ.get(HF_TOKEN_ENV) else HubResource()
 
 
 class PublishConfig(Config):

@@ -11,7 +11,7 @@ from assets.shown import rounded
 from assets.shown import table as shown_table
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import to_arrays
-from pipeline.core.io import atomic_write_json, frame_version
+from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import targets_markdown, value_line
@@ -131,7 +131,7 @@ def registered_head(context: AssetExecutionContext, router_head: FittedRouter, t
                             data={"task_pool": task_pool, "reward_matrix": reward_matrix,
                                   "prompt_embeddings": prompt_embeddings},
                             metrics=router_head["metrics"])
-    atomic_write_json({"name": entry["name"], "path": str(path)}, storage.path("registry") / "latest.json")
+    registry.mark_latest(storage.path("registry"), entry["name"], path)
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
                             "manifest": MetadataValue.json(entry)})

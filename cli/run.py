@@ -104,11 +104,9 @@ def _step_seconds(instance, run_id: str, into: dict) -> None:
         pass
 
 
-def _stage_name(group: str, partitions_def) -> str:
-    if partitions_def is None:
-        return group
-    dims = getattr(partitions_def, "partition_dimension_names", None)
-    return f"{group} (per {' × '.join(dims)})" if dims else f"{group} (per partition)"
+def _stage_name(group: str, keys: list[str]) -> str:
+    """A stage of one asset is named after it ("task pool"), a stage of several after their group ("router")."""
+    return keys[0].replace("_", " ") if len(keys) == 1 else group
 
 
 def stages_of(defs, upto: str | None = None) -> list[Stage]:
@@ -148,7 +146,7 @@ def stages_of(defs, upto: str | None = None) -> list[Stage]:
             stages.append((kind(key), []))
         stages[-1][1].append(key.to_user_string())
         left.discard(key)
-    return [(_stage_name(g, p), ks, p) for (g, p), ks in stages]
+    return [(_stage_name(g, ks), ks, p) for (g, p), ks in stages]
 
 
 def check_key(defs, stages) -> None:

@@ -43,11 +43,12 @@ def print_summary(home: str, assets: list[str]) -> None:
         value = summary.get("value")
         if value:
             from pipeline.report.value import targets_markdown, value_line
+            from pipeline.route.registry import MANIFEST, latest_path
 
-            latest = root / "registry" / "latest.json"
+            latest = latest_path(root / "registry")
             models = {}
-            if latest.exists():
-                manifest = Path(json.loads(latest.read_text())["path"]) / "manifest.json"
+            if latest is not None:
+                manifest = latest / MANIFEST
                 if manifest.exists():
                     models = {a["name"]: a["model"] for a in json.loads(manifest.read_text())["agents"]}
             basis = {True: "costs estimated, ", False: "costs as reported by the provider, "}.get(

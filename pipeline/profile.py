@@ -205,8 +205,8 @@ class BenchmarkSettings:
     file = None
         An extra benchmark file (`pipeline.report.benchmark.load_benchmark`) routed next to the held-out test split.
     target = None
-        The operating point the routed benchmark uses (e.g. "parity"; ROUTER_LITE_TARGET overrides; None = the
-        head's default).
+        The operating point the routed benchmark uses (e.g. "parity"; `router-lite run --target` or the run config
+        of benchmark_report overrides it; None = the head's default).
     suites = ()
         The `routerbench_replication` partitions `router-lite run` materialises, of "routerbench",
         "mmlu-pro-outputs", "zeroeval-outputs" (() = all).

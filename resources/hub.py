@@ -44,3 +44,14 @@ class HubResource(ConfigurableResource):
 
     def push(self, releases) -> list[str]:
         return push_release(releases, self.token)
+
+
+def hub_resource() -> HubResource:
+    """The token as an EnvVar (resolved when a run launches, shown in the UI by name only) when HF_TOKEN is set for
+    the code location; without it a dry run still works (an EnvVar of an unset variable would fail every run that
+    uses the resource) and a push stops with one message saying to set it and reload."""
+    import os
+
+    from dagster import EnvVar
+
+    return HubResource(token=EnvVar(HF_TOKEN_ENV)) if os.environ.get(HF_TOKEN_ENV) else HubResource()

@@ -138,7 +138,7 @@ def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, mo
     monkeypatch.setattr(collection, "run_collect", planted)
     with pytest.raises(RouterLiteError) as exc:
         run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
-    assert str(exc.value).startswith("collection (partition ")
+    assert str(exc.value).startswith("graded calls (partition ")
     assert str(exc.value).endswith("check graded_calls:no_error_counted_as_wrong failed: 1 error call(s) carry a "
                                    "correctness grade")
     assert rewards.stat().st_mtime_ns == stamp

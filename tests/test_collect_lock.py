@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from assets.collection import COLLECT_WAIT_TAG
 from assets.definitions import build_definitions
 from assets.ops import COLLECTION_JOB
 from cli.run import user_error
@@ -71,8 +70,8 @@ def test_two_concurrent_collections_make_no_call_twice(smoke_home_copy, capsys):
 
     def collect(i):
         start.wait()
-        results[i] = job.execute_in_process(partition_key=PARTITION, tags={COLLECT_WAIT_TAG: "true"},
-                                            raise_on_error=False)
+        results[i] = job.execute_in_process(partition_key=PARTITION, raise_on_error=False, run_config={
+            "ops": {"graded_calls": {"config": {"wait_for_collection": "true"}}}})
 
     threads = [threading.Thread(target=collect, args=(i,)) for i in range(2)]
     t0 = time.time()

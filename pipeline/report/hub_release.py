@@ -181,11 +181,13 @@ def head_release(repo_id: str, head_dir: Path) -> RepoRelease:
 
 
 def latest_head(registry_dir: Path) -> Path:
-    latest = Path(registry_dir) / "latest.json"
-    if not latest.exists():
-        raise RouterLiteError(f"no registered head ({latest} missing): materialise registered_head first "
-                              f"(`router-lite run`)")
-    return Path(json.loads(latest.read_text())["path"])
+    from pipeline.route.registry import LATEST, latest_path
+
+    path = latest_path(registry_dir)
+    if path is None:
+        raise RouterLiteError(f"no registered head ({Path(registry_dir) / LATEST} missing): materialise "
+                              f"registered_head first (`router-lite run`)")
+    return path
 
 
 def build_release(repo_id: str, datasets_dir: Path, head_dir: Path) -> list[RepoRelease]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.io import atomic_write_json
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
 from pipeline.route.routers import ROUTER_TYPES, Router, router_class, router_kinds
@@ -186,6 +187,19 @@ def load_guard(path: Path) -> OODGuard:
     except Exception as exc:
         raise RouterLiteError(f"{path} is corrupt: {type(exc).__name__}: {exc}") from None
     return guard
+
+
+LATEST = "latest.json"  # {"name", "path"} of the prompt router registered last (serve and publish default to it)
+
+
+def mark_latest(root: Path, name: str, path: Path) -> None:
+    atomic_write_json({"name": name, "path": str(path)}, Path(root) / LATEST)
+
+
+def latest_path(root: Path) -> Path | None:
+    """The directory of the router registered last under `root`, None when none is."""
+    f = Path(root) / LATEST
+    return Path(json.loads(f.read_text())["path"]) if f.exists() else None
 
 
 def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],

@@ -1,0 +1,151 @@
+"""The asset graph tells the whole truth: `router-lite run` reads its stages off the Definitions, every router kind
+of the table travels the lineage through the router IO manager, and run-time choices are run config."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.core.errors import RouterLiteError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _defs(home, profile="smoke"):
+    from assets.definitions import build_definitions
+
+    return build_definitions(home=str(home), profile=profile)
+
+
+def test_stages_cover_every_asset_once_in_topological_order(tmp_path):
+    from assets.automation import OPT_IN_TAG
+    from cli.run import stages_of
+
+    defs = _defs(tmp_path)
+    graph = defs.resolve_asset_graph()
+    stages = stages_of(defs)
+    seen = [k for _, keys, _ in stages for k in keys]
+    opt_in = {k.to_user_string() for k in graph.toposorted_asset_keys if OPT_IN_TAG in (graph.get(k).tags or {})}
+    every = {k.to_user_string() for k in graph.toposorted_asset_keys if graph.get(k).is_materializable}
+    assert sorted(seen) == sorted(every - opt_in) and len(seen) == len(set(seen))
+    assert opt_in == {"hub_release"}
+    position = {k: i for i, k in enumerate(seen)}
+    for k in graph.toposorted_asset_keys:  # every parent runs in an earlier stage or earlier in the same one
+        for parent in graph.get(k).parent_keys:
+            if k.to_user_string() in position:
+                assert position[parent.to_user_string()] < position[k.to_user_string()]
+    for _, keys, partitions_def in stages:  # one partitioning per stage
+        assert {id(graph.get(_key(k)).partitions_def) for k in keys} == {id(partitions_def)}
+
+
+def _key(name):
+    from dagster import AssetKey
+
+    return AssetKey(name)
+
+
+def test_upto_takes_the_asset_and_what_it_depends_on(tmp_path):
+    from cli.run import stages_of
+
+    stages = stages_of(_defs(tmp_path), "task_pool")
+    assert [(name, keys) for name, keys, _ in stages] == [("source tasks", ["source_tasks"]),
+                                                          ("task pool", ["task_pool"])]
+    with pytest.raises(RouterLiteError, match="--upto 'hub_release' is no asset of `router-lite run`"):
+        stages_of(_defs(tmp_path), "hub_release")
+
+
+def test_asset_config_goes_only_to_the_runs_that_hold_the_asset():
+    from cli.run import _with_config
+
+    base = {"loggers": {}}
+    cfg = {"benchmark_report": {"target": "parity"}}
+    assert _with_config(base, cfg, ["router_head"]) == base
+    assert _with_config(base, cfg, ["benchmark_report"]) == {"loggers": {}, "ops": {"benchmark_report": {
+        "config": {"target": "parity"}}}}
+
+
+def test_no_asset_reads_another_assets_file_or_an_environment_switch():
+    """The done-when of the graph: no asset body opens registry/latest.json or a report another asset wrote, and
+    none reads os.environ (a secret's EnvVar lives in resources/)."""
+    text = {p.name: p.read_text() for p in (ROOT / "assets").glob("*.py")}
+    for needle, owner in (("latest.json", None), ("os.environ", None), ("pool_report.json", "pool_report.py")):
+        assert [n for n, t in text.items() if needle in t and n != owner] == [], needle
+
+
+class CentroidRouter:
+    """A toy router kind: each agent's score is the cosine of the query to the mean embedding of the training rows
+    that agent answered best."""
+
+    def __init__(self, agents=None, C=None):
+        self.agents = None if agents is None else list(agents)
+        self.C = C
+
+    def fit(self, X_train, R_train, X_val=None, R_val=None, best_train=None, best_val=None):
+        X = X_train / np.linalg.norm(X_train, axis=1, keepdims=True)
+        best = R_train.argmax(axis=1)
+        self.C = np.stack([X[best == j].mean(axis=0) if (best == j).any() else np.zeros(X.shape[1])
+                           for j in range(R_train.shape[1])]).astype(np.float32)
+        return self
+
+    @property
+    def d(self):
+        return int(self.C.shape[1])
+
+    @property
+    def K(self):
+        return int(self.C.shape[0])
+
+    def scores(self, X):
+        return (np.asarray(X, np.float32) / np.linalg.norm(X, axis=1, keepdims=True)) @ self.C.T
+
+    def pick(self, X):
+        return self.scores(X).argmax(axis=1)
+
+    def save_files(self, directory):
+        np.save(Path(directory) / "centroids.npy", self.C)
+        return {"files": {"centroids": "centroids.npy"}}
+
+    @classmethod
+    def from_files(cls, directory, manifest):
+        return cls([a["name"] for a in manifest["agents"]],
+                   np.load(Path(directory) / manifest["files"]["centroids"]))
+
+    def fingerprint(self):
+        return [self.C.tobytes()], ["centroid"]
+
+
+@pytest.mark.slow
+def test_a_toy_router_kind_goes_through_router_lite_run(smoke_home_copy, monkeypatch):
+    """Register a kind, name it in the profile (train.router), and `router-lite run` fits it, ships it through
+    the router IO manager, registers it under its kind and routes the benchmark with it: no line of the lineage
+    names the kind."""
+    from cli.run import run_lineage
+    from pipeline.profile import OVERRIDE_ENV, load_profile
+    from pipeline.route import registry
+    from pipeline.route.fitted import FittedRouter
+    from pipeline.route.routers import register_router, routers_restored
+    from resources.storage import asset_path
+
+    home = smoke_home_copy()
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    override = home / "centroid.yaml"  # ship_gate off: on smoke's few validation rows no router is sure to beat
+    override.write_text("train: {router: centroid, ship_gate: false}\n")  # the best single agent
+    monkeypatch.setenv(OVERRIDE_ENV, str(override))
+    with routers_restored():
+        register_router("centroid")(CentroidRouter)
+        prof = load_profile("smoke")
+        assert prof.train.router == "centroid"
+        run_lineage(_defs(home, prof), prof, upto="benchmark_report", log=lambda m: None,
+                    asset_config={"benchmark_report": {"target": "max-quality"}})
+        fitted = FittedRouter.load(asset_path(home, "router_head", suffix=""))
+        assert isinstance(fitted.router, CentroidRouter) and fitted["extra"]["gate"]["router"] == "centroid"
+        entry = json.loads(asset_path(home, "registered_head", suffix=".json").read_text())
+        reg = registry.load(entry["path"])
+        assert reg.kind == "centroid" and entry["name"].startswith("centroid-")
+        np.testing.assert_array_equal(reg.head.C, fitted.router.C)
+        report = (home / "reports" / "benchmark_report.md").read_text()
+        assert f"head {entry['name']}" in report
+        cascade = FittedRouter.load(asset_path(home, "cascade_router", suffix=""))
+        assert isinstance(cascade.router.fallback, CentroidRouter)  # the cascade falls back on the shipped kind
