@@ -72,7 +72,7 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     # (pipeline.route.train.lambda_sweep); "trained head" is the one better on validation, the other is shown too
     lam_kept = bool(sweep) and sweep.get("kept", "lambda-trained") == "lambda-trained"
     policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
-                                     "trained head (score sweep)" if lam_kept else "trained head": reg.head}, X[te]))
+                                     "trained head (score sweep)" if lam_kept else "trained head": reg.router}, X[te]))
     if sweep:
         policies["trained head" if lam_kept else "trained head (λ-trained)"] = PointSet(np.array(sweep["points_test"]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
@@ -143,9 +143,9 @@ def _routed_cascade(prof, task_pool: pd.DataFrame, regc, targets: list[str], spe
                                prof.collection)
 
         for target in targets:
-            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.head.order,
+            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.router.order,
                                     [a.name for a in specs])
-            name = regc.head.resolve(target)["target"]
+            name = regc.router.resolve(target)["target"]
             res["per_question"].to_csv(reports / f"benchmark_cascade_{variant}_{_slug(name)}.csv", index=False)
             s = res["summary"]
             md += [f"- {variant}, target {name}: n={s['n']}, accuracy {s['accuracy']:.4f}, "
@@ -188,7 +188,7 @@ def benchmark_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame
         prof, task_pool, reg, target, [specs[a] for a in agents], pool, backbone, storage)
     md += variant_md
     regc = registry.load(registered_cascade["path"])
-    cascade_targets = list(dict.fromkeys([regc.head.resolve(target)["target"], "parity", "quality>=0.98"]))
+    cascade_targets = list(dict.fromkeys([regc.router.resolve(target)["target"], "parity", "quality>=0.98"]))
     md += [f"## Routed benchmark of the cascade ({regc.name}): every stage's calls made through the pool", ""]
     cascade_md, cascade_meta = _routed_cascade(prof, task_pool, regc, cascade_targets, [specs[a] for a in agents],
                                                pool, backbone, storage)

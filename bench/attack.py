@@ -346,7 +346,7 @@ def weights_symlink_default_name(tmp: Path) -> str:
     os.symlink(outside, head / "head.safetensors")
     _edit_manifest(head, lambda m: m["files"].pop("weights"))
     refused(lambda: registry.load(head), "head.safetensors", "symlink")
-    return "refused: every file the loader opens is a plain file of the head directory"
+    return "refused: every file the loader opens is a plain file of the entry directory"
 
 
 # --------------------------------------------------------------------------------------------------- call log

@@ -229,8 +229,8 @@ def cmd_route(args) -> int:
 
 def _route_cascade(reg, args) -> int:
     """`route` for a cascade: the plan at the target, and per prompt what happens first."""
-    cpoint = reg.head.resolve(args.target)
-    plan = reg.head.plan(args.target)
+    cpoint = reg.router.resolve(args.target)
+    plan = reg.router.plan(args.target)
     names = [a["name"] for a in reg.agents]
     print(f"cascade {reg.name}, target {cpoint['target']} (validation: quality {cpoint['quality']:.4f}, "
           f"{cpoint['cost_per_1k']:.3f} USD per 1k)", file=sys.stderr)

@@ -351,7 +351,7 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
         raw = c.chat.completions.with_raw_response.create(model=reg.name, messages=user(prompt))
         assert raw.parse().choices[0].message.content == recorded(pool, raw.headers["x-router-model"], prompt)
     assert cli.main(["serve", "--head", str(reg.path.parent / "nope")]) == 2
-    assert "not a registered head" in capsys.readouterr().err
+    assert "not a registered router" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- issue 12: one bad request, limits

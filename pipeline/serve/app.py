@@ -482,7 +482,7 @@ def _inject_router(event: bytes, router: dict) -> bytes | None:
 
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
               settings: ServeSettings | None = None):
-    """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredHead`) with `backbone` (a
+    """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredRouter`) with `backbone` (a
     `pipeline.route.embed.Backbone` of the head's model, pooling and max_seq_length), calling the pool `agents` through
     `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before serving;
     the clients are closed when the app shuts down). The handlers below are module-level and read what they
@@ -523,7 +523,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
 
 def _check_backbone(registered, backbone) -> None:
     """Refuse a backbone of the wrong width; warn when it is not the one the head was trained on."""
-    dim = int(registered.manifest.get("dim", registered.head.d))
+    dim = int(registered.manifest.get("dim", registered.router.d))
     if int(getattr(backbone, "dim", dim)) != dim:
         raise RouterLiteError(f"backbone {getattr(backbone, 'model_id', backbone)!r} embeds {backbone.dim} dims but "
                               f"head {registered.name} takes {dim}")
@@ -729,7 +729,7 @@ async def _cascade_chat(state, req, decision, point, t0):
     if decision.index >= 0:  # one agent, without a check
         policy = Policy((Stage((decision.index,)),))
     overhead_ms = (time.perf_counter() - t0) * 1000.0
-    result = await run_cascade(policy, reg.head.order, state.specs, state.clients, req.upstream, state.upstream_opts,
+    result = await run_cascade(policy, reg.router.order, state.specs, state.clients, req.upstream, state.upstream_opts,
                                grader)
     names = [state.specs[j].name for j in result.called]
     head_name = state.head_name
