@@ -10,10 +10,10 @@ import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, StaticPartitionsDefinition, asset
 
 from assets.collection import passed_agents, pool_of
+from assets.metadata import rounded
 from assets.router import registered_head, reward_embeddings, training_split
-from assets.shown import rounded
 from pipeline.collect.call_log import CallLog
-from pipeline.collect.collect import run_collect
+from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.profile import BENCHMARK_SUITES

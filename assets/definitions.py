@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import Definitions, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import benchmark, collection, pool_report, publish, router, tasks
+from assets import benchmark, collection, hub_release, pool_report, router, tasks
 from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
@@ -19,7 +19,7 @@ from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # publish: opt-in, not in run
+ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, hub_release]  # hub_release: opt-in, not in run
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
@@ -42,7 +42,7 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
         "io_manager": ParquetIOManager(home=home),
         "storage": StorageResource(home=home),
         "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
-        "hub": publish.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
+        "hub": hub_release.hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }
 
 

@@ -60,7 +60,7 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
         with pytest.raises(RouterLiteError, match="already registered"):
             register_grader(exact_ci_spec())
         # the collection checks see it too: a task naming it is accepted
-        from pipeline.collect.collect import _check_tasks
+        from pipeline.collect.calls import _check_tasks
         _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
