@@ -402,7 +402,9 @@ def server(**settings):
 
     from pipeline.collect.agents import AgentSpec
     from pipeline.route import registry
-    from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
 
     path = _world_files()
     reg = registry.load(path)

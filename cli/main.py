@@ -335,7 +335,9 @@ def cmd_serve(args) -> int:
 
     from pipeline.profile import load_profile
     from pipeline.route import registry
-    from pipeline.serve.app import ServeSettings, build_app, return_big_buffers_to_the_os
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import return_big_buffers_to_the_os
+    from pipeline.serve.settings import ServeSettings
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:

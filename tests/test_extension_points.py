@@ -25,7 +25,9 @@ from pipeline.route import registry
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
 from pipeline.route.routers import ROUTER_TYPES, register_router, router_class, routers_restored
-from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import (
     SOURCES,
     TASK_COLUMNS,

@@ -27,7 +27,11 @@ from pipeline.collect.replay import REPLAY_BASE_URL, ReplayStore, replay_transpo
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import prompt_hash
 from pipeline.route import registry
-from pipeline.serve.app import DecisionBatcher, ServeSettings, build_app, parse_chat_request, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.batching import DecisionBatcher
+from pipeline.serve.requests import parse_chat_request
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource
 
