@@ -9,10 +9,10 @@ from dagster import AssetExecutionContext, Config, MetadataValue, Output, Static
 from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
+from assets.metadata import rounded
 from assets.router import reward_embeddings, training_split
-from assets.shown import rounded
 from pipeline.collect.call_log import CallLog
-from pipeline.collect.collect import run_collect
+from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.profile import BENCHMARK_SUITES
@@ -72,7 +72,7 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     # (pipeline.route.train.lambda_sweep); "trained head" is the one better on validation, the other is shown too
     lam_kept = bool(sweep) and sweep.get("kept", "lambda-trained") == "lambda-trained"
     policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
-                                     "trained head (score sweep)" if lam_kept else "trained head": reg.head}, X[te]))
+                                     "trained head (score sweep)" if lam_kept else "trained head": reg.router}, X[te]))
     if sweep:
         policies["trained head" if lam_kept else "trained head (λ-trained)"] = PointSet(np.array(sweep["points_test"]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
@@ -143,9 +143,9 @@ def _routed_cascade(prof, task_pool: pd.DataFrame, regc, targets: list[str], spe
                                prof.collection)
 
         for target in targets:
-            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.head.order,
+            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.router.order,
                                     [a.name for a in specs])
-            name = regc.head.resolve(target)["target"]
+            name = regc.router.resolve(target)["target"]
             res["per_question"].to_csv(reports / f"benchmark_cascade_{variant}_{_slug(name)}.csv", index=False)
             s = res["summary"]
             md += [f"- {variant}, target {name}: n={s['n']}, accuracy {s['accuracy']:.4f}, "
@@ -196,7 +196,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
         prof, task_pool, reg, target, [specs[a] for a in agents], pool, backbone, storage)
     md += variant_md
     regc = registry.load(registered_cascade["path"])
-    cascade_targets = list(dict.fromkeys([regc.head.resolve(target)["target"], "parity", "quality>=0.98"]))
+    cascade_targets = list(dict.fromkeys([regc.router.resolve(target)["target"], "parity", "quality>=0.98"]))
     md += [f"## Routed benchmark of the cascade ({regc.name}): every stage's calls made through the pool", ""]
     cascade_md, cascade_meta = _routed_cascade(prof, task_pool, regc, cascade_targets, [specs[a] for a in agents],
                                                pool, backbone, storage)

@@ -20,7 +20,7 @@ from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
-from pipeline.collect.collect import run_collect
+from pipeline.collect.calls import run_collect
 from pipeline.collect.preflight import preflight as run_preflight
 from pipeline.collect.regrade import regrade
 from pipeline.collect.rewards import baselines as compute_baselines
@@ -30,7 +30,7 @@ from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
 from pipeline.profile import Profile, load_profile
-from pipeline.report.publish import publish_dataset
+from pipeline.report.datasets import publish_dataset
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import Definitions, load_asset_checks_from_modules, load_assets_from_modules
 
-from assets import benchmark, collection, pool_report, publish, router, tasks
+from assets import benchmark, collection, hub_release, pool_report, router, tasks
 from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
@@ -20,7 +20,7 @@ from resources.pool import OPENROUTER_KEY_ENV, PoolResource
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
 
-ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # publish: opt-in, not in run
+ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, hub_release]  # hub_release: opt-in, not in run
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:

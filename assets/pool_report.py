@@ -20,7 +20,7 @@ from pipeline.report.pool_report import pool_report as build_report
 from resources.storage import StorageResource
 
 
-@asset(group_name="router", io_manager_key="io_manager",
+@asset(group_name="report", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
                    "(label router and kNN, 5-fold CV on the training split).")

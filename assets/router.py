@@ -7,8 +7,8 @@ import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
 from assets.collection import pool_of
-from assets.shown import rounded
-from assets.shown import table as shown_table
+from assets.metadata import rounded
+from assets.metadata import table as shown_table
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import to_arrays
 from pipeline.core.io import frame_version

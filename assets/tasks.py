@@ -15,7 +15,7 @@ from dagster import (
 
 from assets.partitions import source_partitions
 from pipeline.profile import SourceSettings
-from pipeline.report.publish import publish_dataset
+from pipeline.report.datasets import publish_dataset
 from pipeline.tasks.sources import load_source
 from pipeline.tasks.task_pool import (
     SPLITS,

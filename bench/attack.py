@@ -346,7 +346,7 @@ def weights_symlink_default_name(tmp: Path) -> str:
     os.symlink(outside, head / "head.safetensors")
     _edit_manifest(head, lambda m: m["files"].pop("weights"))
     refused(lambda: registry.load(head), "head.safetensors", "symlink")
-    return "refused: every file the loader opens is a plain file of the head directory"
+    return "refused: every file the loader opens is a plain file of the entry directory"
 
 
 # --------------------------------------------------------------------------------------------------- call log
@@ -402,7 +402,9 @@ def server(**settings):
 
     from pipeline.collect.agents import AgentSpec
     from pipeline.route import registry
-    from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
 
     path = _world_files()
     reg = registry.load(path)

@@ -1,6 +1,6 @@
 """Collection benchmarks.
 
-1. Throughput (default): graded calls/s of `pipeline.collect.collect.collect` (real openai client, durable call log,
+1. Throughput (default): graded calls/s of `pipeline.collect.calls.collect` (real openai client, durable call log,
    grading) against a local OpenAI-protocol endpoint with a fixed 100 ms latency (tests/fault_server.py, its own
    process), at concurrency 8, 32, 128. The ideal rate is concurrency / latency; the ratio to it is printed
    (goal: >= 0.9 at each level). Each level makes enough calls for >= 3.5 s at the ideal rate. When one process
@@ -52,7 +52,7 @@ import pandas as pd
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.call_log import CallLog
-from pipeline.collect.collect import collect
+from pipeline.collect.calls import collect
 from pipeline.collect.settings import CollectionSettings
 from resources.pool import http_client
 

@@ -27,7 +27,9 @@ if str(ROOT) not in sys.path:
 
 from pipeline.route import registry  # noqa: E402
 from pipeline.route.embed import Backbone  # noqa: E402
-from pipeline.serve.app import ServeSettings, build_app, serve_in_thread  # noqa: E402
+from pipeline.serve.app import build_app  # noqa: E402
+from pipeline.serve.server import serve_in_thread  # noqa: E402
+from pipeline.serve.settings import ServeSettings  # noqa: E402
 from resources.pool import PoolResource  # noqa: E402
 from resources.storage import asset_path  # noqa: E402
 

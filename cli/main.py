@@ -235,8 +235,8 @@ def cmd_route(args) -> int:
 
 def _route_cascade(reg, args) -> int:
     """`route` for a cascade: the plan at the target, and per prompt what happens first."""
-    cpoint = reg.head.resolve(args.target)
-    plan = reg.head.plan(args.target)
+    cpoint = reg.router.resolve(args.target)
+    plan = reg.router.plan(args.target)
     names = [a["name"] for a in reg.agents]
     print(f"cascade {reg.name}, target {cpoint['target']} (validation: quality {cpoint['quality']:.4f}, "
           f"{cpoint['cost_per_1k']:.3f} USD per 1k)", file=sys.stderr)
@@ -341,7 +341,9 @@ def cmd_serve(args) -> int:
 
     from pipeline.profile import load_profile
     from pipeline.route import registry
-    from pipeline.serve.app import ServeSettings, build_app, return_big_buffers_to_the_os
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import return_big_buffers_to_the_os
+    from pipeline.serve.settings import ServeSettings
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:

@@ -38,7 +38,7 @@ def push_release(releases, token: str | None) -> list[str]:
 
 
 class HubResource(ConfigurableResource):
-    """Write access to the Hub; `token` comes from EnvVar("HF_TOKEN") (assets/publish.py), shown by name only."""
+    """Write access to the Hub; `token` comes from EnvVar("HF_TOKEN") (assets/hub_release.py), shown by name only."""
 
     token: str | None = None
 

@@ -128,8 +128,8 @@ def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] |
         rows["oracle"] = (float(Rv.max(1).mean()), float(Rs.max(1).mean()), 0.0, "")
         t = time.perf_counter()
         knn = KnnRouter().fit(X[tr], Rt, X[va], Rv)
-        rows["kNN (cosine, k on val)"] = (knn.val_rewards[knn.k], reward_of(Rs, knn.pick(X[te])),
-                                          time.perf_counter() - t, f"k={knn.k}")
+        rows["kNN (cosine, k on val)"] = (knn.val_rewards_[knn.k_], reward_of(Rs, knn.pick(X[te])),
+                                          time.perf_counter() - t, f"k={knn.k_}")
         for name, std in (("ridge (alpha on val)", True), ("ridge raw features", False)):
             t = time.perf_counter()
             mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6

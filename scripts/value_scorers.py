@@ -50,7 +50,7 @@ def main() -> int:
     for k in list(preds):
         preds[k + ", hull agents"] = preds[k]
     rows = []
-    print(f"{name}: ridge alpha {info['alpha']}, knn k {knn.k}; best single {agents[best]}; "
+    print(f"{name}: ridge alpha {info['alpha']}, knn k {knn.k_}; best single {agents[best]}; "
           f"test best single {Re[te][:, best].mean():.4f} at {1000 * C[te][:, best].mean():.4f}/1k")
     for pname, (pv, pt) in preds.items():
         allowed = hull if pname.endswith("hull agents") else None

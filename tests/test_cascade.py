@@ -181,7 +181,7 @@ def test_router_kind_round_trips_through_the_registry(tmp_path):
     assert path.name.startswith("cascade-bb-") and (path / "reference.py").is_file()
     assert registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw) == path  # same content, same name
     reg = registry.load(path)
-    assert reg.kind == "cascade" and reg.head.plan("parity") == router.plan("parity")
+    assert reg.kind == "cascade" and reg.router.plan("parity") == router.plan("parity")
     view = reg.cascade_at("parity", "integer")
     assert view.policy == router.plan("parity").for_grader("integer")
     with pytest.raises(RouterLiteError, match="unknown grader"):

@@ -64,4 +64,4 @@ def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys
                  "--ship-confidence", "1.5"]) == 2
     assert "ship_confidence must be in [0, 1)" in capsys.readouterr().err
     assert main(["route", "--head", str(tmp_path / "missing"), "hi"]) == 2
-    assert "not a registered head" in capsys.readouterr().err
+    assert "not a registered router" in capsys.readouterr().err

@@ -25,7 +25,9 @@ from pipeline.route import registry
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
 from pipeline.route.routers import ROUTER_TYPES, register_router, router_class, routers_restored
-from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import (
     SOURCES,
     TASK_COLUMNS,
@@ -60,7 +62,7 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
         with pytest.raises(RouterLiteError, match="already registered"):
             register_grader(exact_ci_spec())
         # the collection checks see it too: a task naming it is accepted
-        from pipeline.collect.collect import _check_tasks
+        from pipeline.collect.calls import _check_tasks
         _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
@@ -145,7 +147,7 @@ def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
         path = _register(tmp_path, toy, X)
         assert path.name.startswith("best-mean-hash-embedder-") and _register(tmp_path, toy, X) == path
         reg = registry.load(path)
-        assert reg.kind == "best-mean" and isinstance(reg.head, BestMeanRouter)
+        assert reg.kind == "best-mean" and isinstance(reg.router, BestMeanRouter)
         assert not (path / "reference.py").exists()  # the reference code applies head weights only
         picks, fired = reg.route(X)
         assert (picks[~fired] == 1).all() and (picks[fired] == 1).all()
@@ -153,7 +155,7 @@ def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
         kpath = _register(tmp_path, knn, X)
         kreg = registry.load(kpath)
         assert kreg.kind == "knn" and kpath.name.startswith("knn-")
-        assert np.array_equal(kreg.head.scores(X), knn.scores(X))
+        assert np.array_equal(kreg.router.scores(X), knn.scores(X))
     assert ROUTER_TYPES == before
     with pytest.raises(RouterLiteError, match=r"unknown router kind 'best-mean'; known kinds: cascade, head, knn"):
         registry.load(path)  # the type is gone: one clear error naming the manifest and the known kinds
@@ -171,7 +173,7 @@ def test_an_unregistered_class_is_refused_and_old_manifests_load_as_heads(tmp_pa
     assert m["router_kind"] == "head"
     del m["router_kind"]  # a manifest written before router kinds
     (path / "manifest.json").write_text(json.dumps(m))
-    assert registry.load(path).kind == "head" and isinstance(registry.load(path).head, Head)
+    assert registry.load(path).kind == "head" and isinstance(registry.load(path).router, Head)
 
 
 class HashBackbone:

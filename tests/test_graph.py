@@ -144,7 +144,7 @@ def test_a_toy_router_kind_goes_through_router_lite_run(smoke_home_copy, monkeyp
         entry = json.loads(asset_path(home, "registered_head", suffix=".json").read_text())
         reg = registry.load(entry["path"])
         assert reg.kind == "centroid" and entry["name"].startswith("centroid-")
-        np.testing.assert_array_equal(reg.head.C, fitted.router.C)
+        np.testing.assert_array_equal(reg.router.C, fitted.router.C)
         report = (home / "reports" / "benchmark_report.md").read_text()
         assert f"head {entry['name']}" in report
         cascade = FittedRouter.load(asset_path(home, "cascade_router", suffix=""))

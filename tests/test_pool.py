@@ -15,8 +15,8 @@ import pytest
 
 from pipeline.collect.agents import AgentSpec, load_agents
 from pipeline.collect.call_log import CallLog
+from pipeline.collect.calls import collect
 from pipeline.collect.client import _retry_after_s, call_once, scrub
-from pipeline.collect.collect import collect
 from pipeline.collect.preflight import preflight
 from pipeline.collect.replay import default_recordings_path
 from pipeline.collect.settings import CollectionSettings

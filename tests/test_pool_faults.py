@@ -21,8 +21,8 @@ import pytest
 
 from pipeline.collect.agents import AgentSpec, load_agents
 from pipeline.collect.call_log import CallLog, call_key
+from pipeline.collect.calls import collect
 from pipeline.collect.client import call_once
-from pipeline.collect.collect import collect
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 
@@ -205,7 +205,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import openai, pandas as pd
     from pipeline.collect.call_log import CallLog
     from pipeline.collect.agents import AgentSpec
-    from pipeline.collect.collect import collect
+    from pipeline.collect.calls import collect
     from pipeline.collect.settings import CollectionSettings
     base_url, log_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     agents = [AgentSpec("a1", "m1", "local", None, 1.0, 2.0), AgentSpec("a2", "m2", "local", None, 0.5, 0.5)]

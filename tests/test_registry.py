@@ -66,5 +66,5 @@ def test_corrupt_or_mismatched_files_give_one_clear_error(tmp_path):
     (path / "manifest.json").write_text("{not json")
     with pytest.raises(RouterLiteError, match="manifest.json is corrupt"):
         registry.load(path)
-    with pytest.raises(RouterLiteError, match="not a registered head"):
+    with pytest.raises(RouterLiteError, match="not a registered router"):
         registry.load(tmp_path / "nope")

@@ -13,8 +13,8 @@ import pytest
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.call_log import CallLog
+from pipeline.collect.calls import collect
 from pipeline.collect.client import call_once
-from pipeline.collect.collect import collect
 from pipeline.collect.replay import (
     REPLAY_BASE_URL,
     ReplayStore,

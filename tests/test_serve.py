@@ -27,7 +27,11 @@ from pipeline.collect.replay import REPLAY_BASE_URL, ReplayStore, replay_transpo
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import prompt_hash
 from pipeline.route import registry
-from pipeline.serve.app import DecisionBatcher, ServeSettings, build_app, parse_chat_request, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.batching import DecisionBatcher
+from pipeline.serve.requests import parse_chat_request
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource
 
@@ -351,7 +355,7 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
         raw = c.chat.completions.with_raw_response.create(model=reg.name, messages=user(prompt))
         assert raw.parse().choices[0].message.content == recorded(pool, raw.headers["x-router-model"], prompt)
     assert cli.main(["serve", "--head", str(reg.path.parent / "nope")]) == 2
-    assert "not a registered head" in capsys.readouterr().err
+    assert "not a registered router" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- issue 12: one bad request, limits

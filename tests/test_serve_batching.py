@@ -1,4 +1,4 @@
-"""The router endpoint's micro-batcher (pipeline.serve.app.DecisionBatcher) and input guards, without a model: a
+"""The router endpoint's micro-batcher (pipeline.serve.batching.DecisionBatcher) and input guards, without a model: a
 backbone whose embedding encodes the prompt's number, so every decision can be checked against the prompt it answers."""
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.text_guard import CHARS_PER_TOKEN, bad_text, cut_for_tokens, json_problem
-from pipeline.serve.app import DecisionBatcher, RequestError, ServeSettings, parse_chat_request
+from pipeline.serve.batching import DecisionBatcher
+from pipeline.serve.requests import RequestError, parse_chat_request
+from pipeline.serve.settings import ServeSettings
 
 K = 7  # agents
 

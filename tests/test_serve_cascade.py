@@ -17,7 +17,9 @@ from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
 from pipeline.route.fit import constant_head
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
-from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource
 

@@ -27,7 +27,9 @@ from pipeline.core.http_server import LoopbackServer
 from pipeline.route import registry
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
-from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+from pipeline.serve.app import build_app
+from pipeline.serve.server import serve_in_thread
+from pipeline.serve.settings import ServeSettings
 
 pytestmark = pytest.mark.slow
 

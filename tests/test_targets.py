@@ -180,7 +180,9 @@ def test_serve_honours_the_target_per_request(tmp_path):
     import openai
 
     from pipeline.collect.agents import AgentSpec
-    from pipeline.serve.app import ServeSettings, build_app, serve_in_thread
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
 
     _fit, reg, X, cluster = _matrix_world(tmp_path)
     fired = reg.guard.fires(X)

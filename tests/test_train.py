@@ -128,13 +128,13 @@ def test_config_and_input_errors():
 def test_knn_router_chooses_k_and_beats_best_single():
     X, R, best, tr, va, te = planted(n=3000, d=4)
     knn = KnnRouter(k_grid=(1, 5, 20, 50)).fit(X[tr], R[tr], X[va], R[va])
-    assert knn.k in (1, 5, 20, 50) and set(knn.val_rewards) == {1, 5, 20, 50}
-    assert knn.val_rewards[knn.k] == max(knn.val_rewards.values())
+    assert knn.k_ in (1, 5, 20, 50) and set(knn.val_rewards_) == {1, 5, 20, 50}
+    assert knn.val_rewards_[knn.k_] == max(knn.val_rewards_.values())
     S = knn.scores(X[te])
     assert S.shape == (600, 4) and S.min() >= 0 and S.max() <= 1
     bs = best_single_agent(R[tr])
     assert R[te][np.arange(600), knn.pick(X[te])].mean() > R[te][:, bs].mean() + 0.1
-    assert KnnRouter().fit(X[tr], R[tr]).k == 100          # no k and no validation: the default k
+    assert KnnRouter().fit(X[tr], R[tr]).k_ == 100         # no k and no validation: the default k
 
 
 def test_knn_exact_neighbour_scores():
@@ -143,6 +143,35 @@ def test_knn_exact_neighbour_scores():
     knn = KnnRouter(k=2).fit(X, R)
     np.testing.assert_allclose(knn.scores(np.array([[1, 0.05], [0.05, 1]])), [[1, 0], [0, 1]])
 
+
+
+def test_knn_fit_keeps_the_hyper_parameter_and_learns_k_():
+    X, R, best, tr, va, te = planted(n=600, d=4)
+    searched = KnnRouter(k_grid=(1, 5, 20)).fit(X[tr], R[tr], X[va], R[va])
+    assert searched.k is None and searched.k_ in (1, 5, 20)  # sklearn's convention: k as given, k_ learned
+    assert searched.fit(X[tr], R[tr]).k is None and searched.k_ == 100  # a refit searches again (no validation)
+    given = KnnRouter(k=7).fit(X[tr], R[tr], X[va], R[va])
+    assert given.k == given.k_ == 7 and given.val_rewards_ == {}
+
+
+def test_knn_reads_an_entry_written_before_k_(tmp_path):
+    """A registry entry's kNN file as entries have always held it (metadata "k": the fitted k) loads with k_ set,
+    and its fingerprint (the registry name's hash input) is unchanged: ["knn", k]."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(30, 4)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    R = (rng.random((30, 2)) < 0.5).astype(np.float32)
+    save_file({"X": X, "R": R}, str(tmp_path / "knn.safetensors"),
+              metadata={"kind": "router-lite-knn", "k": "5", "agents": '["a", "b"]'})
+    manifest = {"dim": 4, "agents": [{"name": "a", "model": "a"}, {"name": "b", "model": "b"}],
+                "files": {"weights": "knn.safetensors"}, "k": 5, "router_kind": "knn"}
+    knn = KnnRouter.from_files(tmp_path, manifest)
+    assert knn.k == knn.k_ == 5 and knn.fingerprint()[1] == ["knn", 5]
+    np.testing.assert_allclose(knn.scores(X[:3]), KnnRouter(k=5).fit(X, R).scores(X[:3]))
+    (tmp_path / "again").mkdir()
+    assert knn.save_files(tmp_path / "again")["k"] == 5  # written back in the same format
 
 def test_ood_guard_fires_on_far_queries_and_falls_back():
     rng = np.random.default_rng(0)

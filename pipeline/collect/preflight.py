@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 
 from pipeline.collect.agents import AgentSpec
+from pipeline.collect.calls import check_agents, close_clients, run_sync
 from pipeline.collect.client import call_once
-from pipeline.collect.collect import check_agents, close_clients, run_sync
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 

@@ -16,9 +16,9 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.report.publish import dataset_card
+from pipeline.report.datasets import dataset_card
 
-# Hub licence ids per bundled source (pipeline/report/publish.py SOURCE_LICENCES has the full attribution text)
+# Hub licence ids per bundled source (pipeline/report/datasets.py SOURCE_LICENCES has the full attribution text)
 SOURCE_LICENSE_IDS = {"math500": "mit", "gsm8k": "mit", "mmlu": "mit", "mmlu_pro": "apache-2.0",
                       "arc_challenge": "cc-by-sa-4.0"}
 # columns that would carry a prompt or a reply: never in the rewards dataset
@@ -87,7 +87,7 @@ def _read(files: dict[str, Path]) -> pd.DataFrame:
 
 def hub_dataset_card(df: pd.DataFrame, files: dict[str, Path], title: str, description: str,
                      task_categories: list[str], tags: list[str]) -> DatasetCard:
-    """The local card (pipeline/report/publish.py) under Hub metadata: licence, task categories, size, one config whose
+    """The local card (pipeline/report/datasets.py) under Hub metadata: licence, task categories, size, one config whose
     splits are the uploaded Parquet files."""
     data = DatasetCardData(
         pretty_name=title, language=["en"], task_categories=task_categories, tags=tags,

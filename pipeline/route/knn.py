@@ -3,7 +3,8 @@
 Cosine similarity on the embeddings; the score of agent j for a query is the mean (tie-aware) reward of agent j on
 the query's k most similar training rows; the pick is the argmax (ties -> lowest agent index).  `fit` chooses k from
 a grid on validation rows (the k whose picks earn the most there; the larger k on ties) when k is not given;
-without validation rows k = DEFAULT_K (100).
+without validation rows k = DEFAULT_K (100). As in scikit-learn, the constructor's `k` stays as given (None: search)
+and what `fit` learns ends in an underscore: `k_` (the k used), `val_rewards_` (validation reward per k searched).
 
 Router protocol (pipeline/route/routers.py, kind ``knn``): a fitted kNN router can be registered and served like a head;
 its file ``knn.safetensors`` holds the normalised training embeddings, their (tie-aware) rewards and k.
@@ -48,14 +49,15 @@ def top_k_neighbours(Q: np.ndarray, X: np.ndarray, k: int, chunk: int = 2048) ->
 
 @register_router("knn")
 class KnnRouter:
-    """Cosine kNN router. ``KnnRouter(k=None).fit(X_train, R_train, X_val, R_val)`` picks k on validation."""
+    """Cosine kNN router. ``KnnRouter(k=None).fit(X_train, R_train, X_val, R_val)`` picks `k_` on validation."""
 
     def __init__(self, k: int | None = None, k_grid: tuple[int, ...] = K_GRID, agents: list[str] | None = None):
         if k is not None and k < 1:
             raise RouterLiteError(f"kNN k must be >= 1, got {k}")
-        self.k = k
+        self.k = k  # the hyper-parameter as given (None: choose on validation); fit's choice is `k_`
         self.k_grid = tuple(int(x) for x in k_grid)
-        self.val_rewards: dict[int, float] = {}
+        self.k_: int | None = None
+        self.val_rewards_: dict[int, float] = {}
         self.agents = None if agents is None else list(agents)
 
     def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
@@ -70,23 +72,26 @@ class KnnRouter:
         self.R = effective_rewards(R_train, best_train)
         if self.agents is not None and len(self.agents) != self.R.shape[1]:
             raise RouterLiteError(f"kNN: {len(self.agents)} agent names for rewards of {self.R.shape[1]} agents")
-        if self.k is None:
-            if X_val is None or R_val is None or len(X_val) == 0:
-                self.k = min(DEFAULT_K, len(self.X))
-                return self
-            Rv = effective_rewards(R_val, best_val)
-            grid = sorted({min(k, len(self.X)) for k in self.k_grid})
-            idx, _ = top_k_neighbours(X_val, self.X, grid[-1])
-            csum = np.cumsum(self.R[idx], axis=1)                 # (nv, kmax, K)
-            for k in grid:
-                pick = csum[:, k - 1, :].argmax(axis=1)
-                self.val_rewards[k] = float(Rv[np.arange(len(pick)), pick].mean())
-            self.k = max(grid, key=lambda k: (self.val_rewards[k], k))
+        self.val_rewards_ = {}
+        if self.k is not None:
+            self.k_ = int(self.k)
+            return self
+        if X_val is None or R_val is None or len(X_val) == 0:
+            self.k_ = min(DEFAULT_K, len(self.X))
+            return self
+        Rv = effective_rewards(R_val, best_val)
+        grid = sorted({min(k, len(self.X)) for k in self.k_grid})
+        idx, _ = top_k_neighbours(X_val, self.X, grid[-1])
+        csum = np.cumsum(self.R[idx], axis=1)                 # (nv, kmax, K)
+        for k in grid:
+            pick = csum[:, k - 1, :].argmax(axis=1)
+            self.val_rewards_[k] = float(Rv[np.arange(len(pick)), pick].mean())
+        self.k_ = max(grid, key=lambda k: (self.val_rewards_[k], k))
         return self
 
     def scores(self, X: np.ndarray) -> np.ndarray:
         """(n, K) mean reward of each agent on the k nearest training rows."""
-        idx, _ = top_k_neighbours(X, self.X, self.k)
+        idx, _ = top_k_neighbours(X, self.X, self.k_)
         return self.R[idx].mean(axis=1)
 
     def pick(self, X: np.ndarray) -> np.ndarray:
@@ -102,15 +107,16 @@ class KnnRouter:
         return int(self.R.shape[1])
 
     def save_files(self, directory: str | Path) -> dict:
-        """Write ``knn.safetensors`` (embeddings, rewards, k, agents) into `directory`; its manifest fields."""
+        """Write ``knn.safetensors`` (embeddings, rewards, the fitted `k_` under the key "k", agents) into `directory`;
+        its manifest fields (`k`: the fitted k, as entries have always recorded it)."""
         from safetensors.numpy import save_file
 
         from pipeline.core.io import atomic_write
 
         tensors = {"X": np.ascontiguousarray(self.X, np.float32), "R": np.ascontiguousarray(self.R, np.float32)}
-        meta = {"kind": "router-lite-knn", "k": str(int(self.k)), "agents": json.dumps(self.agents)}
+        meta = {"kind": "router-lite-knn", "k": str(int(self.k_)), "agents": json.dumps(self.agents)}
         atomic_write(Path(directory) / FILE_NAME, lambda p: save_file(tensors, str(p), metadata=meta))
-        return {"files": {"weights": FILE_NAME}, "k": int(self.k), "n_reference": int(len(self.X))}
+        return {"files": {"weights": FILE_NAME}, "k": int(self.k_), "n_reference": int(len(self.X))}
 
     @classmethod
     def from_files(cls, directory: str | Path, manifest: dict) -> KnnRouter:
@@ -136,11 +142,11 @@ class KnnRouter:
         if X.shape[1] != int(manifest["dim"]) or R.shape[1] != len(names) or (agents is not None and agents != names):
             raise RouterLiteError(f"kNN router file {f} ({X.shape[1]} dims, agents {agents}) does not fit the "
                                   f"manifest ({manifest['dim']} dims, agents {names})")
-        knn = cls(k=k, agents=names)
-        knn.X, knn.R = X.astype(np.float32), R.astype(np.float32)
+        knn = cls(k=k, agents=names)  # the stored k is the fitted one: refitting this router keeps it
+        knn.X, knn.R, knn.k_ = X.astype(np.float32), R.astype(np.float32), k
         return knn
 
     def fingerprint(self) -> tuple[list[bytes], list]:
         return ([np.ascontiguousarray(self.X, np.float32).tobytes(),
                  np.ascontiguousarray(self.R, np.float32).tobytes()],
-                ["knn", int(self.k)])
+                ["knn", int(self.k_)])

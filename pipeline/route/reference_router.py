@@ -1,5 +1,5 @@
-"""Reference embed-and-pick for a registered router head — standalone: numpy + sentence-transformers only
-(model2vec for a head on a static backbone: the manifest's `backbone.path` names its files).
+"""Reference embed-and-pick for a registered router of kind `head` or `cascade` — standalone: numpy +
+sentence-transformers only (model2vec for a head on a static backbone: the manifest's `backbone.path` names its files).
 
 Copied into every `registry/<name>/` as `reference.py`. Usage:
     python reference.py "Which planet is largest?"            # prints the picked agent and model

@@ -1,15 +1,17 @@
-"""Registered heads: `registry/<name>/` with a stable name, manifest, weights and reference code.
+"""Registered routers: `registry/<name>/` with a stable name, manifest, weights and reference code.
 
-A registered "head" is any router of the protocol in pipeline/route/routers.py: a trained `Head` (kind ``head``), the
-kNN baseline (kind ``knn``) or a type added with `register_router`. The manifest records the kind (`router_kind`; a
-manifest without one, written before kinds existed, is a ``head``) and `load` asks that class to read its files.
+A registered router is any router of the protocol in pipeline/route/routers.py: a trained `Head` (kind ``head``), the
+kNN baseline (kind ``knn``), a cascade (kind ``cascade``) or a type added with `register_router`. The manifest records
+the kind (`router_kind`; a manifest without one, written before kinds existed, is a ``head``) and `load` asks that
+class to read its files.
 
 name = `<kind>-<backbone slug>-<10 hex>` (`head-...` for heads) where the hex is a content hash of (the router's
 `fingerprint`, agents, backbone key, training config, data hashes): the same inputs register under the same name;
 anything else gets a new one.
 Files: the router's own (`head.safetensors` for a head, `knn.safetensors` for kNN), `guard.npz` (OOD guard: training
-embeddings in float16 + threshold), `manifest.json`, and for heads `reference.py` (standalone embed-and-pick with
-numpy + sentence-transformers; it reads head weights only, so other kinds do not get it). Never pickle.
+embeddings in float16 + threshold), `manifest.json`, and for heads and cascades `reference.py` (standalone
+embed-and-pick with numpy + sentence-transformers; it reads head weights and cascade plans only, so other kinds do not
+get it). Never pickle.
 """
 from __future__ import annotations
 
@@ -52,10 +54,10 @@ def content_hash(*parts: bytes | str) -> str:
 
 
 @dataclass
-class RegisteredHead:
+class RegisteredRouter:
     path: Path
     manifest: dict
-    head: Router  # a Head, a KnnRouter, or any registered router type (pipeline/route/routers.py)
+    router: Router  # a Head, a KnnRouter, a CascadeRouter or any registered router type (pipeline/route/routers.py)
     guard: OODGuard
     best_single: int
     scorer: Head | None = None
@@ -78,21 +80,21 @@ class RegisteredHead:
         return self.manifest.get("operating_points")
 
     def resolve_target(self, target=None) -> dict:
-        """The operating point (pipeline.route.targets.resolve) a target selects on this head's stored λ path."""
+        """The operating point (pipeline.route.targets.resolve) a target selects on this router's stored λ path."""
         from pipeline.route.targets import parse_target, resolve
 
         t = parse_target(target)
         if t.kind == "max-quality" and not self.operating_points:
             return {"target": t.name, "lambda": 0.0}
         if not self.operating_points or self.scorer is None:
-            raise RouterLiteError(f"head {self.name} has no operating points (registered before targets existed); "
+            raise RouterLiteError(f"router {self.name} has no operating points (registered before targets existed); "
                                   f"only target max-quality is available")
         return resolve(t, self.operating_points)
 
-    def at(self, target) -> TargetedHead:
-        """This head at one operating point: an object with `.name` and `.route(X)` (what the server's
+    def at(self, target) -> TargetedRouter:
+        """This router at one operating point: an object with `.name` and `.route(X)` (what the server's
         DecisionBatcher uses)."""
-        return TargetedHead(self, self.resolve_target(target))
+        return TargetedRouter(self, self.resolve_target(target))
 
     def cascade_at(self, target, grader: str) -> CascadeView:
         """A cascade entry at one operating point for requests of answer format `grader` (`route(X)`: -1 = run the
@@ -102,12 +104,12 @@ class RegisteredHead:
         from pipeline.collect.grading import grader_spec
 
         grader_spec(grader)  # an unknown grader: one error naming the known ones
-        point = self.head.resolve(target)
-        return CascadeView(self, point, self.head.plan(target).for_grader(grader), grader)
+        point = self.router.resolve(target)
+        return CascadeView(self, point, self.router.plan(target).for_grader(grader), grader)
 
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
         """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
-        (None = max-quality: the shipped head; see pipeline.route.targets)."""
+        (None = max-quality: the shipped router; see pipeline.route.targets)."""
         return self.route_at(X, self.resolve_target(target) if target is not None else {"lambda": 0.0})
 
     def route_at(self, X: np.ndarray, point: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -122,14 +124,14 @@ class RegisteredHead:
             cost = pick_costs(self.cost_scorer, X, self.operating_points["agent_cost"])
             picks = cost_aware_pick(self.scorer.scores(X), cost, lam, self.operating_points.get("allowed"))
         else:
-            picks = self.head.pick(X)
+            picks = self.router.pick(X)
         picks[fired] = self.best_single
         return picks, fired
 
 
 @dataclass
-class TargetedHead:
-    registered: RegisteredHead
+class TargetedRouter:
+    registered: RegisteredRouter
     point: dict  # pipeline.route.targets.resolve output (target, lambda, ...)
 
     @property
@@ -142,7 +144,7 @@ class TargetedHead:
 
 @dataclass
 class CascadeView:
-    registered: RegisteredHead
+    registered: RegisteredRouter
     point: dict  # the cascade path point (target, lambda = path index, validation stats, plan)
     policy: object  # pipeline.route.cascade.Policy for this view's grader
     grader: str
@@ -202,22 +204,22 @@ def latest_path(root: Path) -> Path | None:
     return Path(json.loads(f.read_text())["path"]) if f.exists() else None
 
 
-def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
+def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
              operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
-    """Write the router `head` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
+    """Write `router` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
     return that directory."""
-    kind = getattr(head, "kind", None)
-    if ROUTER_TYPES.get(kind) is not type(head):
-        raise RouterLiteError(f"{type(head).__name__} is not a registered router type (kind {kind!r}; known kinds: "
+    kind = getattr(router, "kind", None)
+    if ROUTER_TYPES.get(kind) is not type(router):
+        raise RouterLiteError(f"{type(router).__name__} is not a registered router type (kind {kind!r}; known kinds: "
                               f"{', '.join(router_kinds())}); see pipeline.route.routers.register_router")
-    if [a["name"] for a in agents] != list(head.agents or [a["name"] for a in agents]):
-        raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the head's {head.agents}")
+    if [a["name"] for a in agents] != list(router.agents or [a["name"] for a in agents]):
+        raise RouterLiteError(f"agents {[a['name'] for a in agents]} do not match the router's {router.agents}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".register.", dir=root))
     try:
-        fields = dict(head.save_files(tmp))
+        fields = dict(router.save_files(tmp))
         router_files = fields.pop("files")
         taken = sorted(set(fields) & {"name", "format_version", "router_kind", "backbone", "dim", "agents",
                                       "best_single", "ood_guard", "training", "data_hashes", "metrics",
@@ -231,7 +233,7 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
         if cost_scorer is not None:
             cost_scorer.save(tmp / COST_SCORER)
         # hash array contents, not file bytes: zip (npz) entries carry write times
-        arrays, settings = head.fingerprint()
+        arrays, settings = router.fingerprint()
         digest = content_hash(*arrays,
                               guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
                               b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
@@ -242,7 +244,7 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
                                          sort_keys=True, default=str))
         name = f"{kind}-{_slug(backbone['id'])}-{digest[:10]}"
         manifest = {
-            "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": head.d, **fields,
+            "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": router.d, **fields,
             "agents": agents, "best_single": agents[best_single]["name"],
             "ood_guard": {"k": guard.k, "quantile": guard.quantile, "threshold": guard.threshold,
                           "n_reference": int(len(guard.X))},
@@ -261,7 +263,7 @@ def register(root: Path, head: Router, guard: OODGuard, best_single: int, *, bac
             f.chmod(0o644)
         tmp.chmod(0o755)
         final = root / name
-        if final.exists():  # same content hash → same head: keep the existing entry
+        if final.exists():  # same content hash → same router: keep the existing entry
             shutil.rmtree(tmp)
             return final
         tmp.rename(final)
@@ -332,35 +334,35 @@ def _check_operating_points(mf: Path, m: dict) -> None:
         raise bad(".allowed", f"null or a list of {k} booleans")
 
 
-def _no_links(head_dir: Path) -> None:
-    """No entry of the head directory is a symlink: the loader also opens files the manifest does not name (the
+def _no_links(entry_dir: Path) -> None:
+    """No file of the entry directory is a symlink: the loader also opens files the manifest does not name (the
     router kind's default weights file, e.g. `head.safetensors` when `files.weights` is absent)."""
-    for f in sorted(head_dir.iterdir()):
+    for f in sorted(entry_dir.iterdir()):
         if f.is_symlink():
-            raise RouterLiteError(f"{f}: a symlink in the head directory {head_dir}; a registered head holds only "
+            raise RouterLiteError(f"{f}: a symlink in the entry directory {entry_dir}; a registered router holds only "
                                   "plain files")
 
 
-def _inside(head_dir: Path, name, mf: Path, key: str) -> Path:
-    """A file the manifest names: a plain relative name that stays inside the head directory, not a symlink
+def _inside(entry_dir: Path, name, mf: Path, key: str) -> Path:
+    """A file the manifest names: a plain relative name that stays inside the entry directory, not a symlink
     (a manifest must not make `load` read files elsewhere)."""
     if not isinstance(name, str) or not name:
         raise RouterLiteError(f"{mf}: {key} must be a file name, got {name!r}")
-    f = head_dir / name
-    root = head_dir.resolve()
+    f = entry_dir / name
+    root = entry_dir.resolve()
     if Path(name).is_absolute() or ".." in Path(name).parts or f.is_symlink() or f.is_dir() or \
             not f.resolve().is_relative_to(root) or f.resolve().parent != root:
-        raise RouterLiteError(f"{mf}: {key} {name!r} must name a file directly inside the head directory "
-                              f"{head_dir} (no absolute path, '..' or symlink)")
+        raise RouterLiteError(f"{mf}: {key} {name!r} must name a file directly inside the entry directory "
+                              f"{entry_dir} (no absolute path, '..' or symlink)")
     return f
 
 
-def load(path: str | Path) -> RegisteredHead:
-    """Load a registered head; any missing, corrupt or mismatched file → one error naming it."""
+def load(path: str | Path) -> RegisteredRouter:
+    """Load a registered router; any missing, corrupt or mismatched file → one error naming it."""
     path = Path(path)
     mf = path / MANIFEST
     if not mf.is_file():
-        raise RouterLiteError(f"{path} is not a registered head: {MANIFEST} is missing")
+        raise RouterLiteError(f"{path} is not a registered router: {MANIFEST} is missing")
     try:
         manifest = json.loads(mf.read_text())
     except ValueError as exc:
@@ -378,7 +380,7 @@ def load(path: str | Path) -> RegisteredHead:
     for role, fname in files.items():  # every file the manifest names stays inside the entry
         _inside(path, fname, mf, f"files.{role}")
     _no_links(path)  # ... and so does every file the loader opens without the manifest naming it
-    head = cls.from_files(path, manifest)
+    router = cls.from_files(path, manifest)
     gf = _inside(path, files.get("guard", GUARD), mf, "files.guard")
     guard = load_guard(gf)
     if guard.X.ndim != 2 or guard.X.shape[1] != dim:
@@ -391,4 +393,4 @@ def load(path: str | Path) -> RegisteredHead:
     cost_scorer = None
     if manifest.get("files", {}).get("cost_scorer"):
         cost_scorer = Head.load(path / manifest["files"]["cost_scorer"], d=dim, K=len(names), agents=names)
-    return RegisteredHead(path, manifest, head, guard, names.index(manifest["best_single"]), scorer, cost_scorer)
+    return RegisteredRouter(path, manifest, router, guard, names.index(manifest["best_single"]), scorer, cost_scorer)

@@ -1,0 +1,118 @@
+"""The picked agent's reply, relayed to the client: the JSON body with the `router` key added (`whole_reply`), or
+its SSE stream byte for byte with `router` added to the first JSON event (`relay`); an agent's failure as the 502
+the client gets (`upstream_error`, its message scrubbed of the client's key), and the upstream call's time in
+`Server-Timing` (`upstream_timing`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.client import scrub
+from pipeline.serve.requests import RequestError, error_response
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+def upstream_error(spec: AgentSpec, client: Any, exc: BaseException) -> RequestError:
+    """The 502 for agent `spec` failing with `exc`, its message scrubbed of the client's key."""
+    import httpx
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        up_code = body.get("code") or body.get("type")
+        up_msg = body.get("message") if isinstance(body.get("message"), str) else exc.message
+        detail = f"HTTP {exc.status_code}" + (f" {up_code}" if isinstance(up_code, str) else "") + f": {up_msg}"
+        code = "upstream_error"
+    elif isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException, asyncio.TimeoutError)):
+        detail, code = "timed out", "upstream_timeout"
+    elif isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+        detail, code = f"connection failed ({type(exc).__name__})", "upstream_connection"
+    else:
+        detail, code = f"{type(exc).__name__}: {exc}", "upstream_error"
+    msg = scrub(f"agent {spec.name} (model {spec.model}) failed: {detail}", [getattr(client, "api_key", None)])
+    return RequestError(502, msg[:1000], code, type_="upstream_error")
+
+
+def upstream_timing(headers: dict, t_up: float, desc: str | None = None) -> dict:
+    """`headers` with the upstream call's milliseconds since `t_up` added to Server-Timing, after the router's own."""
+    up = f"upstream;dur={(time.perf_counter() - t_up) * 1000.0:.3f}" + (f';desc="{desc}"' if desc else "")
+    return {**headers, "Server-Timing": f"{headers['Server-Timing']}, {up}"}
+
+
+async def relay(resp, spec: AgentSpec, client: Any, info: dict):
+    """The agent's SSE stream byte for byte, with `router` added to the first JSON event."""
+    buf, injected = b"", False
+    try:
+        async for chunk in resp.aiter_bytes():
+            if injected:
+                yield chunk
+                continue
+            buf += chunk
+            while not injected:
+                m = _EVENT_END.search(buf)
+                if m is None:
+                    break
+                event, sep, buf = buf[:m.start()], buf[m.start():m.end()], buf[m.end():]
+                new = _inject_router(event, info)
+                injected = new is not None
+                yield (new if injected else event) + sep
+            if injected and buf:
+                yield buf
+                buf = b""
+        if buf:
+            yield buf
+    except Exception as exc:  # noqa: BLE001 - the stream broke after the headers went out
+        err = upstream_error(spec, client, exc)
+        yield b"data: " + json.dumps({**err.body(), "router": info}).encode() + b"\n\n"
+    finally:
+        await resp.aclose()
+
+
+async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None):
+    """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices."""
+    from starlette.responses import Response
+
+    try:
+        raw = await resp.aread()
+    except Exception as exc:  # noqa: BLE001
+        return error_response(upstream_error(spec, client, exc), headers)
+    finally:
+        await resp.aclose()
+    if t_up is not None:  # the whole upstream call: request sent -> reply body read
+        headers = upstream_timing(headers, t_up)
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
+                                              and data.get("error") else ""))
+    except ValueError as exc:
+        return error_response(upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
+    data["router"] = info
+    return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
+                    media_type="application/json")
+
+
+def _inject_router(event: bytes, router: dict) -> bytes | None:
+    """The SSE event with `router` added to its JSON data, or None when it is not a `data: {...}` event."""
+    lines = event.split(b"\n")
+    for i, line in enumerate(lines):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if not payload.startswith(b"{"):
+                return None
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                return None
+            if not isinstance(obj, dict):
+                return None
+            obj["router"] = router
+            lines[i] = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+            return b"\n".join(lines)
+    return None
