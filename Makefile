@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test test-fast bench ui standin clean
+.PHONY: install run test test-fast docs docs-check bench ui standin clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -30,6 +30,16 @@ test: install
 test-fast: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -m "not slow"
+
+# README.md is generated (docs/README.template.md + the value section from docs/results/router_value_demo.json), and so
+# is docs/training.md's TrainConfig table (its docstring): `make docs` rewrites them, `make docs-check` fails with a diff
+# when a committed one differs (tests/test_readme.py checks the same). After `make run`:
+# `$(BIN)/python scripts/readme.py --from-home` takes the new reports/router_value.json first.
+docs: install
+	$(BIN)/python scripts/readme.py
+
+docs-check: install
+	$(BIN)/python scripts/readme.py --check
 
 # the three tables (embed, serve, collect) in one run; JSON under $(ROUTER_LITE_HOME)/bench/ (embed.json: static;
 # serve.json: static, workers; collect.json: realistic; docs/backbones.md has the generated table)

@@ -101,8 +101,7 @@ def cmd_train(args) -> int:
     # every input problem is one error naming file, row and field, before anything is embedded or written
     rewards, _, joined = train_inputs(args.rewards, args.tasks, args.held_out_split)
     out = Path(args.out or Path(default_home()) / "registry")
-    cfg = TrainConfig(hidden_dim=args.hidden_dim, sigma0=args.sigma0, generations=args.generations,
-                      popsize=args.popsize, seed=args.seed, ship_confidence=args.ship_confidence)
+    cfg = TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS})
     cfg.validate()  # a bad setting fails before minutes of embedding
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
@@ -491,20 +490,33 @@ def _add_train_command(sub) -> None:
                    help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
     p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
     p.add_argument("--held-out-split", default="test")
-    p.add_argument("--hidden-dim", type=int, default=0)
-    p.add_argument("--sigma0", type=float, default=0.5)
-    p.add_argument("--generations", type=int, default=60)
-    p.add_argument("--popsize", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--ship-confidence", type=float, default=0.9,
-                   help="ship the head only if its validation gain over the best single agent is > 0 with this "
-                        "one-sided bootstrap confidence (0: any positive point gain; default 0.9)")
+    _add_train_options(p)
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
     p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
     p.set_defaults(fn=cmd_train)
+
+
+# the `TrainConfig` options `router-lite train` takes; their defaults and help are TrainConfig's own (its docstring
+# table, docs/training.md), never repeated here
+TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship_confidence")
+
+
+def _add_train_options(p) -> None:
+    import dataclasses
+
+    from pipeline.core.config import option_table
+    from pipeline.route.train import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    meaning = {name: text for name, _, text in option_table(TrainConfig)}
+    for name in TRAIN_OPTIONS:
+        f = fields[name]
+        kind = {"int": int, "float": float, "int | None": int}[str(f.type)]
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
+                       help=meaning[name].replace("%", "%%") + " (default: %(default)s)")
 
 
 def _add_route_command(sub) -> None:

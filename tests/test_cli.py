@@ -65,3 +65,24 @@ def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys
     assert "ship_confidence must be in [0, 1)" in capsys.readouterr().err
     assert main(["route", "--head", str(tmp_path / "missing"), "hi"]) == 2
     assert "not a registered router" in capsys.readouterr().err
+
+
+def test_train_takes_its_defaults_and_help_from_train_config(capsys):
+    """`router-lite train` repeats no TrainConfig default: the parser's defaults are the dataclass fields' and its
+    help is the docstring table's meaning."""
+    import dataclasses
+
+    from cli.main import TRAIN_OPTIONS, build_parser
+    from pipeline.core.config import option_table
+    from pipeline.route.train import TrainConfig
+
+    args = build_parser().parse_args(["train", "--rewards", "r.jsonl", "--tasks", "t.parquet"])
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert {name: getattr(args, name) for name in TRAIN_OPTIONS} == {name: fields[name] for name in TRAIN_OPTIONS}
+    assert TrainConfig(**{name: getattr(args, name) for name in TRAIN_OPTIONS}) == TrainConfig()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    meaning = dict((name, text) for name, _, text in option_table(TrainConfig))
+    for name in TRAIN_OPTIONS:
+        assert "--" + name.replace("_", "-") in help_text and " ".join(meaning[name].split()[:6]) in help_text

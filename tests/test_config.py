@@ -1,6 +1,7 @@
 """Profiles are typed and validated once: every bundled profile loads; a bad key or value anywhere is one error
 naming the file and the dotted key; every option sits in its section's table; a definitions build reads the file
 once."""
+import ast
 import dataclasses
 import re
 import shutil
@@ -141,14 +142,33 @@ def test_yaml_readings_are_coerced_losslessly(tmp_path, monkeypatch):
 
 def _documented(cls) -> set[str]:
     """Option names of the pycma-style tables (`name = default` lines) in the docstrings of cls and its bases."""
-    docs = "".join(c.__doc__ or "" for c in cls.__mro__ if dataclasses.is_dataclass(c))
-    return set(re.findall(r"^ {4}(\w+) = ", docs, flags=re.M))
+    return {name for name, _, _ in config.option_table(cls)}
 
 
 @pytest.mark.parametrize("cls", profile.SECTIONS, ids=lambda c: c.__name__)
 def test_every_option_is_in_its_section_table(cls):
     fields = {f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)}
     assert fields == _documented(cls)
+
+
+@pytest.mark.parametrize("cls", profile.SECTIONS, ids=lambda c: c.__name__)
+def test_every_written_default_is_the_fields_default(cls):
+    """A table's `name = default` is the field's default wherever it is written as a Python literal (a default
+    written as prose, a constructor call or with `...` is not compared)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    compared = 0
+    for name, written, _ in config.option_table(cls):
+        try:
+            value = ast.literal_eval(written)
+        except (ValueError, SyntaxError):
+            continue
+        if "..." in written:
+            continue
+        f = fields[name]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        assert value == default, (name, written, default)
+        compared += 1
+    assert compared or cls is profile.Profile
 
 
 def test_backbone_settings_match_the_resource():

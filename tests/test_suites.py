@@ -99,6 +99,19 @@ def test_data_dir_override(tmp_path, monkeypatch):
         S.build_suite("routerbench")
 
 
+def test_one_data_dir_for_every_stage(tmp_path, monkeypatch):
+    """Task sources, replay recordings and suites read the bundled data through the one `pipeline.core.paths`."""
+    from pipeline.collect import replay
+    from pipeline.core import paths
+    from pipeline.tasks import sources
+
+    assert sources.data_dir is replay.data_dir is S.data_dir is paths.data_dir
+    monkeypatch.setenv("ROUTER_LITE_DATA", "")  # set but empty: the repository's data/, as when unset
+    assert paths.data_dir() == paths.REPO_DATA and (paths.REPO_DATA / "sources").is_dir()
+    monkeypatch.setenv("ROUTER_LITE_DATA", str(tmp_path))
+    assert replay.default_recordings_path() == tmp_path / replay.RECORDINGS
+
+
 # ---------------------------------------------------------------------------------------------- registry
 def test_registry_lists_kinds():
     suites = S.load_suites()

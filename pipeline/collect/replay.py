@@ -30,7 +30,6 @@ import asyncio
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import httpx
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.http_server import LoopbackServer
+from pipeline.core.paths import data_dir
 from pipeline.core.prompts import prompt_hash
 
 CHARS_PER_TOKEN = 4
@@ -47,12 +47,6 @@ TOKEN_COUNT_METHOD = "ceil(characters/4)"  # stated in every replayed `usage` (a
 STREAM_CHUNK_CHARS = 64
 RECORDINGS = "replay/mmlu_pro_outputs.parquet"
 RECORDING_FILES = (RECORDINGS, "replay/zeroeval_outputs.parquet")  # what the default store loads
-
-
-def data_dir() -> Path:
-    """The repo's data/ directory, or `$ROUTER_LITE_DATA` when set."""
-    env = os.environ.get("ROUTER_LITE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
 
 
 def default_recordings_path() -> Path:

@@ -35,6 +35,29 @@ def active_profile_name() -> str:
     return os.environ.get("ROUTER_LITE_PROFILE", DEFAULT_PROFILE)
 
 
+# --- the option tables: each option class's docstring, pycma style --------------------------------------------------
+_OPTION = re.compile(r"^ {4}(\w+) = (.*)$")
+
+
+def option_table(cls: type) -> list[tuple[str, str, str]]:
+    """(option, default as written, meaning) for each `name = default` entry of the docstrings of `cls` and its
+    dataclass bases, in order; the meaning is the entry's 8-space indented lines joined. The one reading of these
+    tables: the docs generator (`scripts/readme.py`) and the command line's help take them from here."""
+    rows: list[tuple[str, str, list[str]]] = []
+    for c in cls.__mro__:
+        if not dataclasses.is_dataclass(c):
+            continue
+        for line in (c.__doc__ or "").splitlines():
+            m = _OPTION.match(line)
+            if m:
+                rows.append((m.group(1), m.group(2).strip(), []))
+            elif rows and line.startswith(" " * 8) and line.strip():
+                rows[-1][2].append(line.strip())
+            elif rows and not line.strip():
+                rows.append(("", "", []))  # a blank line ends the entry
+    return [(name, default, " ".join(meaning)) for name, default, meaning in rows if name]
+
+
 # --- the one validator --------------------------------------------------------------------------------------------
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxdict, _SHOW.maxlist, _SHOW.maxtuple, _SHOW.maxstring, _SHOW.maxother = 2, 4, 4, 4, 60, 60

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,18 +24,13 @@ import pandas as pd
 import yaml
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.paths import data_dir
 
 KINDS = ("profile", "preference", "raw")
 SPLITS = ("train", "validation", "test")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "suites.yaml"
 ROUTERBENCH_FILE = Path("routerbench") / "routerbench.parquet"
 _ROUTERBENCH_META_COLUMNS = {"sample_id", "eval_name", "split", "source_file", "source_row", "prompt", "prompt_hash"}
-
-
-def data_dir() -> Path:
-    """`$ROUTER_LITE_DATA`, else the repository's `data/` folder."""
-    env = os.environ.get("ROUTER_LITE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
 
 
 # ------------------------------------------------------------------------------------------------ Profile

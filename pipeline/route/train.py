@@ -59,7 +59,8 @@ class TrainConfig:
         Use the score-spread scaling above. A linear head's picks do not change when all its parameters are
         scaled, and a ridge start's weights are ~1e-3, so an absolute step of 0.5 would wipe the start out.
     popsize = None
-        Candidates per generation; None = pycma's default ``4 + floor(3 ln n_params)`` (31 for 10,245 params).
+        Candidates per generation; None = pycma's default ``4 + floor(3 ln n_params)`` (26 for 1,925 params, 31 for
+        10,245).
     seed = 42
         Seed of pycma's sampler (must be >= 1: pycma reads 0 as "seed from the clock") and of the random first
         layer of a hidden-layer head. Same data + same config -> identical head.
@@ -68,8 +69,8 @@ class TrainConfig:
         rewards on the features, alpha chosen on validation from ``ridge_alphas``; "zeros" = all zeros.
         For a hidden-layer head, "ridge" draws a random first layer and fits the output layer by ridge.
     ridge_alphas = (1e-1, ..., 1e5)
-        Grid of ridge strengths; the one whose argmax routing earns the most on validation wins (the largest
-        alpha on ties). Without validation rows the geometric middle of the grid is used.
+        Grid of 13 ridge strengths, log-spaced; the one whose argmax routing earns the most on validation wins (the
+        largest alpha on ties). Without validation rows the geometric middle of the grid is used.
     hidden_dim = 0
         0 = linear head ((d+1)·K parameters); H > 0 = one hidden layer of H units.
     activation = "tanh"
@@ -101,7 +102,7 @@ class TrainConfig:
     ship_confidence = 0.9
         The ship gate (`pipeline.route.fit.ship_gate`): the trained head replaces "always the best single agent" only
         if its validation gain over that agent is positive with this one-sided confidence (paired bootstrap over
-        the validation rows; 0.9, the default, ships less noise), or positive at all with 0.
+        the validation rows; a confidence above 0 ships less noise), or positive at all with 0.
         A head that is not shipped is replaced by a constant head, whose cost–quality frontier is a single point.
     ship_gate = True
         Apply the ship gate. False ships the trained router even when it does not beat the best single agent on

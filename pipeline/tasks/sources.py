@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.paths import data_dir
 from pipeline.core.prompts import LETTERS, math_prompt, mcq_prompt
 from pipeline.core.tables import restored
 
@@ -27,11 +27,6 @@ TASK_COLUMNS = [
 ]
 DOMAINS = ("math", "knowledge", "reasoning")
 DIFFICULTIES = ("easy", "medium", "hard")
-
-
-def data_dir() -> Path:
-    """Bundled data shipped with the repository (override with ROUTER_LITE_DATA)."""
-    return Path(os.environ.get("ROUTER_LITE_DATA", Path(__file__).resolve().parents[2] / "data"))
 
 
 # --- readers: every read error names the file (and row where there is one) --------------------------------------

@@ -1,0 +1,168 @@
+"""README.md and the other generated doc blocks, written from their sources (never typed by hand).
+
+    make docs                                  # = python scripts/readme.py: rewrite every generated file
+    python scripts/readme.py --check           # exit 1 with a diff when a committed file is not the output
+                                               # (tests/test_readme.py)
+    python scripts/readme.py --from-home       # first copy $ROUTER_LITE_HOME/reports/router_value.json (after
+                                               # `make run`) to docs/results/router_value_demo.json
+
+What is generated, and from what:
+- README.md: docs/README.template.md with its `{{name}}` fields filled (`FIELDS`): `{{value}}` is the value
+  section, from docs/results/router_value_demo.json (the committed copy of the default run's
+  `reports/router_value.json`); `{{n_sources}}` the number of task sources (`pipeline.tasks.sources.SOURCES`).
+- docs/training.md, between `<!-- train-config:begin` and `<!-- train-config:end -->`: the `TrainConfig` option
+  table, from its docstring (`pipeline.core.config.option_table`).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pipeline.report.value import ROUTER_LABELS, ablation_markdown  # noqa: E402
+
+README = Path("README.md")
+TEMPLATE = Path("docs") / "README.template.md"
+TRAINING = Path("docs") / "training.md"
+COPY = Path("docs") / "results" / "router_value_demo.json"
+GOAL = ("quality>=0.98", 0.98, 0.55)  # the issue's goal: >= 98 % of the best single agent's quality at <= 55 % cost
+FIELD = re.compile(r"\{\{(\w+)\}\}")
+TRAIN_BEGIN, TRAIN_END = "<!-- train-config:begin", "<!-- train-config:end -->"
+GENERATED_NOTE = ("<!-- README.md is generated: edit docs/README.template.md, then `make docs` "
+                  "(scripts/readme.py); tests/test_readme.py fails when they differ. -->\n")
+
+
+# --- the value section ----------------------------------------------------------------------------------------------
+def render_value(rv: dict) -> str:
+    """The value section from a `router_value.json`: pool verdict, the router kinds side by side, the best router
+    at the goal's operating point, its routed benchmark, whether the goal is met."""
+    bs = rv["best_single"]
+    best = rv["routers"][rv["best_router"]]
+    head = rv["routers"]["head"]
+    a = rv["aiq"]
+    lines = [f"Profile `{rv['profile']}`, costs estimated (chars/4 × list prices). Generated from "
+             f"`reports/router_value.json` (committed copy: `{COPY.as_posix()}`) by `scripts/readme.py`.", "",
+             f"**Pool verdict: {rv['pool_verdict']}**", "",
+             ablation_markdown(rv)]
+    name, frac, cap = GOAL
+    t = best["targets"].get(name)
+    if t:
+        ci = t.get("quality_ratio_ci") or [float("nan")] * 2
+        met = t["quality_ratio"] >= frac and t["cost_ratio"] <= cap
+        lines += [f"Best router on validation: **{ROUTER_LABELS.get(rv['best_router'], rv['best_router'])}**: "
+                  f"`{name}` gives **{t['quality_ratio']:.1%} of {bs['agent']}'s quality (paired 95 % CI "
+                  f"{ci[0]:.1%}–{ci[1]:.1%}) at {t['cost_ratio']:.0%} of its cost**; test AIQ "
+                  f"{best['aiq_test']:.4f} against prior {a['prior']:.4f} and individual hull {a['hull']:.4f} "
+                  f"(prompt-only head {head['aiq_test']:.4f}).", ""]
+        rb = best.get("routed_benchmark", {}).get(name)
+        if rb:
+            lines += [f"Routed benchmark at `{name}` (every stage's calls really made through the pool): accuracy "
+                      f"{rb['accuracy']:.4f} at ${rb['cost_per_1k']:.3f} per 1k queries, {rb['cost_ratio']:.0%} of "
+                      f"the best single agent's cost, {rb['calls_per_query']:.2f} calls per query.", ""]
+        lines += [f"The goal of ≥ {frac:.0%} of the best single agent's quality at ≤ {cap:.0%} of its cost is "
+                  + ("**met**." if met else "**not met** on this pool (docs/training.md, \"Cascades\", says why "
+                                              "and how it was measured)."), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def n_sources() -> str:
+    from pipeline.tasks.sources import SOURCES
+
+    return str(len(SOURCES))
+
+
+FIELDS = {"value": lambda root: render_value(json.loads((root / COPY).read_text())).rstrip("\n"),
+          "n_sources": lambda root: n_sources()}
+
+
+def render_readme(root: Path = ROOT) -> str:
+    """The template without its leading comment, every `{{name}}` filled, and the generated-file note."""
+    text = (root / TEMPLATE).read_text()
+    if text.startswith("<!--"):
+        text = text.split("-->", 1)[1].lstrip("\n")
+    unknown = sorted(set(FIELD.findall(text)) - set(FIELDS))
+    if unknown:
+        raise SystemExit(f"{TEMPLATE}: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
+    values = {name: make(root) for name, make in FIELDS.items() if "{{" + name + "}}" in text}
+    return FIELD.sub(lambda m: values[m.group(1)], text).rstrip("\n") + "\n\n" + GENERATED_NOTE
+
+
+# --- generated blocks inside hand-written pages -------------------------------------------------------------------
+def train_config_table() -> str:
+    from pipeline.core.config import option_table
+    from pipeline.route.train import TrainConfig
+
+    def cell(s: str) -> str:
+        return s.replace("``", "`").replace("|", "\\|")
+
+    rows = ["| option | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{name}` | {cell(default)} | {cell(meaning)} |"
+             for name, default, meaning in option_table(TrainConfig)]
+    return "\n".join(rows) + "\n"
+
+
+def replace_block(text: str, begin: str, end: str, body: str, where: str) -> str:
+    """`text` with the lines between the line starting with `begin` and the line `end` replaced by `body`."""
+    try:
+        head, rest = text.split(begin, 1)
+        marker, rest = rest.split("\n", 1)
+        _, tail = rest.split(end, 1)
+    except ValueError:
+        raise SystemExit(f"{where} lacks the markers {begin} ... {end}") from None
+    return f"{head}{begin}{marker}\n{body}{end}{tail}"
+
+
+def outputs(root: Path = ROOT) -> dict[Path, str]:
+    """Every generated file (path relative to the repository) with the text it must have."""
+    training = replace_block((root / TRAINING).read_text(), TRAIN_BEGIN, TRAIN_END, train_config_table(),
+                             str(TRAINING))
+    return {README: render_readme(root), TRAINING: training}
+
+
+def differences(expected: dict[Path, str], root: Path = ROOT) -> str:
+    """A unified diff (committed -> generated) of every file under `root` that differs; "" when none does."""
+    out = []
+    for rel, text in expected.items():
+        path = root / rel
+        old = path.read_text() if path.exists() else ""
+        if old != text:
+            out += difflib.unified_diff(old.splitlines(keepends=True), text.splitlines(keepends=True),
+                                        f"{rel} (committed)", f"{rel} (make docs)")
+    return "".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from-home", action="store_true",
+                    help="copy $ROUTER_LITE_HOME/reports/router_value.json to the committed copy first")
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 with a diff when a generated file differs from the output")
+    args = ap.parse_args(argv)
+    if args.from_home:
+        home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
+        shutil.copyfile(home / "reports" / "router_value.json", ROOT / COPY)
+    expected = outputs()
+    if args.check:
+        diff = differences(expected)
+        if diff:
+            sys.stderr.write(diff + "\nnot the generator's output: run `make docs` (python scripts/readme.py)\n")
+            return 1
+        return 0
+    for rel, text in expected.items():
+        if (ROOT / rel).read_text() != text:
+            (ROOT / rel).write_text(text)
+            print(f"wrote {rel}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
