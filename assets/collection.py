@@ -30,7 +30,7 @@ from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
 from pipeline.profile import Profile, load_profile
-from pipeline.report.datasets import publish_dataset
+from pipeline.report.datasets import REWARDS_DESCRIPTION, REWARDS_TITLE, publish_dataset, rewards_table
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -272,11 +272,8 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
     calls = profile_calls(prof, graded_calls)
     agents = [a.name for a in passed_agents(pool, preflight)]
     matrix = build_matrix(calls, agents)
-    tasks = task_pool[["task_id", "source", "split"]]
-    published = matrix.rows.merge(tasks, on="task_id", how="left")
-    out = publish_dataset(published, storage.path("datasets") / "rewards",
-                          f"BenchGen Router Lite rewards ({prof.name})",
-                          "Mean reward per task and agent over repetitions; no prompt text (join tasks by task_id).")
+    out = publish_dataset(rewards_table(matrix.rows, task_pool), storage.path("datasets") / "rewards",
+                          REWARDS_TITLE.format(profile=prof.name), REWARDS_DESCRIPTION)
     if len(matrix.incomplete):
         context.log.warning(f"{matrix.incomplete['task_id'].nunique()} tasks held back: an agent has only errors")
     return Output(matrix.rows, metadata={

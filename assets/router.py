@@ -77,7 +77,8 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     curve = pd.DataFrame(fit.curve)
     summary = {"agents": fit.agents, "best_single": fit.best_single, "knn_k": fit.knn_k, "metrics": fit.metrics,
                "extra": fit.extra, "train_config": prof.train.to_dict(),
-               "n_params": fit.head.n_params, "curve": fit.curve, "operating_points": fit.operating_points,
+               "n_params": getattr(fit.head, "n_params", None), "curve": fit.curve,
+               "operating_points": fit.operating_points,
                "value": fit.value}
     m = fit.metrics
     context.log.info(f"held-out: head {m['head']:.4f} | best single {m['best_single']:.4f} | kNN {m['knn']:.4f} | "
@@ -91,7 +92,8 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     return Output(FittedRouter(fit.head, summary, companions, fit.guard), metadata=rounded({
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
-        "n_test": m["n_test"], "n_params": fit.head.n_params, "ood_fire_rate_test": fit.extra["ood_fire_rate"],
+        "n_test": m["n_test"], "n_params": getattr(fit.head, "n_params", None),
+        "ood_fire_rate_test": fit.extra["ood_fire_rate"],
         "train_fit": fit.extra["train_fit"], "shipped": fit.extra["gate"]["shipped"],
         "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),
         "gate": MetadataValue.json(fit.extra["gate"]),
@@ -133,7 +135,7 @@ def registered_head(context: AssetExecutionContext, router_head: FittedRouter, t
                             metrics=router_head["metrics"])
     registry.mark_latest(storage.path("registry"), entry["name"], path)
     return Output({"name": entry["name"], "path": str(path)},
-                  metadata={"name": entry["name"], "path": str(path), "n_params": entry["n_params"],
+                  metadata={"name": entry["name"], "path": str(path), "n_params": entry.get("n_params"),
                             "manifest": MetadataValue.json(entry)})
 
 

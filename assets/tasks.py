@@ -15,7 +15,7 @@ from dagster import (
 
 from assets.partitions import source_partitions
 from pipeline.profile import SourceSettings
-from pipeline.report.datasets import publish_dataset
+from pipeline.report.datasets import TASKS_TITLE, publish_dataset
 from pipeline.tasks.sources import load_source
 from pipeline.tasks.task_pool import (
     SPLITS,
@@ -78,7 +78,7 @@ def task_pool(context: AssetExecutionContext, source_tasks: pd.DataFrame, profil
     if dropped:
         context.log.info(f"{dropped} task(s) repeat the prompt of another task: one task per prompt kept")
     pool = build_task_pool(tasks, prof.task_pool)
-    out = publish_dataset(pool, storage.path("datasets") / "tasks", f"BenchGen Router Lite tasks ({prof.name})",
+    out = publish_dataset(pool, storage.path("datasets") / "tasks", TASKS_TITLE.format(profile=prof.name),
                           prof.description)
     counts = pool_counts(pool)
     context.log.info(f"task pool: {len(pool)} tasks; {counts}")

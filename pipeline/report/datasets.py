@@ -68,3 +68,23 @@ def publish_dataset(df: pd.DataFrame, out_dir: Path, title: str, description: st
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+TASKS_TITLE = "BenchGen Router Lite tasks ({profile})"
+REWARDS_TITLE = "BenchGen Router Lite rewards ({profile})"
+REWARDS_DESCRIPTION = "Mean reward per task and agent over repetitions; no prompt text (join tasks by task_id)."
+
+
+def rewards_table(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame) -> pd.DataFrame:
+    """The rewards dataset: the reward matrix with each task's source and split (no prompt text)."""
+    return reward_matrix.merge(task_pool[["task_id", "source", "split"]], on="task_id", how="left")
+
+
+def publish_datasets(task_pool: pd.DataFrame, reward_matrix: pd.DataFrame, out_dir: Path, profile: str,
+                     description: str) -> Path:
+    """Both local datasets, `out_dir/tasks` and `out_dir/rewards`, from the assets' frames (the Hub release takes
+    them as its inputs and writes them here first)."""
+    publish_dataset(task_pool, Path(out_dir) / "tasks", TASKS_TITLE.format(profile=profile), description)
+    publish_dataset(rewards_table(reward_matrix, task_pool), Path(out_dir) / "rewards",
+                    REWARDS_TITLE.format(profile=profile), REWARDS_DESCRIPTION)
+    return Path(out_dir)
