@@ -24,8 +24,8 @@ put in metadata, the call log, or exception text (`repr` hides it; `call_once` s
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from pydantic import Field, PrivateAttr
 from pipeline import profile
 from pipeline.collect.agents import AgentSpec, load_agents
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.tables import restored
+from pipeline.core.tables import Table
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 OPENROUTER_HOST = "openrouter.ai"
@@ -297,26 +297,23 @@ def _check_openai_compatible(res: PoolResource, agents: list[AgentSpec] | None) 
         raise RouterLiteError("pool kind 'openai_compatible' needs `base_url` (e.g. http://127.0.0.1:8000/v1)")
 
 
-POOL_KINDS: dict[str, PoolKind] = {k.name: k for k in [
+def _sync_profile_kinds(table: Table[PoolKind]) -> None:
+    """Profiles check `pool.kind` against `pipeline.profile.POOL_KINDS` (names only: pipeline/ has no clients)."""
+    profile.POOL_KINDS[:] = list(table)
+
+
+POOL_KINDS: Table[PoolKind] = Table("pool kind", {k.name: k for k in [
     PoolKind("replay", _replay_client, _check_replay, "recorded real outputs, in process; no network, no key"),
     PoolKind("openrouter", _http_client, _check_openrouter, "OpenRouter; key from OPENROUTER_API_KEY"),
     PoolKind("openai_compatible", _http_client, _check_openai_compatible,
              "any OpenAI-protocol endpoint at base_url (vLLM, pipeline.collect.replay.serve); key optional"),
-]}
+]}, on_change=_sync_profile_kinds)
 KINDS = POOL_KINDS.keys()  # a live view: a registered kind is known everywhere that checks names
-
-
-def _sync_profile_kinds() -> None:
-    """Profiles check `pool.kind` against `pipeline.profile.POOL_KINDS` (names only: pipeline/ has no clients)."""
-    profile.POOL_KINDS[:] = list(POOL_KINDS)
 
 
 def pool_kind(kind: str) -> PoolKind:
     """The row of `kind`; an unknown kind -> one error listing the known ones."""
-    spec = POOL_KINDS.get(kind) if isinstance(kind, str) else None
-    if spec is None:
-        raise RouterLiteError(f"unknown pool kind {kind!r}; expected one of {', '.join(POOL_KINDS)}")
-    return spec
+    return POOL_KINDS.lookup(kind)
 
 
 def register_pool_kind(kind: str, client: Callable[[PoolResource, AgentSpec], Any],
@@ -324,17 +321,11 @@ def register_pool_kind(kind: str, client: Callable[[PoolResource, AgentSpec], An
                        description: str = "", replace: bool = False) -> PoolKind:
     """Add a pool kind (profiles may then say `pool: {kind: NAME}`); a name already taken -> error unless
     `replace`."""
-    if not isinstance(kind, str) or not kind or not callable(client):
-        raise RouterLiteError(f"register_pool_kind needs a name and a client factory, got {kind!r}, {client!r}")
-    if kind in POOL_KINDS and not replace:
-        raise RouterLiteError(f"pool kind {kind!r} is already registered")
-    POOL_KINDS[kind] = spec = PoolKind(kind, client, check, description)
-    _sync_profile_kinds()
-    return spec
+    if not callable(client):
+        raise RouterLiteError(f"register_pool_kind needs a client factory, got {client!r} for kind {kind!r}")
+    return POOL_KINDS.register(kind, PoolKind(kind, client, check, description), replace=replace)
 
 
-@contextmanager
-def pool_kinds_restored() -> Iterator[dict[str, PoolKind]]:
+def pool_kinds_restored() -> AbstractContextManager[Table[PoolKind]]:
     """The pool-kind table as it was on entry, restored on exit (tests that register toy kinds)."""
-    with restored(POOL_KINDS, after=_sync_profile_kinds) as table:
-        yield table
+    return POOL_KINDS.restored()

@@ -64,7 +64,8 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
         _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
-    with pytest.raises(RouterLiteError, match=r"unknown grader 'exact_ci'; expected one of mcq_letter, integer"):
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown grader 'exact_ci'; known graders: integer, math_expression, mcq_letter"):
         grade("Paris", "Paris", "exact_ci")
 
 
@@ -124,7 +125,7 @@ def _register(root, router, X):
 
 def test_router_types_are_looked_up_by_name():
     assert router_class("head").__name__ == "Head" and router_class("knn") is KnnRouter
-    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known kinds: cascade, head, knn"):
+    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known router kinds: cascade, head, knn"):
         router_class("forest")
 
 
@@ -155,7 +156,8 @@ def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
         assert kreg.kind == "knn" and kpath.name.startswith("knn-")
         assert np.array_equal(kreg.head.scores(X), knn.scores(X))
     assert ROUTER_TYPES == before
-    with pytest.raises(RouterLiteError, match=r"unknown router kind 'best-mean'; known kinds: cascade, head, knn"):
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown router kind 'best-mean'; known router kinds: cascade, head, knn"):
         registry.load(path)  # the type is gone: one clear error naming the manifest and the known kinds
 
 
@@ -242,7 +244,7 @@ def test_a_registered_pool_kind_makes_the_clients():
     with pytest.raises(RouterLiteError, match=r"pool.kind: str 'echo' is not one of replay, openrouter"):
         from_yaml(AgentPoolSettings, {"kind": "echo"}, "pool")
     with pytest.raises(RouterLiteError,
-                       match=r"unknown pool kind 'echo'; expected one of replay, openrouter, openai_compatible"):
+                       match=r"unknown pool kind 'echo'; known pool kinds: openai_compatible, openrouter, replay"):
         PoolResource(kind="echo").check()
 
 
