@@ -39,7 +39,6 @@ from resources.storage import StorageResource
 
 REGRADE_TAG = "router_lite/regrade"
 COLLECT_WAIT_TAG = "router_lite/collect_wait"  # "true" or seconds: wait for a running collection of the partition
-LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 # the assets whose steps call the pool: only these need its key (OPENROUTER_API_KEY for an openrouter pool);
 # `router-lite run` checks the key before the first of them, and each checks it itself (a UI launch)
 POOL_CALLERS = ("preflight", "graded_calls", "benchmark_report")
@@ -138,10 +137,7 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
     prof = profile.get()
     pool = chosen_pool(context, pool, config)
     agents = pool.agents()
-    if pool.kind == "replay":  # recorded prompts only: the replay pool answers nothing else
-        prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
-    else:
-        prompts = [LIVE_PREFLIGHT_PROMPT]
+    prompts = pool.spec().preflight_prompts(task_pool)  # recorded train prompts on a recorded-only pool (replay)
     result = (run_preflight(pool.client_for, agents, prompts, prof.collection)
               .assign(pool=pool.pool, pool_kind=pool.kind))
     failed = result[~result["passed"]]

@@ -15,7 +15,7 @@ from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
-from resources.pool import OPENROUTER_KEY_ENV, PoolResource
+from resources.pool import PoolResource, pool_kind
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, default_home
 
@@ -24,12 +24,12 @@ ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, publish]  # 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
     """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one). The key is not part of
-    the resource's config: the pool reads OPENROUTER_API_KEY (`api_key_env`, shown in the UI by name) when an asset
-    that calls the pool makes a client, so the assets that do not call it run without a key (an `EnvVar` would be
-    resolved, and fail, for every run using the resource)."""
+    the resource's config: the pool reads the kind's key variable (`PoolKind.key_env`, OPENROUTER_API_KEY; set as
+    `api_key_env`, shown in the UI by name) when an asset that calls the pool makes a client, so the assets that do
+    not call it run without a key (an `EnvVar` would be resolved, and fail, for every run using the resource)."""
     cfg = as_profile(profile).pool
     return PoolResource(kind=cfg.kind, pool=pool or cfg.name, base_url=cfg.base_url, key_hosts=list(cfg.key_hosts),
-                        api_key_env=OPENROUTER_KEY_ENV)
+                        api_key_env=pool_kind(cfg.kind).key_env)
 
 
 def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:

@@ -52,14 +52,16 @@ source_tasks = source_tasks_asset(source_partitions)
 
 
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
-    """A replay pool answers only recorded prompts: keep tasks recorded for every agent of the profile's wider
-    pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
-    if prof.pool.kind != "replay":
+    """A pool of a recorded-only kind (`PoolKind.recorded_only`: replay) answers only prompts recorded in the replay
+    store: keep tasks recorded for every agent of the profile's wider pool, so both the demo collection and the wider
+    re-collection run without a single unanswerable call."""
+    from resources.pool import default_agents_file, pool_kind
+
+    if not pool_kind(prof.pool.kind).recorded_only:
         return tasks
     from pipeline.collect.agents import load_agents
     from pipeline.collect.replay import ReplayStore
     from pipeline.core.prompts import prompt_hash
-    from resources.pool import default_agents_file
 
     store = ReplayStore.load()
     agents = load_agents(default_agents_file(), prof.pool.wide_name or prof.pool.name)
