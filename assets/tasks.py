@@ -13,7 +13,6 @@ from dagster import (
     asset_check,
 )
 
-from assets.partitions import source_partitions
 from pipeline.profile import SourceSettings
 from pipeline.report.publish import publish_dataset
 from pipeline.tasks.sources import load_source
@@ -42,13 +41,11 @@ def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> O
 
 
 def source_tasks_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
-    """`source_tasks` with one partition per source of `partitions_def` (the profile's, from the definitions)."""
+    """`source_tasks` with one partition per source of `partitions_def` (the profile's: built only by the definitions
+    factory, `assets.definitions.build_assets`)."""
     return asset(name="source_tasks", partitions_def=partitions_def, group_name="tasks", io_manager_key="io_manager",
                  description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md)."
                  )(_source_tasks)
-
-
-source_tasks = source_tasks_asset(source_partitions)
 
 
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
