@@ -275,3 +275,35 @@ def test_a_registered_task_source_loads_and_its_tasks_grade(tmp_path):
     assert SOURCES == before
     with pytest.raises(RouterLiteError, match="unknown source 'capitals'"):
         load_source("capitals", path=str(f))
+
+
+# ------------------------------------------------------------------------------------------------ the table itself
+def test_one_table_class_serves_the_four_registries():
+    from pipeline.core.tables import Table
+    from resources.pool import POOL_KINDS as pool_kinds
+
+    assert all(isinstance(t, Table) for t in (GRADER_SPECS, SOURCES, ROUTER_TYPES, pool_kinds))
+    loads = []
+
+    def builtins():  # as pipeline/route/routers.py: built-in entries that register themselves on import
+        loads.append(1)
+        widgets.register("b", "built-in b")
+
+    widgets = Table("widget", {"a": "A"}, builtins=builtins)
+    assert not loads and list(widgets) == ["a", "b"] and loads == [1]  # loaded once, before the first read
+    assert widgets["b"] == "built-in b" and widgets.lookup("a") == "A" and "c" not in widgets and loads == [1]
+    with pytest.raises(RouterLiteError, match=r"^unknown widget 'c'; known widgets: a, b$"):
+        widgets.lookup("c")
+    with pytest.raises(RouterLiteError, match=r"^unknown widget \['a'\]; known widgets: a, b$"):
+        widgets.lookup(["a"])
+    for bad in ("", " a", "x/y", None):
+        with pytest.raises(RouterLiteError, match="a widget name must be a non-empty string without '/'"):
+            widgets.register(bad, "X")
+    with pytest.raises(RouterLiteError, match=r"^widget 'a' is already registered \(replace=True to change it\)$"):
+        widgets.register("a", "other A")
+    assert widgets.register("a", "A") == "A"  # the same entry again: nothing changes
+    with widgets.restored():
+        widgets.register("a", "new A", replace=True)
+        widgets.register("c", "C")
+        assert dict(widgets) == {"a": "new A", "b": "built-in b", "c": "C"}
+    assert dict(widgets) == {"a": "A", "b": "built-in b"} and loads == [1]
