@@ -5,7 +5,8 @@ API call refresh through Dagster's own `AutomationCondition.eager()`, evaluated 
 `refresh_after_collection` (declared RUNNING; the daemon of `dagster dev` evaluates it every 30 s). Never automated:
 `graded_calls` and `preflight` (they call the pool: paid on OpenRouter; a collection starts only from a
 `recollect_preflight` run, see assets/ops.py), `hub_release` (pushes to the Hub), and `benchmark_report` when the
-pool is live (it calls the routed agents); on a replay pool the benchmark is free and refreshes too.
+pool is live (it calls the routed agents); on a pool of a free kind (`PoolKind.free`: replay) the benchmark costs
+nothing and refreshes too.
 
 The condition is `eager()` with four changes, each for a case the plain one gets wrong here:
 - updates of the collection's inputs (source_tasks, task_pool, agent_pool, preflight) are no trigger: a pre-flight
@@ -28,6 +29,8 @@ from dagster import (
     DefaultSensorStatus,
 )
 
+from resources.pool import pool_kind
+
 IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (cli/run.py)
 OPT_IN_TAG = "router_lite/opt_in"  # an asset tag: not one of `router-lite run`'s stages (cli/run.py), e.g. hub_release
 REFRESH_SENSOR = "refresh_after_collection"
@@ -35,7 +38,7 @@ REFRESH_SENSOR = "refresh_after_collection"
 # computed from the graded calls without any API call
 FREE_REFRESH = ("reward_matrix", "agent_answers", "baselines", "pool_report", "router_head", "registered_head",
                 "cascade_router", "registered_cascade")
-# calls the routed agents through the pool: automated only where that costs nothing (a replay pool)
+# calls the routed agents through the pool: automated only where that costs nothing (a free pool kind: replay)
 BENCHMARK = "benchmark_report"
 NOT_A_TRIGGER = AssetSelection.assets("source_tasks", "task_pool", "agent_pool", "preflight")
 
@@ -51,14 +54,14 @@ def refresh_condition() -> AutomationCondition:
                 "any_deps_failed")).with_label("refresh_after_collection")
 
 
-def refresh_keys(pool_kind: str) -> list[str]:
-    """The assets the automation refreshes for a pool of `pool_kind`."""
-    return list(FREE_REFRESH) + ([BENCHMARK] if pool_kind == "replay" else [])
+def refresh_keys(kind: str) -> list[str]:
+    """The assets the automation refreshes for a pool of kind `kind` (the benchmark only where calls are free)."""
+    return list(FREE_REFRESH) + ([BENCHMARK] if pool_kind(kind).free else [])
 
 
-def with_refresh_automation(assets: list, pool_kind: str) -> list:
+def with_refresh_automation(assets: list, kind: str) -> list:
     """`assets` with `refresh_condition()` on the refreshed ones (the rest untouched)."""
-    wanted, cond = set(refresh_keys(pool_kind)), refresh_condition()
+    wanted, cond = set(refresh_keys(kind)), refresh_condition()
 
     def spec(s: AssetSpec) -> AssetSpec:
         return s.replace_attributes(automation_condition=cond) if s.key.to_user_string() in wanted else s
@@ -66,9 +69,9 @@ def with_refresh_automation(assets: list, pool_kind: str) -> list:
     return [a.map_asset_specs(spec) if any(k.to_user_string() in wanted for k in a.keys) else a for a in assets]
 
 
-def refresh_sensor(pool_kind: str) -> AutomationConditionSensorDefinition:
+def refresh_sensor(kind: str) -> AutomationConditionSensorDefinition:
     return AutomationConditionSensorDefinition(
-        REFRESH_SENSOR, target=AssetSelection.assets(*refresh_keys(pool_kind)),
+        REFRESH_SENSOR, target=AssetSelection.assets(*refresh_keys(kind)),
         default_status=DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
         description="Refreshes the assets computed from the graded calls once a collection is complete "
                     "(assets/automation.py); updates made by `router-lite run` are not a trigger.")

@@ -15,7 +15,6 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.partitions import collection_partitions
 from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
@@ -29,14 +28,13 @@ from pipeline.collect.rewards import reward_matrix as build_matrix
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
-from pipeline.profile import Profile, load_profile
+from pipeline.profile import Profile
 from pipeline.report.datasets import REWARDS_DESCRIPTION, REWARDS_TITLE, publish_dataset, rewards_table
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 REGRADE_TAG = "router_lite/regrade"  # a label on the regrade job's runs; the regrade itself is run config
-LIVE_PREFLIGHT_PROMPT = "What is 2 + 2? Reply with the number only."
 # the assets whose steps call the pool: only these need its key (OPENROUTER_API_KEY for an openrouter pool);
 # `router-lite run` checks the key before the first of them, and each checks it itself (a UI launch)
 POOL_CALLERS = ("preflight", "graded_calls", "benchmark_report")
@@ -55,11 +53,10 @@ class AgentPoolConfig(Config):
                                               "(e.g. demo_wide, mmlu_pro_wide); empty: the profile's pool.")
 
 
-def provider_concurrency_pool(prof: Profile | None = None) -> str:
+def provider_concurrency_pool(prof: Profile) -> str:
     """The Dagster concurrency pool of the profile's collection steps: `provider:<provider>` of its pool's agents
     (`provider:replay` for demo/smoke, `provider:openrouter` for pilot; the pool kind when agents mix providers).
     Limits per pool live in the instance (dagster.yaml `concurrency:`, or `dagster instance concurrency set`)."""
-    prof = prof or load_profile()
     try:
         providers = sorted({a.provider for a in load_agents(default_agents_file(), prof.pool.name)})
     except RouterLiteError:
@@ -135,10 +132,7 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
     prof = profile.get()
     pool = chosen_pool(context, pool, config)
     agents = pool.agents()
-    if pool.kind == "replay":  # recorded prompts only: the replay pool answers nothing else
-        prompts = task_pool[task_pool["split"] == "train"]["prompt"].head(20).tolist()
-    else:
-        prompts = [LIVE_PREFLIGHT_PROMPT]
+    prompts = pool.spec().preflight_prompts(task_pool)  # recorded train prompts on a recorded-only pool (replay)
     result = (run_preflight(pool.client_for, agents, prompts, prof.collection)
               .assign(pool=pool.pool, pool_kind=pool.kind))
     failed = result[~result["passed"]]
@@ -235,10 +229,10 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
     return regrade(stored, tasks)[0].reset_index(drop=True)
 
 
-def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition = collection_partitions
-                       ) -> AssetsDefinition:
+def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition) -> AssetsDefinition:
     """`graded_calls` with its steps in Dagster concurrency pool `concurrency_pool` (see `provider_concurrency_pool`),
-    one partition per source × repetition of `partitions_def` (the profile's, from the definitions factory)."""
+    one partition per source × repetition of `partitions_def` (the profile's: built only by the definitions factory,
+    `assets.definitions.build_assets`)."""
     return asset(
         name="graded_calls", partitions_def=partitions_def,
         group_name="collection", io_manager_key="io_manager", pool=concurrency_pool,
@@ -248,9 +242,6 @@ def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefiniti
                                     description="Empty replies stay under 5 % per agent.")],
         description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
-
-
-graded_calls = graded_calls_asset(provider_concurrency_pool())
 
 
 def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:

@@ -1,13 +1,15 @@
 """The code location: every asset, check, job, schedule and sensor, with resources for the active profile.
 
-`workspace.yaml` loads this module; `dagster dev` and `router-lite run` see the same Definitions.
+`workspace.yaml` loads this module; `dagster dev` and `router-lite run` see the same Definitions. Importing it (or
+any asset module) reads no profile: `defs` is built when Dagster loads the code location, so a plugin may register
+an extension (a pool kind, a task source...) after the import and before the build.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from dagster import Definitions, load_asset_checks_from_modules, load_assets_from_modules
+from dagster import Definitions, definitions, load_asset_checks_from_modules, load_assets_from_modules
 
 from assets import benchmark, collection, hub_release, pool_report, router, tasks
 from assets.automation import with_refresh_automation
@@ -16,7 +18,7 @@ from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.hub import hub_resource
-from resources.pool import OPENROUTER_KEY_ENV, PoolResource
+from resources.pool import PoolResource, pool_kind
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
 
@@ -25,12 +27,12 @@ ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, hub_release]
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
     """The pool of the profile (or another pool of config/agents.yaml, e.g. the wider one). The key is not part of
-    the resource's config: the pool reads OPENROUTER_API_KEY (`api_key_env`, shown in the UI by name) when an asset
-    that calls the pool makes a client, so the assets that do not call it run without a key (an `EnvVar` would be
-    resolved, and fail, for every run using the resource)."""
+    the resource's config: the pool reads the kind's key variable (`PoolKind.key_env`, OPENROUTER_API_KEY; set as
+    `api_key_env`, shown in the UI by name) when an asset that calls the pool makes a client, so the assets that do
+    not call it run without a key (an `EnvVar` would be resolved, and fail, for every run using the resource)."""
     cfg = as_profile(profile).pool
     return PoolResource(kind=cfg.kind, pool=pool or cfg.name, base_url=cfg.base_url, key_hosts=list(cfg.key_hosts),
-                        api_key_env=OPENROUTER_KEY_ENV)
+                        api_key_env=pool_kind(cfg.kind).key_env)
 
 
 def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:
@@ -48,17 +50,20 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
     }
 
 
+def profile_assets(prof: Profile) -> list:
+    """The assets whose definition depends on the profile, built here only (no module holds a default copy):
+    `source_tasks` partitioned by the profile's sources and `graded_calls` by its sources × repetitions, in the
+    concurrency pool of the profile's provider (`provider:replay`, `provider:openrouter`, ...: limits in dagster.yaml
+    / `dagster instance concurrency set`)."""
+    return [tasks.source_tasks_asset(source_partitions_for(prof.sources)),
+            collection.graded_calls_asset(collection.provider_concurrency_pool(prof),
+                                          collection_partitions_for(prof.sources, prof.repetitions))]
+
+
 def build_assets(profile: Profile | str = "") -> list:
-    """Every asset; `source_tasks` partitioned by the profile's sources and `graded_calls` by its sources ×
-    repetitions, in the concurrency pool of the profile's provider (`provider:replay`, `provider:openrouter`, ...:
-    limits in dagster.yaml / `dagster instance concurrency set`)."""
+    """Every asset: those of the asset modules (the same for every profile) and `profile_assets`."""
     prof = as_profile(profile)
-    ours = {
-        tasks.source_tasks.key: tasks.source_tasks_asset(source_partitions_for(prof.sources)),
-        collection.graded_calls.key: collection.graded_calls_asset(
-            collection.provider_concurrency_pool(prof), collection_partitions_for(prof.sources, prof.repetitions)),
-    }
-    assets = [next((ours[k] for k in a.keys if k in ours), a) for a in load_assets_from_modules(ASSET_MODULES)]
+    assets = load_assets_from_modules(ASSET_MODULES) + profile_assets(prof)
     return with_refresh_automation(assets, prof.pool.kind)  # eager refresh: assets/automation.py
 
 
@@ -73,4 +78,8 @@ def build_definitions(home: str | None = None, profile: Profile | str = "") -> D
     )
 
 
-defs = build_definitions()
+@definitions
+def defs() -> Definitions:
+    """The code location (workspace.yaml, `-m assets.definitions`): the active profile's Definitions, built when
+    Dagster loads it, not when the module is imported."""
+    return build_definitions()

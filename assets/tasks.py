@@ -13,7 +13,6 @@ from dagster import (
     asset_check,
 )
 
-from assets.partitions import source_partitions
 from pipeline.profile import SourceSettings
 from pipeline.report.datasets import TASKS_TITLE, publish_dataset
 from pipeline.tasks.sources import load_source
@@ -42,24 +41,24 @@ def _source_tasks(context: AssetExecutionContext, profile: ProfileResource) -> O
 
 
 def source_tasks_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
-    """`source_tasks` with one partition per source of `partitions_def` (the profile's, from the definitions)."""
+    """`source_tasks` with one partition per source of `partitions_def` (the profile's: built only by the definitions
+    factory, `assets.definitions.build_assets`)."""
     return asset(name="source_tasks", partitions_def=partitions_def, group_name="tasks", io_manager_key="io_manager",
                  description="Normalised tasks of one public benchmark source (task contract: docs/architecture.md)."
                  )(_source_tasks)
 
 
-source_tasks = source_tasks_asset(source_partitions)
-
-
 def eligible_tasks(tasks: pd.DataFrame, prof) -> pd.DataFrame:
-    """A replay pool answers only recorded prompts: keep tasks recorded for every agent of the profile's wider
-    pool, so both the demo collection and the wider re-collection run without a single unanswerable call."""
-    if prof.pool.kind != "replay":
+    """A pool of a recorded-only kind (`PoolKind.recorded_only`: replay) answers only prompts recorded in the replay
+    store: keep tasks recorded for every agent of the profile's wider pool, so both the demo collection and the wider
+    re-collection run without a single unanswerable call."""
+    from resources.pool import default_agents_file, pool_kind
+
+    if not pool_kind(prof.pool.kind).recorded_only:
         return tasks
     from pipeline.collect.agents import load_agents
     from pipeline.collect.replay import ReplayStore
     from pipeline.core.prompts import prompt_hash
-    from resources.pool import default_agents_file
 
     store = ReplayStore.load()
     agents = load_agents(default_agents_file(), prof.pool.wide_name or prof.pool.name)

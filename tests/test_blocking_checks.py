@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TASK_ASSETS = [a for a in build_assets("smoke") if a.key.to_user_string() in ("source_tasks", "task_pool")] + [
     tasks.task_pool_unique_ids, tasks.task_pool_gold_and_grader, tasks.task_pool_proportions,
     tasks.task_pool_deterministic, tasks.task_pool_no_cross_split_prompts, collection.agent_pool, collection.preflight]
+SOURCE_TASKS = next(a for a in TASK_ASSETS if a.key.to_user_string() == "source_tasks")  # as the factory builds it
 HAND_OFF = {("task_pool", "task_pool_unique_ids"), ("task_pool", "task_pool_gold_and_grader"),
             ("task_pool", "task_pool_no_cross_split_prompts"),
             ("reward_matrix", "reward_join_complete"), ("graded_calls", "no_error_counted_as_wrong"),
@@ -48,7 +49,7 @@ def _plant_empty_gold(monkeypatch):
 
 def test_a_failing_blocking_check_stops_downstream_in_process(tmp_path, monkeypatch):
     res = build_resources(str(tmp_path), profile="smoke")
-    assert materialize([tasks.source_tasks], partition_key="mmlu_pro", resources=res).success
+    assert materialize([SOURCE_TASKS], partition_key="mmlu_pro", resources=res).success
     _plant_empty_gold(monkeypatch)
     with DagsterInstance.ephemeral() as inst:
         result = materialize(TASK_ASSETS, selection=["task_pool", "agent_pool", "preflight"], resources=res,

@@ -66,7 +66,8 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
         _check_tasks(pd.DataFrame({"task_id": ["t/1"], "prompt": ["Capital of France?"], "gold": ["Paris"],
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
-    with pytest.raises(RouterLiteError, match=r"unknown grader 'exact_ci'; expected one of mcq_letter, integer"):
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown grader 'exact_ci'; known graders: integer, math_expression, mcq_letter"):
         grade("Paris", "Paris", "exact_ci")
 
 
@@ -126,7 +127,7 @@ def _register(root, router, X):
 
 def test_router_types_are_looked_up_by_name():
     assert router_class("head").__name__ == "Head" and router_class("knn") is KnnRouter
-    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known kinds: cascade, head, knn"):
+    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known router kinds: cascade, head, knn"):
         router_class("forest")
 
 
@@ -157,7 +158,8 @@ def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
         assert kreg.kind == "knn" and kpath.name.startswith("knn-")
         assert np.array_equal(kreg.router.scores(X), knn.scores(X))
     assert ROUTER_TYPES == before
-    with pytest.raises(RouterLiteError, match=r"unknown router kind 'best-mean'; known kinds: cascade, head, knn"):
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown router kind 'best-mean'; known router kinds: cascade, head, knn"):
         registry.load(path)  # the type is gone: one clear error naming the manifest and the known kinds
 
 
@@ -244,7 +246,7 @@ def test_a_registered_pool_kind_makes_the_clients():
     with pytest.raises(RouterLiteError, match=r"pool.kind: str 'echo' is not one of replay, openrouter"):
         from_yaml(AgentPoolSettings, {"kind": "echo"}, "pool")
     with pytest.raises(RouterLiteError,
-                       match=r"unknown pool kind 'echo'; expected one of replay, openrouter, openai_compatible"):
+                       match=r"unknown pool kind 'echo'; known pool kinds: openai_compatible, openrouter, replay"):
         PoolResource(kind="echo").check()
 
 
@@ -275,3 +277,35 @@ def test_a_registered_task_source_loads_and_its_tasks_grade(tmp_path):
     assert SOURCES == before
     with pytest.raises(RouterLiteError, match="unknown source 'capitals'"):
         load_source("capitals", path=str(f))
+
+
+# ------------------------------------------------------------------------------------------------ the table itself
+def test_one_table_class_serves_the_four_registries():
+    from pipeline.core.tables import Table
+    from resources.pool import POOL_KINDS as pool_kinds
+
+    assert all(isinstance(t, Table) for t in (GRADER_SPECS, SOURCES, ROUTER_TYPES, pool_kinds))
+    loads = []
+
+    def builtins():  # as pipeline/route/routers.py: built-in entries that register themselves on import
+        loads.append(1)
+        widgets.register("b", "built-in b")
+
+    widgets = Table("widget", {"a": "A"}, builtins=builtins)
+    assert not loads and list(widgets) == ["a", "b"] and loads == [1]  # loaded once, before the first read
+    assert widgets["b"] == "built-in b" and widgets.lookup("a") == "A" and "c" not in widgets and loads == [1]
+    with pytest.raises(RouterLiteError, match=r"^unknown widget 'c'; known widgets: a, b$"):
+        widgets.lookup("c")
+    with pytest.raises(RouterLiteError, match=r"^unknown widget \['a'\]; known widgets: a, b$"):
+        widgets.lookup(["a"])
+    for bad in ("", " a", "x/y", None):
+        with pytest.raises(RouterLiteError, match="a widget name must be a non-empty string without '/'"):
+            widgets.register(bad, "X")
+    with pytest.raises(RouterLiteError, match=r"^widget 'a' is already registered \(replace=True to change it\)$"):
+        widgets.register("a", "other A")
+    assert widgets.register("a", "A") == "A"  # the same entry again: nothing changes
+    with widgets.restored():
+        widgets.register("a", "new A", replace=True)
+        widgets.register("c", "C")
+        assert dict(widgets) == {"a": "new A", "b": "built-in b", "c": "C"}
+    assert dict(widgets) == {"a": "A", "b": "built-in b"} and loads == [1]

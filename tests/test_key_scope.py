@@ -73,9 +73,9 @@ def test_openrouter_pool_refuses_a_foreign_base_url(monkeypatch):
     monkeypatch.setenv("OPENROUTER_API_KEY", KEY)
     for url in ("https://evil.example/api/v1", "http://openrouter.ai/api/v1", "https://openrouter.ai.evil.example/v1"):
         pool = PoolResource(kind="openrouter", pool="pilot", base_url=url)
-        with pytest.raises(RouterLiteError, match="is not OpenRouter's .* pool.key_hosts"):
+        with pytest.raises(RouterLiteError, match="is not https://openrouter.ai; .* pool.key_hosts"):
             pool.check()
-        with pytest.raises(RouterLiteError, match="is not OpenRouter's"):
+        with pytest.raises(RouterLiteError, match="is not https://openrouter.ai"):
             pool.client_for(pool.agents()[0])
     ok = PoolResource(kind="openrouter", pool="pilot", base_url="https://evil.example/api/v1",
                       key_hosts=["evil.example"])

@@ -6,6 +6,7 @@ from dagster import materialize
 
 from assets import tasks
 from assets.definitions import build_assets, build_resources
+from assets.partitions import source_partitions_for
 from resources.storage import asset_path
 
 pytestmark = pytest.mark.slow  # Dagster materialisations of the task assets (make test-fast leaves it out)
@@ -19,12 +20,17 @@ def task_assets(profile: str) -> list:
     return [a for a in build_assets(profile) if a.key.to_user_string() in ("source_tasks", "task_pool")] + CHECKS
 
 
+def source_tasks(profile: str):
+    """`source_tasks` as the definitions of `profile` build it (no module holds a default copy)."""
+    return next(a for a in build_assets(profile) if a.key.to_user_string() == "source_tasks")
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     res = build_resources(str(home), profile="pilot")  # the 7-source seed pool: no key needed for task assets
     for key in ["math500", "gsm8k", "aime2025_i", "aime2025_ii", "arc_challenge", "mmlu", "mmlu_pro"]:
-        assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
+        assert materialize([source_tasks("pilot")], partition_key=key, resources=res).success
     result = materialize(task_assets("pilot"), selection=[tasks.task_pool], resources=res)
     assert result.success
     return home, result
@@ -62,7 +68,7 @@ def test_demo_task_pool_is_the_zeroeval_default(tmp_path):
     """The default profile's task stage: three ZeroEval partitions -> 2,840 tasks, geometry out of distribution."""
     res = build_resources(str(tmp_path), profile="demo")
     for key in ["zeroeval_gsm8k", "zeroeval_math_l5", "zeroeval_crux"]:
-        assert materialize([tasks.source_tasks], partition_key=key, resources=res).success
+        assert materialize([source_tasks("demo")], partition_key=key, resources=res).success
     result = materialize(task_assets("demo"), selection=[tasks.task_pool], resources=res)
     assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
     pool = pd.read_parquet(asset_path(tmp_path, "task_pool"))
@@ -86,7 +92,8 @@ def test_missing_upstream_partition_is_a_clear_error(tmp_path):
 
 def test_rlpr_partition_fails_with_the_config_key(tmp_path):
     res = build_resources(str(tmp_path), profile="pilot")
-    result = materialize([tasks.source_tasks], partition_key="rlpr", resources=res, raise_on_error=False)
+    rlpr = tasks.source_tasks_asset(source_partitions_for(["rlpr"]))  # a source no bundled profile lists
+    result = materialize([rlpr], partition_key="rlpr", resources=res, raise_on_error=False)
     assert not result.success
     assert "sources.rlpr.path" in str(result.all_events)
     assert not asset_path(tmp_path, "source_tasks", "rlpr").exists()

@@ -18,15 +18,15 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 import sympy
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.tables import restored
+from pipeline.core.tables import Table
 
 # Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
 _MAX_SYMPY_CHARS = 200
@@ -77,10 +77,7 @@ def is_empty(text) -> bool:
 
 def grader_spec(grader: str) -> GraderSpec:
     """The table row of `grader`; an unknown name -> one error listing the known graders."""
-    spec = GRADER_SPECS.get(grader) if isinstance(grader, str) else None
-    if spec is None:
-        raise RouterLiteError(f"unknown grader {grader!r}; expected one of {', '.join(GRADER_SPECS)}")
-    return spec
+    return GRADER_SPECS.lookup(grader)
 
 
 # ---------------------------------------------------------------------------------------------- candidates
@@ -599,7 +596,7 @@ def _letter_equal(pred: str, gold: str) -> bool:
     return pred == (_letter(gold) or gold.strip().upper())
 
 
-GRADER_SPECS: dict[str, GraderSpec] = {g.name: g for g in [
+GRADER_SPECS: Table[GraderSpec] = Table("grader", {g.name: g for g in [
     GraderSpec("mcq_letter", _letter, _letter_equal, "multiple choice: one letter A-J",
                fallback=_bare_letter_line),  # never guess from a stray letter in the reasoning
     GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME): equal as canonical numbers",
@@ -608,7 +605,7 @@ GRADER_SPECS: dict[str, GraderSpec] = {g.name: g for g in [
                fallback=_last_number),
     GraderSpec("python_literal", _literal_text, literal_equal,
                "CRUXEval output: equal as Python literals, else as trimmed strings"),  # never guessed from reasoning
-]}
+]})
 GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
 
 
@@ -622,14 +619,9 @@ def register_grader(spec: GraderSpec, replace: bool = False) -> GraderSpec:
     unless `replace`."""
     if not isinstance(spec, GraderSpec) or not spec.name or not isinstance(spec.name, str):
         raise RouterLiteError(f"register_grader needs a GraderSpec with a name, got {spec!r}")
-    if spec.name in GRADER_SPECS and not replace:
-        raise RouterLiteError(f"grader {spec.name!r} is already registered")
-    GRADER_SPECS[spec.name] = spec
-    return spec
+    return GRADER_SPECS.register(spec.name, spec, replace=replace)
 
 
-@contextmanager
-def graders_restored() -> Iterator[dict[str, GraderSpec]]:
+def graders_restored() -> AbstractContextManager[Table[GraderSpec]]:
     """The grader table as it was on entry, restored on exit (tests that register toy graders)."""
-    with restored(GRADER_SPECS) as table:
-        yield table
+    return GRADER_SPECS.restored()

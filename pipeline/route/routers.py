@@ -17,15 +17,15 @@ that determine the picks: the registry's content hash, so the same router regist
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.tables import restored
+from pipeline.core.tables import Table
 
 
 @runtime_checkable
@@ -51,53 +51,42 @@ class Router(Protocol):
     def fingerprint(self) -> tuple[list[bytes], list]: ...
 
 
-ROUTER_TYPES: dict[str, type] = {}
-
-
-def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
-    """Class decorator: ``@register_router("knn") class KnnRouter: ...`` makes the registry able to load it."""
-    if not isinstance(kind, str) or not kind.strip() or "/" in kind:
-        raise RouterLiteError(f"a router kind must be a non-empty name without '/', got {kind!r}")
-
-    def add(cls: type) -> type:
-        missing = [m for m in ("scores", "pick", "save_files", "from_files", "fingerprint") if not hasattr(cls, m)]
-        if missing:
-            raise RouterLiteError(f"router type {cls.__name__} lacks {missing} (see pipeline.route.routers.Router)")
-        if kind in ROUTER_TYPES and ROUTER_TYPES[kind] is not cls and not replace:
-            raise RouterLiteError(f"router kind {kind!r} is already registered ({ROUTER_TYPES[kind].__name__})")
-        cls.kind = kind
-        ROUTER_TYPES[kind] = cls
-        return cls
-
-    return add
-
-
 def _builtins() -> None:
     import pipeline.route.cascade  # noqa: F401 - registers "cascade"
     import pipeline.route.head  # noqa: F401 - registers "head"
     import pipeline.route.knn  # noqa: F401 - registers "knn"
 
 
+ROUTER_TYPES: Table[type] = Table("router kind", builtins=_builtins)  # the built-ins register on import
+
+
+def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
+    """Class decorator: ``@register_router("knn") class KnnRouter: ...`` makes the registry able to load it."""
+    ROUTER_TYPES.check_name(kind)  # a bad name fails here, not when the class is decorated
+
+    def add(cls: type) -> type:
+        missing = [m for m in ("scores", "pick", "save_files", "from_files", "fingerprint") if not hasattr(cls, m)]
+        if missing:
+            raise RouterLiteError(f"router type {cls.__name__} lacks {missing} (see pipeline.route.routers.Router)")
+        ROUTER_TYPES.register(kind, cls, replace=replace)
+        cls.kind = kind
+        return cls
+
+    return add
+
+
 def router_class(kind: str) -> type:
     """The class registered under `kind`; an unknown kind -> one error listing the known ones."""
-    _builtins()
-    cls = ROUTER_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise RouterLiteError(f"unknown router kind {kind!r}; known kinds: {', '.join(sorted(ROUTER_TYPES))}")
-    return cls
+    return ROUTER_TYPES.lookup(kind)
 
 
 def router_kinds() -> list[str]:
-    _builtins()
     return sorted(ROUTER_TYPES)
 
 
-@contextmanager
-def routers_restored() -> Iterator[dict[str, type]]:
+def routers_restored() -> AbstractContextManager[Table[type]]:
     """The router table as it was on entry, restored on exit (tests that register toy router types)."""
-    _builtins()
-    with restored(ROUTER_TYPES) as table:
-        yield table
+    return ROUTER_TYPES.restored()
 
 
 def check_scores(router, X: np.ndarray) -> np.ndarray:

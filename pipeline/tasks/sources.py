@@ -9,8 +9,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import pandas as pd
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.paths import data_dir
 from pipeline.core.prompts import LETTERS, math_prompt, mcq_prompt
-from pipeline.core.tables import restored
+from pipeline.core.tables import Table
 
 TASK_COLUMNS = [
     "task_id", "source", "prompt", "gold", "grader", "domain", "difficulty",
@@ -364,7 +364,7 @@ class SourceSpec:
     hub_id: str | None = None  # the public hub dataset, for users with network access
 
 
-SOURCES: dict[str, SourceSpec] = {s.key: s for s in [
+SOURCES: Table[SourceSpec] = Table("source", {s.key: s for s in [
     SourceSpec("math500", "math", norm_math500, "math500/test.jsonl.gz", "HuggingFaceH4/MATH-500"),
     SourceSpec("gsm8k", "math", norm_gsm8k, "gsm8k/test.jsonl.gz", "openai/gsm8k"),
     SourceSpec("aime2025_i", "math", norm_aime2025_i, "aime2025/aime25.jsonl.gz"),
@@ -376,7 +376,7 @@ SOURCES: dict[str, SourceSpec] = {s.key: s for s in [
     SourceSpec("zeroeval_gsm8k", "math", norm_zeroeval_gsm8k, "zeroeval/tasks.parquet"),
     SourceSpec("zeroeval_math_l5", "math", norm_zeroeval_math_l5, "zeroeval/tasks.parquet"),
     SourceSpec("zeroeval_crux", "reasoning", norm_zeroeval_crux, "zeroeval/tasks.parquet"),
-]}
+]})
 
 
 def register_source(spec: SourceSpec, replace: bool = False) -> SourceSpec:
@@ -384,25 +384,18 @@ def register_source(spec: SourceSpec, replace: bool = False) -> SourceSpec:
     `replace` (docs/architecture.md, "How to add a task source")."""
     if not isinstance(spec, SourceSpec) or not isinstance(spec.key, str) or not spec.key:
         raise RouterLiteError(f"register_source needs a SourceSpec with a key, got {spec!r}")
-    if spec.key in SOURCES and not replace:
-        raise RouterLiteError(f"source {spec.key!r} is already registered")
-    SOURCES[spec.key] = spec
-    return spec
+    return SOURCES.register(spec.key, spec, replace=replace)
 
 
-@contextmanager
-def sources_restored() -> Iterator[dict[str, SourceSpec]]:
+def sources_restored() -> AbstractContextManager[Table[SourceSpec]]:
     """The source table as it was on entry, restored on exit (tests that register toy sources)."""
-    with restored(SOURCES) as table:
-        yield table
+    return SOURCES.restored()
 
 
 def load_source(key: str, path: str | None = None, hub_id: str | None = None, hub_config: str | None = None,
                 hub_split: str = "test") -> pd.DataFrame:
     """Normalised tasks of one source, from (in order of precedence) a hub id, a local file, or the bundled copy."""
-    if key not in SOURCES:
-        raise RouterLiteError(f"unknown source {key!r}; known sources: {', '.join(SOURCES)}")
-    spec = SOURCES[key]
+    spec = SOURCES.lookup(key)
     if hub_id:
         rows, where = load_hub(hub_id, hub_config, hub_split), f"hub dataset {hub_id}"
     elif path:
