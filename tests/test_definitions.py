@@ -16,9 +16,7 @@ from assets.definitions import build_assets, profile_assets
 from pipeline.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ["assets.partitions", "assets.shown", "assets.automation", "assets.tasks", "assets.collection",
-           "assets.router", "assets.pool_report", "assets.benchmark", "assets.publish", "assets.dask_executor",
-           "assets.ops", "assets.definitions"]
+MODULES = sorted(f"assets.{p.stem}" for p in (REPO / "assets").glob("*.py") if p.stem != "__init__")
 
 # imports every asset module with an audit hook noting each file opened under the config directory; then, with
 # `build`, builds the code location (`defs`) before and after registering the pool kind the profile names
