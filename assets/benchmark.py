@@ -40,7 +40,11 @@ from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 SUITES = list(BENCHMARK_SUITES)  # the last two: the active profile's own matrix
-suite_partitions = StaticPartitionsDefinition(SUITES)
+
+
+def suite_partitions_for(suites=()) -> StaticPartitionsDefinition:
+    """The replication suites of a profile (`benchmark.suites`; () = every suite)."""
+    return StaticPartitionsDefinition(list(suites) or SUITES)
 
 
 def _png_markdown(path: Path) -> MetadataValue:
@@ -251,11 +255,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     }))
 
 
-@asset(partitions_def=suite_partitions, group_name="report",
-       io_manager_key="io_manager",
-       description="Seed-002 replication per suite: a head trained on the suite's train split; policy, quality, "
-                   "cost per example and AIQ on its test split, with a frontier plot.")
-def routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+def _routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
                             profile: ProfileResource, backbone: BackboneResource,
                             storage: StorageResource) -> Output[pd.DataFrame]:
     suite = context.partition_key
@@ -283,3 +283,13 @@ def routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.Da
     return Output(table, metadata={"table": MetadataValue.md(md), "frontier_plot": _png_markdown(png),
                                    "aiq_trained_head": aiq["trained head"], "aiq_prior": aiq["prior"],
                                    "aiq_individual_hull": aiq["individual hull"], "aiq_oracle": aiq["oracle"]})
+
+
+def routerbench_replication_asset(partitions_def: StaticPartitionsDefinition):
+    """`routerbench_replication`, one partition per suite of `partitions_def` (the profile's, from the definitions
+    factory)."""
+    return asset(name="routerbench_replication", partitions_def=partitions_def, group_name="report",
+                 io_manager_key="io_manager",
+                 description="Seed-002 replication per suite: a head trained on the suite's train split; policy, "
+                             "quality, cost per example and AIQ on its test split, with a frontier plot."
+                 )(_routerbench_replication)

@@ -9,9 +9,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from dagster import Definitions, definitions, load_asset_checks_from_modules, load_assets_from_modules
+from dagster import (
+    Definitions,
+    definitions,
+    load_asset_checks_from_package_module,
+    load_assets_from_package_module,
+)
 
-from assets import benchmark, collection, hub_release, pool_report, router, tasks
+import assets
+from assets import benchmark, collection, tasks
 from assets.automation import with_refresh_automation
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
@@ -21,8 +27,6 @@ from resources.hub import hub_resource
 from resources.pool import PoolResource, pool_kind
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
-
-ASSET_MODULES = [tasks, collection, router, pool_report, benchmark, hub_release]  # hub_release: opt-in, not in run
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
@@ -52,19 +56,21 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
 
 def profile_assets(prof: Profile) -> list:
     """The assets whose definition depends on the profile, built here only (no module holds a default copy):
-    `source_tasks` partitioned by the profile's sources and `graded_calls` by its sources × repetitions, in the
-    concurrency pool of the profile's provider (`provider:replay`, `provider:openrouter`, ...: limits in dagster.yaml
-    / `dagster instance concurrency set`)."""
+    `source_tasks` partitioned by the profile's sources, `routerbench_replication` by its replication suites and
+    `graded_calls` by its sources × repetitions, in the concurrency pool of the profile's provider
+    (`provider:replay`, `provider:openrouter`, ...: limits in dagster.yaml / `dagster instance concurrency set`)."""
     return [tasks.source_tasks_asset(source_partitions_for(prof.sources)),
             collection.graded_calls_asset(collection.provider_concurrency_pool(prof),
-                                          collection_partitions_for(prof.sources, prof.repetitions))]
+                                          collection_partitions_for(prof.sources, prof.repetitions)),
+            benchmark.routerbench_replication_asset(benchmark.suite_partitions_for(prof.benchmark.suites))]
 
 
 def build_assets(profile: Profile | str = "") -> list:
-    """Every asset: those of the asset modules (the same for every profile) and `profile_assets`."""
+    """Every asset: those defined in the modules of the `assets` package (the same for every profile; a module added
+    there is picked up, docs/architecture.md "How to add a report") and `profile_assets`."""
     prof = as_profile(profile)
-    assets = load_assets_from_modules(ASSET_MODULES) + profile_assets(prof)
-    return with_refresh_automation(assets, prof.pool.kind)  # eager refresh: assets/automation.py
+    found = load_assets_from_package_module(assets)  # every module of assets/: a new report module is found
+    return with_refresh_automation(found + profile_assets(prof), prof.pool.kind)  # eager refresh: automation.py
 
 
 def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:
@@ -72,7 +78,7 @@ def build_definitions(home: str | None = None, profile: Profile | str = "") -> D
     prof = as_profile(profile)
     return Definitions(
         assets=build_assets(prof),
-        asset_checks=load_asset_checks_from_modules(ASSET_MODULES),
+        asset_checks=load_asset_checks_from_package_module(assets),
         resources=build_resources(home, prof),
         **build_ops(prof),
     )

@@ -82,16 +82,10 @@ def _instance() -> DagsterInstance:
     return DagsterInstance.ephemeral()
 
 
-def _partition_keys(partitions_def, profile) -> list:
+def _partition_keys(partitions_def) -> list:
     """The runs of a stage: one per partition of its partitions definition (the definitions factory builds them
-    from the profile), [None] for an unpartitioned stage; suites narrowed to the profile's `benchmark.suites`."""
-    if partitions_def is None:
-        return [None]
-    keys = partitions_def.get_partition_keys()
-    wanted = profile.benchmark.suites
-    if wanted and set(wanted) <= set(keys):
-        keys = [k for k in keys if k in wanted]
-    return keys
+    from the profile), [None] for an unpartitioned stage."""
+    return [None] if partitions_def is None else partitions_def.get_partition_keys()
 
 
 def _step_seconds(instance, run_id: str, into: dict) -> None:
@@ -104,6 +98,19 @@ def _step_seconds(instance, run_id: str, into: dict) -> None:
         pass
 
 
+def _group_depths(graph, keys) -> dict[str, int]:
+    """Each group's depth in the graph of groups (a group feeding another comes first); a cycle between groups
+    stops the deepening after as many rounds as there are groups."""
+    groups = {graph.get(k).group_name for k in keys}
+    edges = {(graph.get(p).group_name, graph.get(k).group_name) for k in keys for p in graph.get(k).parent_keys
+             if graph.get(p).group_name in groups and graph.get(p).group_name != graph.get(k).group_name}
+    depth = dict.fromkeys(groups, 0)
+    for _ in groups:
+        for a, b in edges:
+            depth[b] = max(depth[b], depth[a] + 1)
+    return depth
+
+
 def _stage_name(group: str, keys: list[str]) -> str:
     """A stage of one asset is named after it ("task pool"), a stage of several after their group ("router")."""
     return keys[0].replace("_", " ") if len(keys) == 1 else group
@@ -113,7 +120,8 @@ def stages_of(defs, upto: str | None = None) -> list[Stage]:
     """The stages `run_lineage` materialises, read off the Definitions' asset graph: its assets (without the ones
     tagged opt-in and their descendants; with `upto`, that asset and what it depends on) in topological order,
     split where the group or the partitioning changes. Among the assets ready next, one of the stage being built
-    comes first, then the first in definition order, so a stage holds a group's assets together."""
+    comes first, then one of the earliest group (groups ordered as they feed each other), so a stage holds a
+    group's assets together."""
     graph = defs.resolve_asset_graph()
     order = {k: i for i, k in enumerate(k for a in defs.assets for k in a.keys)}
     keys = [k for k in graph.toposorted_asset_keys if graph.get(k).is_materializable]
@@ -137,9 +145,11 @@ def stages_of(defs, upto: str | None = None) -> list[Stage]:
     def kind(k):
         return graph.get(k).group_name, graph.get(k).partitions_def
 
+    depth = _group_depths(graph, wanted)
     left, stages = set(wanted), []
     while left:
-        ready = sorted((k for k in left if not (set(graph.get(k).parent_keys) & left)), key=lambda k: order.get(k, 0))
+        ready = sorted((k for k in left if not (set(graph.get(k).parent_keys) & left)),
+                       key=lambda k: (depth[graph.get(k).group_name], order.get(k, 0)))
         same = [k for k in ready if stages and kind(k) == stages[-1][0]]
         key = (same or ready)[0]
         if not same:
@@ -192,7 +202,7 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = N
     run_config, replay_warnings = _run_config()
     for stage, keys, partitions_def in stages:
         t0 = time.time()
-        for pk in _partition_keys(partitions_def, profile):
+        for pk in _partition_keys(partitions_def):
             result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
                                  resources=resources, partition_key=str(pk) if pk is not None else None,
                                  raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from dagster import AssetKey
 
-from assets import collection, tasks
+from assets import benchmark, collection, tasks
+from assets.benchmark import SUITES
 from assets.definitions import build_assets, profile_assets
 from pipeline.profile import load_profile
 
@@ -88,11 +89,13 @@ def test_a_pool_kind_registered_after_the_import_builds(tmp_path):
 
 
 def test_the_profile_dependent_assets_exist_only_as_the_factory_builds_them():
-    assert not hasattr(tasks, "source_tasks") and not hasattr(collection, "graded_calls")
+    assert not hasattr(tasks, "source_tasks") and not hasattr(collection, "graded_calls") \
+        and not hasattr(benchmark, "routerbench_replication")
     keys = [k for a in build_assets("smoke") for k in a.keys]
-    assert {AssetKey("source_tasks"), AssetKey("graded_calls")} <= set(keys)
+    assert {AssetKey("source_tasks"), AssetKey("graded_calls"), AssetKey("routerbench_replication")} <= set(keys)
     assert len(keys) == len(set(keys))  # each asset once
-    source_tasks, graded_calls = profile_assets(load_profile("pilot"))
+    source_tasks, graded_calls, replication = profile_assets(load_profile("pilot"))
+    assert replication.partitions_def.get_partition_keys() == list(load_profile("pilot").benchmark.suites or SUITES)
     assert source_tasks.partitions_def.get_partition_keys() == ["math500", "gsm8k", "aime2025_i", "aime2025_ii",
                                                                 "arc_challenge", "mmlu", "mmlu_pro"]
     assert graded_calls.op.pool == "provider:openrouter"

@@ -149,3 +149,62 @@ def test_a_toy_router_kind_goes_through_router_lite_run(smoke_home_copy, monkeyp
         assert f"head {entry['name']}" in report
         cascade = FittedRouter.load(asset_path(home, "cascade_router", suffix=""))
         assert isinstance(cascade.router.fallback, CentroidRouter)  # the cascade falls back on the shipped kind
+
+
+TOY_REPORT_LOGIC = '''"""Toy report logic: how often each agent is among the best on a task."""
+import pandas as pd
+
+
+def best_agent_counts(reward_matrix: pd.DataFrame) -> str:
+    counts = reward_matrix["best_agents"].explode().value_counts().sort_index()
+    return "## Best-agent counts\\n\\n" + counts.rename("tasks").to_frame().to_markdown() + "\\n"
+'''
+
+TOY_REPORT_ASSET = '''"""Toy report asset: the recipe of docs/architecture.md, "How to add a report"."""
+import pandas as pd
+from dagster import MetadataValue, Output, asset
+
+from pipeline.core.io import atomic_write_text
+from pipeline.report.toy_counts import best_agent_counts
+from resources.storage import StorageResource
+
+
+@asset(group_name="report", io_manager_key="io_manager", description="How often each agent is among the best.")
+def toy_report(reward_matrix: pd.DataFrame, storage: StorageResource) -> Output[dict]:
+    md = best_agent_counts(reward_matrix)
+    atomic_write_text(md, storage.path("reports") / "toy_report.md")
+    return Output({"rows": len(reward_matrix)}, metadata={"report": MetadataValue.md(md)})
+'''
+
+
+@pytest.mark.slow
+def test_a_new_report_needs_only_its_two_modules(smoke_home_copy, monkeypatch, tmp_path, capsys):
+    """Follow the recipe: a pipeline/report/ module and an assets/ module, nothing else edited (the two files sit in
+    extra folders of the two packages, as if added to the repo). The definitions find the asset, `router-lite run`
+    places it in the report stage and prints its Markdown at the end."""
+    import sys
+
+    import assets
+    import pipeline.report
+    from cli.run import run_lineage, stages_of
+    from cli.summary import print_summary
+
+    (tmp_path / "assets_extra").mkdir()
+    (tmp_path / "report_extra").mkdir()
+    (tmp_path / "assets_extra" / "toy_report.py").write_text(TOY_REPORT_ASSET)
+    (tmp_path / "report_extra" / "toy_counts.py").write_text(TOY_REPORT_LOGIC)
+    monkeypatch.setattr(assets, "__path__", [*assets.__path__, str(tmp_path / "assets_extra")])
+    monkeypatch.setattr(pipeline.report, "__path__", [*pipeline.report.__path__, str(tmp_path / "report_extra")])
+    try:
+        home = smoke_home_copy()
+        monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+        defs = _defs(home)
+        stages = stages_of(defs)
+        assert ("report", ["pool_report", "benchmark_report", "toy_report"]) in [(n, k) for n, k, _ in stages]
+        run_lineage(defs, "smoke", upto="toy_report", log=lambda m: None)
+        print_summary(str(home), [k for _, keys, _ in stages_of(defs, "toy_report") for k in keys])
+        out = capsys.readouterr().out
+        assert "## Best-agent counts" in out and "| frontier_a" in out
+    finally:
+        for name in ("assets.toy_report", "pipeline.report.toy_counts"):
+            sys.modules.pop(name, None)
