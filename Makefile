@@ -29,7 +29,7 @@ test: install
 # the fast lane: everything but the tests marked slow (backbone, servers, lineage materialisations, smoke_home)
 test-fast: install
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -m "not slow"
 
 # README.md is generated (docs/README.template.md + the value section from docs/results/router_value_demo.json), and so
 # is docs/training.md's TrainConfig table (its docstring): `make docs` rewrites them, `make docs-check` fails with a diff

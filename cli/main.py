@@ -470,7 +470,9 @@ def _add_run_command(sub) -> None:
     p.add_argument("--profile", default=None,
                    help="profile name: config/profiles/<name>.yaml (default: $ROUTER_LITE_PROFILE or demo; a profile "
                         "elsewhere: ROUTER_LITE_CONFIG=<config dir>)")
-    p.add_argument("--upto", default=None, help="stop after the stage holding this asset (e.g. task_pool)")
+    p.add_argument("--upto", default=None, action="append", metavar="ASSET",
+                   help="materialise only this asset and what it depends on (e.g. task_pool); repeat it to end at "
+                        "several assets")
     p.add_argument("--target", default=None, help=TARGET_HELP + " for the routed benchmark")
     p.add_argument("--override", default=None, metavar="FILE",
                    help="a YAML file merged over the profile, e.g. pool.base_url / pool.key_hosts for a local "

@@ -116,12 +116,12 @@ def _stage_name(group: str, keys: list[str]) -> str:
     return keys[0].replace("_", " ") if len(keys) == 1 else group
 
 
-def stages_of(defs, upto: str | None = None) -> list[Stage]:
+def stages_of(defs, upto: str | list[str] | None = None) -> list[Stage]:
     """The stages `run_lineage` materialises, read off the Definitions' asset graph: its assets (without the ones
-    tagged opt-in and their descendants; with `upto`, that asset and what it depends on) in topological order,
-    split where the group or the partitioning changes. Among the assets ready next, one of the stage being built
-    comes first, then one of the earliest group (groups ordered as they feed each other), so a stage holds a
-    group's assets together."""
+    tagged opt-in and their descendants; with `upto`, those assets and what they depend on: `+asset` in Dagster's
+    selection syntax, one name or several) in topological order, split where the group or the partitioning changes.
+    Among the assets ready next, one of the stage being built comes first, then one of the earliest group (groups
+    ordered as they feed each other), so a stage holds a group's assets together."""
     graph = defs.resolve_asset_graph()
     order = {k: i for i, k in enumerate(k for a in defs.assets for k in a.keys)}
     keys = [k for k in graph.toposorted_asset_keys if graph.get(k).is_materializable]
@@ -131,11 +131,13 @@ def stages_of(defs, upto: str | None = None) -> list[Stage]:
             opt_out.add(k)
     wanted = [k for k in keys if k not in opt_out]
     if upto:
-        target = next((k for k in wanted if k.to_user_string() == upto), None)
-        if target is None:
-            raise RouterLiteError(f"--upto {upto!r} is no asset of `router-lite run`; its assets: "
-                                  + ", ".join(k.to_user_string() for k in wanted))
-        keep, todo = set(), [target]
+        by_name = {k.to_user_string(): k for k in wanted}
+        names = [upto] if isinstance(upto, str) else list(upto)
+        for name in names:
+            if name not in by_name:
+                raise RouterLiteError(f"--upto {name!r} is no asset of `router-lite run`; its assets: "
+                                      + ", ".join(by_name))
+        keep, todo = set(), [by_name[n] for n in names]
         while todo:
             k = todo.pop()
             if k not in keep:
@@ -183,7 +185,7 @@ def _with_config(run_config: dict, asset_config: dict | None, keys: list[str]) -
     return {**run_config, "ops": ops} if ops else run_config
 
 
-def run_lineage(defs, profile: Profile | str | None = None, upto: str | None = None, log=print,
+def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str] | None = None, log=print,
                 asset_config: dict | None = None) -> dict:
     """Materialise the stages in order, each asset with its run config from `asset_config` (asset -> config, e.g.
     {"benchmark_report": {"target": "parity"}}); returns {"stages": {stage: s}, "steps": {asset step: s},

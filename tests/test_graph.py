@@ -56,6 +56,21 @@ def test_upto_takes_the_asset_and_what_it_depends_on(tmp_path):
         stages_of(_defs(tmp_path), "hub_release")
 
 
+def test_upto_several_assets_takes_the_union_of_their_ancestries(tmp_path):
+    """`--upto benchmark_report --upto baselines`: baselines is no ancestor of the benchmark report, so a run that
+    reports both names both; each asset once, parents first."""
+    from cli.run import stages_of
+
+    defs = _defs(tmp_path)
+    one = [k for _, keys, _ in stages_of(defs, "benchmark_report") for k in keys]
+    both = [k for _, keys, _ in stages_of(defs, ["benchmark_report", "baselines"]) for k in keys]
+    assert "baselines" not in one and "baselines" in both
+    assert sorted(both) == sorted(set(one) | {"baselines"}) and len(both) == len(set(both))
+    assert both.index("reward_matrix") < both.index("baselines")
+    with pytest.raises(RouterLiteError, match="--upto 'nope' is no asset"):
+        stages_of(defs, ["baselines", "nope"])
+
+
 def test_asset_config_goes_only_to_the_runs_that_hold_the_asset():
     from cli.run import _with_config
 
