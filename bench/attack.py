@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from pipeline.core.environ import environ as env  # noqa: E402
 from pipeline.core.errors import RouterLiteError  # noqa: E402
 
 
@@ -78,23 +79,6 @@ def cli(*argv: str) -> tuple[int, str]:
         os.environ.clear()
         os.environ.update(saved)
     return rc, err.getvalue()
-
-
-@contextlib.contextmanager
-def env(**values: str | None):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: v for k, v in values.items() if v is not None})
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from pipeline.core.environ import environ
 from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
 TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
@@ -591,26 +592,19 @@ def main(argv=None) -> int:
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # --debug is read deeper down (cli/run.py, one_line), for this command only
-    flags = {"ROUTER_LITE_DEBUG": "1" if args.debug else None}
-    saved = {k: os.environ.get(k) for k, v in flags.items() if v}
-    os.environ.update({k: v for k, v in flags.items() if v})
+    flags = {"ROUTER_LITE_DEBUG": "1"} if args.debug else {}
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-    try:
-        return args.fn(args)
-    except RouterLiteError as exc:  # the user's error: one line naming the bad input, exit 2
-        if debug_enabled():
-            raise
-        print(f"router-lite: error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ(**flags):
+        try:
+            return args.fn(args)
+        except RouterLiteError as exc:  # the user's error: one line naming the bad input, exit 2
+            if debug_enabled():
+                raise
+            print(f"router-lite: error: {one_line(exc)}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":
