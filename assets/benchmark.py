@@ -159,6 +159,11 @@ def _routed_cascade(prof, task_pool: pd.DataFrame, regc, targets: list[str], spe
     return md + [""], meta
 
 
+def _embedded_by(bb) -> dict:
+    """What embedded the prompts, as it really ran (after any backend fallback)."""
+    return {"id": bb.model_id, "backend": bb.backend, "precision": bb.precision}
+
+
 def _slug(target: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in target)
 
@@ -226,7 +231,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                       cascade=cascade_router.summary,
                       head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
-                      cascade_benchmark=cascade_meta.get("test"))
+                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()))
     atomic_write_json(rv, reports / "router_value.json")
     models = {a["name"]: a["model"] for a in reg.agents}
     line = value_line(value, "parity", models)

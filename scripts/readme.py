@@ -49,7 +49,10 @@ def render_value(rv: dict) -> str:
     best = rv["routers"][rv["best_router"]]
     head = rv["routers"]["head"]
     a = rv["aiq"]
-    lines = [f"Profile `{rv['profile']}`, costs estimated (chars/4 × list prices). Generated from "
+    bb = rv.get("backbone")
+    embedded = (f", prompts embedded by `{bb['id'].split('/')[-1]}` on {bb['backend']} {bb['precision']} (a CPU "
+                f"without bf16 runs float32: the fourth decimal moves, docs/backbones.md)") if bb else ""
+    lines = [f"Profile `{rv['profile']}`{embedded}, costs estimated (chars/4 × list prices). Generated from "
              f"`reports/router_value.json` (committed copy: `{COPY.as_posix()}`) by `scripts/readme.py`.", "",
              f"**Pool verdict: {rv['pool_verdict']}**", "",
              ablation_markdown(rv)]

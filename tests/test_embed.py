@@ -331,3 +331,27 @@ def test_non_finite_embeddings_are_refused(minilm, monkeypatch):
     monkeypatch.setattr(minilm, "_encode_batch", lambda batch: np.full((len(batch), minilm.dim), np.nan, np.float32))
     with pytest.raises(RouterLiteError, match="bfloat16"):
         minilm.encode(PROMPTS[:2])
+
+
+def test_openvino_precision_is_what_the_compiled_model_reports():
+    """bf16 asked on a CPU without bf16 units: OpenVINO runs f32 and says so through the compiled model's
+    INFERENCE_PRECISION_HINT; the cache key and reports take that, and the asked precision only where the runtime
+    cannot say."""
+    import openvino as ov
+
+    from pipeline.route.fast_backbone import _compiled_precision
+
+    class Compiled:
+        def __init__(self, reported):
+            self.reported = reported
+
+        def get_property(self, name):
+            assert name == "INFERENCE_PRECISION_HINT"
+            if self.reported is None:
+                raise RuntimeError("unsupported property")
+            return self.reported
+
+    assert _compiled_precision(Compiled(ov.Type.f32), "bf16") == "f32"
+    assert _compiled_precision(Compiled(ov.Type.bf16), "bf16") == "bf16"
+    assert _compiled_precision(Compiled(None), "bf16") == "bf16"
+    assert _compiled_precision(Compiled(ov.Type.i8), "f32") == "f32"  # not an inference precision we name

@@ -48,7 +48,7 @@ def targets_markdown(value: dict) -> str:
 
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
-                     "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router")
+                     "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -58,8 +58,11 @@ CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain"
 
 def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
                  head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
-                 cascade_benchmark: dict | None = None) -> dict:
+                 cascade_benchmark: dict | None = None, backbone: dict | None = None) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
+
+    `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
+    decimal between a bfloat16 and a float32 run of the same backbone (docs/backbones.md).
 
     `routers` holds one entry per router kind (the prompt-only head; the cascade's variants: answers only, and
     with the prompt router), each with its held-out targets and test AIQ; `best_router` is the kind with the best
@@ -94,7 +97,7 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
         "apgr": value["apgr"], "cpt50": value["cpt50"], "cpt80": value["cpt80"],
         "aiq": {k: aiq.get(k) for k in ("head", "prior", "hull", "knn")},
         "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
-        "oracle": value["oracle"]["quality"], "n_test": value["n_test"],
+        "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
     }
 
 

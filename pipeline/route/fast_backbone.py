@@ -75,6 +75,16 @@ def _cpu_has_bf16(core) -> bool:
         return False
 
 
+def _compiled_precision(compiled, asked: str) -> str:
+    """The inference precision the compiled model reports (bf16 asked on a CPU without bf16 units runs f32), so
+    cache keys and reports name what really ran; the precision asked for where the runtime cannot say."""
+    try:
+        got = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    except Exception:  # noqa: BLE001 - an old runtime without the property
+        return asked
+    return got if got in _OV_PRECISION.values() else asked
+
+
 class OpenVinoEncoder:
     """``(inputs) -> last_hidden_state`` on OpenVINO CPU; ``precision`` is what it really runs (bf16 | f32 | f16)."""
 
@@ -94,7 +104,7 @@ class OpenVinoEncoder:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         self._compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", config)
         self.input_names = [i.get_any_name() for i in self._compiled.inputs]
-        self.precision = precision
+        self.precision = _compiled_precision(self._compiled, precision)
         self.version = ov.__version__.split("-")[0]
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
