@@ -122,7 +122,8 @@ def head_beats_random(router_head: FittedRouter) -> AssetCheckResult:
 
 
 @asset(group_name="router", io_manager_key="io_manager",
-       description="The head in the registry: stable name head-<backbone>-<hash>, manifest, weights, reference code.")
+       description="The shipped router (the profile's train.router: a head by default) in the registry: stable name "
+                   "<kind>-<backbone>-<hash>, manifest, weights, reference code.")
 def registered_head(context: AssetExecutionContext, router_head: FittedRouter, task_pool: pd.DataFrame,
                     reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame,
                     backbone: BackboneResource, pool: PoolResource, storage: StorageResource) -> Output[dict]:
