@@ -20,18 +20,23 @@ from pipeline.route.train import TrainConfig  # noqa: E402
 POOL = ["claude-v1", "gpt-3.5-turbo-1106", "zero-one-ai/Yi-34B-Chat", "mistralai/mixtral-8x7b-chat"]
 
 
-def main() -> None:
+def complementary_rows():
+    """The rows of tests/test_complementary.py: up to 400 RouterBench queries per eval (seeded), the 4-agent pool.
+    -> (prompts, rewards frame, split, each row's eval, quality matrix)."""
     s = build_suite("routerbench")
     ev = np.array(s.meta["per_query"]["eval_name"])
-    rng = np.random.default_rng(0)  # the test's rows
+    rng = np.random.default_rng(0)
     keep = np.sort(np.concatenate([rng.choice(np.flatnonzero(ev == e), min(400, int((ev == e).sum())), replace=False)
                                    for e in sorted(set(ev))]))
     idx = [s.models.index(m) for m in POOL]
     Q, C = s.quality[keep][:, idx], s.cost[keep][:, idx]
     rewards = pd.DataFrame({"task_id": [s.query_ids[i] for i in keep], "agent_order": [POOL] * len(keep),
                             "mean_reward": list(Q), "mean_cost": list(C)})
-    split = pd.Series(np.array(s.split)[keep])
-    texts = [s.query_text[i] for i in keep]
+    return [s.query_text[i] for i in keep], rewards, pd.Series(np.array(s.split)[keep]), ev[keep], Q
+
+
+def main() -> None:
+    texts, rewards, split, evals, _ = complementary_rows()
     print("| embeddings | seed | generations | head | best single | label router | kNN | gain CI (head − best) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in ("float32", "bfloat16"):
@@ -40,7 +45,7 @@ def main() -> None:
         for seed in (42, 1, 2, 3, 4):
             for gens in (30, 100):
                 fit = fit_router(X, rewards, split, TrainConfig(generations=gens, log_every=0, seed=seed),
-                                 labels=ev[keep])
+                                 labels=evals)
                 m, ci = fit.metrics, fit.extra["head_gain_ci"]
                 print(f"| {bb.backend} {bb.precision} | {seed} | {gens} | {m['head']:.4f} | {m['best_single']:.4f} | "
                       f"{fit.value['label_router']['quality']:.4f} | {m['knn']:.4f} | "

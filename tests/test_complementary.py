@@ -2,37 +2,33 @@
 ARC-Challenge, gpt-3.5-turbo on MBPP, Yi-34B on Winogrande; mixtral nowhere). Here routing pays on quality: the head
 must beat the best single agent and reach the per-eval label router (which knows each query's eval; the head sees
 only the prompt)."""
+import sys
+from pathlib import Path
+
 import numpy as np
-import pandas as pd
 import pytest
 
-from pipeline.report.suites import build_suite
 from pipeline.route.embed import Backbone
 from pipeline.route.fit import fit_router
 from pipeline.route.train import TrainConfig
 
-pytestmark = pytest.mark.slow
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+try:  # the rows and the pool live with the script that measures their spread, so the two cannot drift apart
+    from complementary_spread import POOL, complementary_rows
+finally:
+    sys.path.pop(0)
 
-POOL = ["claude-v1", "gpt-3.5-turbo-1106", "zero-one-ai/Yi-34B-Chat", "mistralai/mixtral-8x7b-chat"]
+pytestmark = pytest.mark.slow
 
 
 def test_head_reaches_the_label_router_on_a_complementary_pool():
-    s = build_suite("routerbench")
-    ev = np.array(s.meta["per_query"]["eval_name"])
-    rng = np.random.default_rng(0)
-    keep = np.sort(np.concatenate([rng.choice(np.flatnonzero(ev == e), min(400, int((ev == e).sum())), replace=False)
-                                   for e in sorted(set(ev))]))
-    idx = [s.models.index(m) for m in POOL]
-    Q, C = s.quality[keep][:, idx], s.cost[keep][:, idx]
+    texts, rewards, split, ev, Q = complementary_rows()
     # float32, not the CPU's default precision: on bf16 embeddings two of five sep-CMA-ES seeds keep a validation
     # pick that loses on test (scripts/complementary_spread.py; docs/training.md, "The complementary pool")
-    X = Backbone(None, max_seq_length=128, dtype="float32").encode([s.query_text[i] for i in keep])
-    rewards = pd.DataFrame({"task_id": [s.query_ids[i] for i in keep], "agent_order": [POOL] * len(keep),
-                            "mean_reward": list(Q), "mean_cost": list(C)})
-    split = pd.Series(np.array(s.split)[keep])
-    fit = fit_router(X, rewards, split, TrainConfig(generations=30, log_every=0), labels=ev[keep])
+    X = Backbone(None, max_seq_length=128, dtype="float32").encode(texts)
+    fit = fit_router(X, rewards, split, TrainConfig(generations=30, log_every=0), labels=ev)
     te = (split == "test").to_numpy()
-    leaders = {e: POOL[int(np.argmax(Q[~te & (ev[keep] == e)].mean(axis=0)))] for e in sorted(set(ev))}
+    leaders = {e: POOL[int(np.argmax(Q[~te & (ev == e)].mean(axis=0)))] for e in sorted(set(ev))}
     assert len(set(leaders.values())) == 3, leaders  # complementary: three different leaders
     head, best, label = fit.metrics["head"], fit.metrics["best_single"], fit.value["label_router"]["quality"]
     print(f"complementary pool (test n={int(te.sum())}): head {head:.4f} | label router {label:.4f} | "
