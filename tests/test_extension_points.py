@@ -127,7 +127,8 @@ def _register(root, router, X):
 
 def test_router_types_are_looked_up_by_name():
     assert router_class("head").__name__ == "Head" and router_class("knn") is KnnRouter
-    with pytest.raises(RouterLiteError, match=r"unknown router kind 'forest'; known router kinds: cascade, head, knn"):
+    with pytest.raises(RouterLiteError,
+                       match=r"unknown router kind 'forest'; known router kinds: cascade, cluster, head, knn"):
         router_class("forest")
 
 
@@ -159,7 +160,7 @@ def test_a_registered_router_type_in_the_frontier_and_the_registry(tmp_path):
         assert np.array_equal(kreg.router.scores(X), knn.scores(X))
     assert ROUTER_TYPES == before
     with pytest.raises(RouterLiteError,
-                       match=r"unknown router kind 'best-mean'; known router kinds: cascade, head, knn"):
+                       match=r"unknown router kind 'best-mean'; known router kinds: cascade, cluster, head, knn"):
         registry.load(path)  # the type is gone: one clear error naming the manifest and the known kinds
 
 

@@ -53,6 +53,7 @@ class Router(Protocol):
 
 def _builtins() -> None:
     import pipeline.route.cascade  # noqa: F401 - registers "cascade"
+    import pipeline.route.cluster  # noqa: F401 - registers "cluster"
     import pipeline.route.head  # noqa: F401 - registers "head"
     import pipeline.route.knn  # noqa: F401 - registers "knn"
 

@@ -1,0 +1,200 @@
+"""Coarse cluster router: k-means on the embeddings, the best agent of each cluster on train.
+
+Where agents complement each other by *kind* of query (one leads ARC, another MBPP, a third Winogrande) a coarse
+partition of the embedding space carries most of what is routable, and it generalises better than a linear head
+fitted to per-row argmax noise (docs/training.md, "Which prompt router ships"). The router:
+
+* normalises the embeddings to unit length (the backbones' similarity is cosine) and runs k-means (k-means++ start,
+  Lloyd iterations, a few seeded restarts, the lowest inertia kept) for every k of `K_GRID` that leaves at least
+  `min_cluster` training rows per cluster on average;
+* scores agent j in cluster c by its mean (tie-aware) training reward on the cluster's rows, shrunk toward the
+  agent's mean over all training rows by `prior` pseudo-rows (so a cluster of a handful of rows cannot hand a share to
+  an agent on noise); the pick is the argmax (ties -> lowest agent index);
+* chooses k on validation: the k whose picks earn the most on the validation rows (the smaller k on ties: coarser
+  partitions are the hypothesis); without validation rows k = DEFAULT_K.
+
+As in scikit-learn, the constructor's `k` stays as given (None: search) and what `fit` learns ends in an underscore:
+`k_`, `val_rewards_` (validation reward per k searched).
+
+Router protocol (pipeline/route/routers.py, kind ``cluster``): ``cluster.safetensors`` holds the centroids and the
+per-cluster agent scores (no pickle), so it registers, routes and serves like the head and kNN.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import RouterLiteError
+from pipeline.route.routers import register_router
+
+K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_K = 8
+FILE_NAME = "cluster.safetensors"
+
+
+def _normalise(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float32)
+    return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+
+
+def _sq_dist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    return np.maximum((X * X).sum(1)[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :], 0.0)
+
+
+def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids (k, d), labels (n,)) of Lloyd's k-means from k-means++ starts; the restart with the lowest
+    inertia is kept. Deterministic for a given seed. An emptied cluster is re-seeded at the farthest row."""
+    X = np.asarray(X, dtype=np.float64)
+    n = len(X)
+    k = max(1, min(int(k), n))
+    rng = np.random.default_rng(seed)
+    best = None
+    for _ in range(n_init):
+        C = np.empty((k, X.shape[1]))
+        C[0] = X[rng.integers(n)]
+        d2 = _sq_dist(X, C[:1])[:, 0]
+        for c in range(1, k):
+            p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1.0 / n)
+            C[c] = X[rng.choice(n, p=p)]
+            d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1])[:, 0])
+        labels = np.full(n, -1)
+        for _ in range(iters):
+            D = _sq_dist(X, C)
+            new = D.argmin(axis=1)
+            if np.array_equal(new, labels):
+                break
+            labels = new
+            for c in range(k):
+                rows = labels == c
+                C[c] = X[rows].mean(axis=0) if rows.any() else X[int(D.min(axis=1).argmax())]
+        inertia = float(_sq_dist(X, C)[np.arange(n), labels].sum())
+        if best is None or inertia < best[0]:
+            best = (inertia, C.copy(), labels.copy())
+    return best[1].astype(np.float32), best[2]
+
+
+def cluster_scores(labels: np.ndarray, R_eff: np.ndarray, k: int, prior: float) -> np.ndarray:
+    """(k, K): each cluster's mean reward per agent, shrunk toward the all-rows mean by `prior` pseudo-rows."""
+    R_eff = np.asarray(R_eff, dtype=np.float64)
+    glob = R_eff.mean(axis=0)
+    S = np.empty((k, R_eff.shape[1]))
+    for c in range(k):
+        rows = labels == c
+        S[c] = (R_eff[rows].sum(axis=0) + prior * glob) / (rows.sum() + prior)
+    return S.astype(np.float32)
+
+
+@register_router("cluster")
+class ClusterRouter:
+    """``ClusterRouter(k=None).fit(X_train, R_train, X_val, R_val)`` clusters the training prompts and picks `k_` on
+    validation; ``pick(X)`` = the best training agent of each query's nearest centroid."""
+
+    def __init__(self, k: int | None = None, k_grid: tuple[int, ...] = K_GRID, agents: list[str] | None = None,
+                 prior: float = 5.0, min_cluster: int = 10, seed: int = 0):
+        if k is not None and k < 1:
+            raise RouterLiteError(f"cluster router k must be >= 1, got {k}")
+        if prior < 0 or min_cluster < 1:
+            raise RouterLiteError(f"cluster router: prior must be >= 0 and min_cluster >= 1, got {prior}, "
+                                  f"{min_cluster}")
+        self.k, self.k_grid, self.prior, self.min_cluster, self.seed = k, tuple(int(x) for x in k_grid), prior, \
+            min_cluster, seed
+        self.agents = None if agents is None else list(agents)
+        self.k_: int | None = None
+        self.val_rewards_: dict[int, float] = {}
+
+    def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
+            R_val: np.ndarray | None = None, best_train: np.ndarray | None = None,
+            best_val: np.ndarray | None = None) -> ClusterRouter:
+        from pipeline.route.train import effective_rewards
+
+        X_train = np.asarray(X_train, dtype=np.float32)
+        if X_train.ndim != 2 or len(X_train) != len(R_train) or len(X_train) == 0:
+            raise RouterLiteError(f"cluster router: embeddings {X_train.shape} and rewards {np.shape(R_train)} "
+                                  f"do not match")
+        U = effective_rewards(R_train, best_train)
+        if self.agents is not None and len(self.agents) != U.shape[1]:
+            raise RouterLiteError(f"cluster router: {len(self.agents)} agent names for rewards of {U.shape[1]} agents")
+        Z = _normalise(X_train)
+        has_val = X_val is not None and R_val is not None and len(X_val) > 0
+        if self.k is not None or not has_val:
+            grid = [min(int(self.k or DEFAULT_K), len(Z))]
+        else:
+            grid = sorted({k for k in self.k_grid if k * self.min_cluster <= len(Z)} or {min(self.k_grid)})
+        Zv = _normalise(X_val) if has_val else None
+        Rv = effective_rewards(R_val, best_val) if has_val else None
+        self.val_rewards_, fits = {}, {}
+        for k in grid:
+            C, labels = kmeans(Z, k, seed=self.seed)
+            S = cluster_scores(labels, U, len(C), self.prior)
+            fits[k] = (C, S)
+            if has_val:
+                pick = S[_sq_dist(Zv, C).argmin(axis=1)].argmax(axis=1)
+                self.val_rewards_[k] = float(Rv[np.arange(len(pick)), pick].mean())
+        self.k_ = max(grid, key=lambda k: (self.val_rewards_.get(k, 0.0), -k))
+        self.centroids, self.S = fits[self.k_]
+        return self
+
+    def assign(self, X: np.ndarray) -> np.ndarray:
+        """Index of each query's nearest centroid."""
+        return _sq_dist(_normalise(X), self.centroids).argmin(axis=1)
+
+    def scores(self, X: np.ndarray) -> np.ndarray:
+        """(n, K): the (shrunk) mean training reward of each agent in the query's cluster."""
+        return self.S[self.assign(X)]
+
+    def pick(self, X: np.ndarray) -> np.ndarray:
+        return self.scores(X).argmax(axis=1)
+
+    # ---- router protocol (pipeline/route/routers.py) -------------------------------------------------------------
+    @property
+    def d(self) -> int:
+        return int(self.centroids.shape[1])
+
+    @property
+    def K(self) -> int:
+        return int(self.S.shape[1])
+
+    def save_files(self, directory: str | Path) -> dict:
+        """Write ``cluster.safetensors`` (centroids, per-cluster scores, agents) into `directory`."""
+        from safetensors.numpy import save_file
+
+        from pipeline.core.io import atomic_write
+
+        tensors = {"centroids": np.ascontiguousarray(self.centroids, np.float32),
+                   "scores": np.ascontiguousarray(self.S, np.float32)}
+        meta = {"kind": "router-lite-cluster", "k": str(int(self.k_)), "agents": json.dumps(self.agents)}
+        atomic_write(Path(directory) / FILE_NAME, lambda p: save_file(tensors, str(p), metadata=meta))
+        return {"files": {"weights": FILE_NAME}, "k": int(self.k_)}
+
+    @classmethod
+    def from_files(cls, directory: str | Path, manifest: dict) -> ClusterRouter:
+        from safetensors import safe_open
+
+        f = Path(directory) / manifest.get("files", {}).get("weights", FILE_NAME)
+        names = [a["name"] for a in manifest["agents"]]
+        if not f.is_file():
+            raise RouterLiteError(f"cluster router file {f} does not exist")
+        try:
+            with safe_open(str(f), framework="numpy") as fh:
+                meta = dict(fh.metadata() or {})
+                C, S = np.array(fh.get_tensor("centroids")), np.array(fh.get_tensor("scores"))
+            if meta.get("kind") != "router-lite-cluster":
+                raise ValueError("not a router-lite cluster file (metadata kind missing)")
+            agents = json.loads(meta.get("agents", "null"))
+        except Exception as e:  # corrupt bytes, bad header, missing tensors, ...
+            raise RouterLiteError(f"cluster router file {f} is corrupt: {type(e).__name__}: {e}") from None
+        if C.ndim != 2 or S.ndim != 2 or len(C) != len(S) or len(C) == 0 or not np.all(np.isfinite(C)) \
+                or not np.all(np.isfinite(S)):
+            raise RouterLiteError(f"cluster router file {f} is invalid: centroids {C.shape}, scores {S.shape}")
+        if C.shape[1] != int(manifest["dim"]) or S.shape[1] != len(names) or (agents is not None and agents != names):
+            raise RouterLiteError(f"cluster router file {f} ({C.shape[1]} dims, agents {agents}) does not fit the "
+                                  f"manifest ({manifest['dim']} dims, agents {names})")
+        router = cls(k=len(C), agents=names)
+        router.centroids, router.S, router.k_ = C.astype(np.float32), S.astype(np.float32), len(C)
+        return router
+
+    def fingerprint(self) -> tuple[list[bytes], list]:
+        return ([np.ascontiguousarray(self.centroids, np.float32).tobytes(),
+                 np.ascontiguousarray(self.S, np.float32).tobytes()], ["cluster", int(self.k_)])
