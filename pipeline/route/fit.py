@@ -20,7 +20,15 @@ from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_re
 from pipeline.route.head import Head
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import Router, router_class
+from pipeline.route.routers import Router
+from pipeline.route.select import (
+    AUTO,
+    candidate_kinds,
+    fit_candidates,
+    kind_figures,
+    select_router,
+    validation_rewards,
+)
 from pipeline.route.train import (
     TrainConfig,
     best_single_agent,
@@ -99,15 +107,6 @@ def constant_head(like: Router, best: int) -> Head:
     return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
 
 
-def fit_kind(kind: str, agents: list[str], X_train, R_train, B_train, X_val, R_val, B_val) -> Router:
-    """A router of table kind `kind` fitted the way `KnnRouter` is (`cls(agents=...).fit(...)`)."""
-    cls = router_class(kind)
-    if not callable(getattr(cls, "fit", None)):
-        raise RouterLiteError(f"train.router {kind!r}: router kind {cls.__name__} has no fit(X_train, R_train, X_val, "
-                              f"R_val, best_train, best_val); the lineage cannot train it")
-    return cls(agents=agents).fit(X_train, R_train, X_val, R_val, B_train, B_val)
-
-
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
                held_out: str = "test", cost_lambda: float = 0.0, labels=None, frontier: bool = False) -> RouterFit:
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
@@ -127,13 +126,22 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                              agents=agents)
     best = best_single_agent(R[tr], B[tr])
     trained = head
-    if cfg.router != "head":  # another kind of the router table ships; the head still sets the operating points
-        head = fit_kind(cfg.router, agents, X[tr], R[tr], B[tr], *((X[va], R[va], B[va]) if has_val else (None,) * 3))
+    # every prompt-only kind is fitted and reported; the profile's `router` ("auto": any of them) says which may ship,
+    # chosen on validation (pipeline/route/select.py); the head still sets the operating points
+    U = effective_rewards(R, B)
+    val3 = (X[va], R[va], B[va]) if has_val else (None,) * 3
+    kinds = candidate_kinds()
+    routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
+                             X[tr], R[tr], B[tr], *val3)
+    allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
+    chosen, _ = select_router(allowed, X[va] if has_val else None, U[va] if has_val else None)
+    val_rewards = validation_rewards(routers, X[va], U[va]) if has_val else {}
+    head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
     if not cfg.ship_gate:
         gate = {**gate, "shipped": "head", "gate": "off"}
-    gate["router"] = cfg.router
+    gate["router"] = chosen
     if gate["shipped"] != "head":
         head = constant_head(trained, best)
     knn = KnnRouter(agents=agents).fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
@@ -154,7 +162,12 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
         # is the held-out gain over the best single agent more than row-sampling noise?
         "head_gain_ci": paired_gain_ci(picks, U_te, best),
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
+        # every prompt kind side by side: validation (the choice) and test (the report only)
+        "kinds": kind_figures(routers, val_rewards, guard, best, X[te], U_te),
     }
+    extra["shipped"] = {"kind": chosen if gate["shipped"] == "head" else "best_single", "chosen_on_validation": chosen,
+                        "validation": gate.get("head_validation") if gate["shipped"] == "head"
+                        else gate.get("best_single_validation"), "test": metrics["head"]}
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
