@@ -95,6 +95,11 @@ class TrainConfig:
         single (training) agent would on the same rows (its output bias is set to -1e4; see `prune_unearned`).
     min_delta = 0.0
         A later mean replaces the kept one only if its validation reward is higher by more than this.
+    keep_confidence = 0.9
+        The guard against the winner's curse of early stopping: a later mean replaces the start (x0) only if its
+        validation gain over the start is positive with this one-sided confidence (paired bootstrap over the
+        validation rows, as the ship gate), besides being the best on validation so far. The best-on-validation
+        mean of 60 generations is an optimistic pick over a few hundred rows; at 0 any gain counts (the old rule).
     patience = None
         Stop when the validation reward of the mean has not improved for this many generations (None = never).
     log_every = 10
@@ -107,10 +112,12 @@ class TrainConfig:
     ship_gate = True
         Apply the ship gate. False ships the trained router even when it does not beat the best single agent on
         validation (an experiment; the gate's measurement is still reported).
-    router = "head"
-        The router kind the lineage ships: "head" (this sep-CMA-ES head) or any kind of the router table whose class
-        takes ``agents=`` and has ``fit(X_train, R_train, X_val, R_val, best_train, best_val)`` (e.g. "knn"). The
-        head is trained in every case: its value and cost scorers set the operating points.
+    router = "auto"
+        The prompt router kind the lineage ships: "auto" = the kind with the best validation reward among the head
+        and every kind of the router table whose class takes ``agents=`` and has ``fit(X_train, R_train, X_val,
+        R_val, best_train, best_val)`` ("knn", "cluster", ...; `pipeline.route.select`); or one such kind by name
+        ("head": this sep-CMA-ES head). Every kind is fitted and reported either way; the head is trained in every
+        case: its value and cost scorers set the operating points.
     """
 
     generations: int = 60
@@ -130,11 +137,12 @@ class TrainConfig:
     early_stopping: bool = True
     prune_unearned: bool = True
     min_delta: float = 0.0
+    keep_confidence: float = 0.9
     patience: int | None = None
     log_every: int = 10
     ship_confidence: float = 0.9
     ship_gate: bool = True
-    router: str = "head"
+    router: str = "auto"
 
     def validate(self) -> None:
         if self.generations < 0:
@@ -155,6 +163,8 @@ class TrainConfig:
             raise RouterLiteError(f"TrainConfig.hidden_dim must be >= 0, got {self.hidden_dim}")
         if self.l2 < 0 or self.cost_lambda < 0 or not self.temperature > 0:
             raise RouterLiteError("TrainConfig.l2 and cost_lambda must be >= 0 and temperature > 0")
+        if not 0.0 <= self.keep_confidence < 1.0:
+            raise RouterLiteError(f"TrainConfig.keep_confidence must be in [0, 1), got {self.keep_confidence}")
         if not 0.0 <= self.ship_confidence < 1.0:
             raise RouterLiteError(f"TrainConfig.ship_confidence must be in [0, 1), got {self.ship_confidence}")
         if not self.ridge_alphas or min(self.ridge_alphas) <= 0:
@@ -338,24 +348,10 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
-    if not cfg.cost_lambda:          # costs only matter for the cost-aware objective
-        cost_train = cost_val = None
-    X_train, Rt, cost_train = _check_inputs(X_train, R_train, best_mask_train, cost_train, "training rows")
-    has_val = X_val is not None and R_val is not None
-    Rv = None
-    if has_val:
-        X_val, Rv, cost_val = _check_inputs(X_val, R_val, best_val, cost_val, "validation rows")
-        if X_val.shape[1] != X_train.shape[1] or Rv.shape[1] != Rt.shape[1]:
-            raise RouterLiteError(f"validation shapes {X_val.shape}/{Rv.shape} do not match training "
-                                  f"{X_train.shape}/{Rt.shape}")
-    if cfg.cost_lambda and (cost_train is None or (has_val and cost_val is None)):
-        raise RouterLiteError("TrainConfig.cost_lambda > 0 needs cost_train (and cost_val with validation)")
-    lam = cfg.cost_lambda
-    N, d = X_train.shape
-    K = Rt.shape[1]
-    H = cfg.hidden_dim
-    if agents is not None and len(agents) != K:
-        raise RouterLiteError(f"{len(agents)} agent names for {K} reward columns")
+    X_train, Rt, cost_train, X_val, Rv, cost_val = _train_inputs(X_train, R_train, best_mask_train, X_val, R_val,
+                                                                best_val, cost_train, cost_val, cfg, agents)
+    has_val, lam = X_val is not None, cfg.cost_lambda
+    d, K, H = X_train.shape[1], Rt.shape[1], cfg.hidden_dim
     rng = np.random.default_rng(cfg.seed)
 
     # features
@@ -375,7 +371,6 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
         s0 = population_scores(Zt1, x0[None], K, H, cfg.activation)[0]
         tau = cfg.temperature * max(float(s0.std()), 1e-6)
     obj_t = _Objective(Zt1, Rt, cost_train, K, H, cfg.activation, lam, tau)
-    obj_v = _Objective(Zv1, Rv, cost_val, K, H, cfg.activation, lam) if has_val else None
 
     def objective(thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fit, reward = obj_t(thetas, soft=soft)
@@ -383,14 +378,41 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
             fit = fit - cfg.l2 * np.mean(((thetas - x0) / scales) ** 2, axis=1)
         return fit, reward
 
-    def val_reward(theta: np.ndarray) -> float | None:
-        return float(obj_v(theta[None])[0][0]) if has_val else None
+    def val_rows(theta: np.ndarray) -> np.ndarray | None:   # per-row validation reward (− λ·cost) of the picks
+        if not has_val:
+            return None
+        pick = population_scores(Zv1, theta[None], K, H, cfg.activation)[0].argmax(axis=1)
+        r = Rv[np.arange(len(pick)), pick].astype(np.float64)
+        return r - lam * cost_val[np.arange(len(pick)), pick] if cost_val is not None and lam else r
 
-    best_theta, curve = _evolve(cfg, x0, scales, objective, val_reward, has_val, first)
+    best_theta, curve = _evolve(cfg, x0, scales, objective, val_rows, has_val, first)
     head = Head.from_vector(best_theta, d, K, H, activation=cfg.activation, mean=mean, std=std, agents=agents)
     if cfg.prune_unearned and has_val:
         _prune_after_training(head, curve, U_train, X_val, Rv, cost_val, lam, agents)
     return head, curve
+
+
+def _train_inputs(X_train, R_train, best_mask_train, X_val, R_val, best_val, cost_train, cost_val,
+                  cfg: TrainConfig, agents):
+    """Checked (X_train, tie-aware R_train, cost_train, X_val, R_val, cost_val): validation parts None without
+    validation rows, costs None unless the cost-aware objective needs them; every mismatch -> one error."""
+    if not cfg.cost_lambda:          # costs only matter for the cost-aware objective
+        cost_train = cost_val = None
+    X_train, Rt, cost_train = _check_inputs(X_train, R_train, best_mask_train, cost_train, "training rows")
+    has_val = X_val is not None and R_val is not None
+    Rv = None
+    if has_val:
+        X_val, Rv, cost_val = _check_inputs(X_val, R_val, best_val, cost_val, "validation rows")
+        if X_val.shape[1] != X_train.shape[1] or Rv.shape[1] != Rt.shape[1]:
+            raise RouterLiteError(f"validation shapes {X_val.shape}/{Rv.shape} do not match training "
+                                  f"{X_train.shape}/{Rt.shape}")
+    else:
+        X_val = cost_val = None
+    if cfg.cost_lambda and (cost_train is None or (has_val and cost_val is None)):
+        raise RouterLiteError("TrainConfig.cost_lambda > 0 needs cost_train (and cost_val with validation)")
+    if agents is not None and len(agents) != Rt.shape[1]:
+        raise RouterLiteError(f"{len(agents)} agent names for {Rt.shape[1]} reward columns")
+    return X_train, Rt, cost_train, X_val, Rv, cost_val
 
 
 def _standardizer(X_train: np.ndarray, standardize: bool):
@@ -437,14 +459,16 @@ def _start_point(cfg: TrainConfig, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val,
     return x0, feats_t, first
 
 
-def _evolve(cfg: TrainConfig, x0: np.ndarray, scales: np.ndarray, objective, val_reward, has_val: bool,
+def _evolve(cfg: TrainConfig, x0: np.ndarray, scales: np.ndarray, objective, val_rows, has_val: bool,
             first: dict) -> tuple[np.ndarray, list[dict]]:
     """Run sep-CMA-ES from x0: (the chosen parameter vector, the training curve)."""
     import cma
 
     t0 = time.perf_counter()
     fit0, rew0 = objective(x0[None])
-    best_theta, best_val = x0.copy(), val_reward(x0)
+    start_rows = val_rows(x0)
+    best_theta = x0.copy()
+    best_val = None if start_rows is None else float(start_rows.mean())
     curve = [dict(generation=0, evaluations=0, sigma=cfg.sigma0, gen_best_reward=float(rew0[0]),
                   best_reward_so_far=float(rew0[0]), best_fitness_so_far=float(fit0[0]),
                   mean_train_reward=float(rew0[0]), val_reward=best_val, best_val_reward=best_val,
@@ -460,17 +484,21 @@ def _evolve(cfg: TrainConfig, x0: np.ndarray, scales: np.ndarray, objective, val
         fit, reward = objective(thetas)                    # one batched matrix product for all P candidates
         es.tell(list(thetas), list(-fit))                  # pycma minimises
         mean_theta = np.asarray(es.mean, dtype=np.float64)
-        val = val_reward(mean_theta)
+        rows = val_rows(mean_theta)
+        val = None if rows is None else float(rows.mean())
         best_reward = max(best_reward, float(reward.max()))
         best_fit = max(best_fit, float(fit.max()))
+        guard = {}
         if has_val and val > best_val + cfg.min_delta:
+            guard = _gain_over_start(rows, start_rows, cfg.keep_confidence)
+        if guard.get("kept", False):
             best_val, best_theta, since = val, mean_theta.copy(), 0
         else:
             since += 1
         curve.append(dict(generation=g, evaluations=int(es.countevals), sigma=float(es.sigma),
                           gen_best_reward=float(reward.max()), best_reward_so_far=best_reward,
                           best_fitness_so_far=best_fit, mean_train_reward=float(objective(mean_theta[None])[1][0]),
-                          val_reward=val, best_val_reward=best_val, seconds=time.perf_counter() - t0))
+                          val_reward=val, best_val_reward=best_val, seconds=time.perf_counter() - t0, **guard))
         if cfg.log_every and (g % cfg.log_every == 0 or g == cfg.generations):
             _log_progress(cfg, g, curve[-1], es.sigma)
         if has_val and cfg.patience is not None and since >= cfg.patience:
@@ -479,6 +507,19 @@ def _evolve(cfg: TrainConfig, x0: np.ndarray, scales: np.ndarray, objective, val
     if not (cfg.early_stopping and has_val):
         best_theta = np.asarray(es.mean, dtype=np.float64)
     return best_theta, curve
+
+
+def _gain_over_start(rows: np.ndarray, start_rows: np.ndarray, confidence: float) -> dict:
+    """Is a candidate's validation gain over the start beyond row noise? {"kept", "val_gain_low"}: the one-sided
+    `confidence` lower bound of the paired bootstrap mean of (candidate − start) per validation row must be > 0 (with
+    confidence 0: the point gain > 0). Fixed bootstrap seed: same data -> same decision."""
+    from pipeline.route.evaluate import bootstrap_means
+
+    diff = np.asarray(rows, np.float64) - np.asarray(start_rows, np.float64)
+    if confidence <= 0:
+        return {"kept": bool(diff.mean() > 0), "val_gain_low": float(diff.mean())}
+    low = float(np.quantile(bootstrap_means(diff, 1000, 0), 1.0 - confidence))
+    return {"kept": low > 0, "val_gain_low": low}
 
 
 def _log_progress(cfg: TrainConfig, g: int, entry: dict, sigma: float) -> None:
