@@ -231,7 +231,8 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                       cascade=cascade_router.summary,
                       head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
-                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()))
+                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()),
+                      prompt_routers=head_summary["extra"].get("kinds"), shipped=head_summary["extra"].get("shipped"))
     atomic_write_json(rv, reports / "router_value.json")
     models = {a["name"]: a["model"] for a in reg.agents}
     line = value_line(value, "parity", models)

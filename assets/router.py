@@ -14,7 +14,7 @@ from pipeline.collect.rewards import to_arrays
 from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
-from pipeline.report.value import targets_markdown, value_line
+from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade import CascadeRouter
 from pipeline.route.cascade_fit import fit_cascades
@@ -97,6 +97,8 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
         "train_fit": fit.extra["train_fit"], "shipped": fit.extra["gate"]["shipped"],
         "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),
         "gate": MetadataValue.json(fit.extra["gate"]),
+        "shipped_router": MetadataValue.json(fit.extra["shipped"]),
+        "prompt_routers": MetadataValue.md(prompt_routers_markdown(fit.extra["kinds"], fit.extra["shipped"])),
         "value_line": value_line(fit.value, "parity"),
         "targets_held_out": MetadataValue.md(targets_markdown(fit.value)),
         "operating_points_validation": MetadataValue.md(pd.DataFrame(path_table(fit.operating_points)).to_markdown(

@@ -109,7 +109,7 @@ def cmd_train(args) -> int:
     X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
     from pipeline.collect.rewards import costs_are_estimated, to_arrays
     from pipeline.report.pool_report import domain_column, labels_of, pool_report, report_markdown
-    from pipeline.report.value import targets_markdown, value_line
+    from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
     from pipeline.route.targets import path_table
 
     col = domain_column(joined)
@@ -126,7 +126,8 @@ def cmd_train(args) -> int:
     print("## Operating points (chosen on validation)\n\n"
           + pd.DataFrame(path_table(fit.operating_points)).to_markdown(index=False, floatfmt=".4f")
           + f"\n\n## Held-out value (split {args.held_out_split!r})\n\n" + targets_markdown(fit.value)
-          + "\n" + value_line(fit.value, "parity") + "\n", file=sys.stderr)
+          + "\n" + value_line(fit.value, "parity") + "\n\n## Prompt routers (chosen on validation)\n\n"
+          + prompt_routers_markdown(fit.extra["kinds"], fit.extra["shipped"]), file=sys.stderr)
     path = registry.register(
         out, fit.head, fit.guard, fit.best_single,
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
@@ -141,6 +142,9 @@ def cmd_train(args) -> int:
     print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
                       "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}
                                   for k, v in fit.value["targets"].items()},
+                      "shipped": fit.extra["shipped"],
+                      "prompt_routers": {k: {f: v[f] for f in ("validation", "test")}
+                                         for k, v in fit.extra["kinds"].items()},
                       "registered": str(path), **({"cascade": cascade} if cascade else {})}, default=float))
     return 0
 
@@ -504,7 +508,8 @@ def _add_train_command(sub) -> None:
 
 # the `TrainConfig` options `router-lite train` takes; their defaults and help are TrainConfig's own (its docstring
 # table, docs/training.md), never repeated here
-TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship_confidence")
+TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship_confidence", "keep_confidence",
+                 "router")
 
 
 def _add_train_options(p) -> None:
@@ -517,7 +522,7 @@ def _add_train_options(p) -> None:
     meaning = {name: text for name, _, text in option_table(TrainConfig)}
     for name in TRAIN_OPTIONS:
         f = fields[name]
-        kind = {"int": int, "float": float, "int | None": int}[str(f.type)]
+        kind = {"int": int, "float": float, "int | None": int, "str": str}[str(f.type)]
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
                        help=meaning[name].replace("%", "%%") + " (default: %(default)s)")
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.report.value import ROUTER_LABELS, ablation_markdown  # noqa: E402
+from pipeline.report.value import ROUTER_LABELS, ablation_markdown, prompt_routers_markdown  # noqa: E402
 
 README = Path("README.md")
 TEMPLATE = Path("docs") / "README.template.md"
@@ -56,6 +56,10 @@ def render_value(rv: dict) -> str:
              f"`reports/router_value.json` (committed copy: `{COPY.as_posix()}`) by `scripts/readme.py`.", "",
              f"**Pool verdict: {rv['pool_verdict']}**", "",
              ablation_markdown(rv)]
+    if rv.get("prompt_routers"):
+        lines += ["Prompt-only router kinds at max quality (the lineage ships the best by validation; "
+                  "docs/training.md, \"Which prompt router ships\"):", "",
+                  prompt_routers_markdown(rv["prompt_routers"], rv.get("shipped_prompt_router"))]
     name, frac, cap = GOAL
     t = best["targets"].get(name)
     if t:

@@ -40,6 +40,8 @@ def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeyp
     assert out["pool_verdict"].startswith(("quality-dominated", "complementary"))
     assert {"max-quality", "parity", "quality>=0.98"} <= set(out["targets"])
     assert out["n_test"] == 128 and len(out["distribution"]) == 11
+    assert {"head", "knn", "cluster"} <= set(out["prompt_routers"]) and "## Prompt routers" in captured.err
+    assert set(out["shipped"]) >= {"kind", "validation", "test"} and out["shipped"]["test"] == out["head"]
     head_dir = out["registered"]
     assert main(["route", "--head", head_dir, "Write a python function to reverse a list."]) == 0
     picked = capsys.readouterr().out.split("\t")[0]

@@ -48,7 +48,8 @@ def targets_markdown(value: dict) -> str:
 
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
-                     "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone")
+                     "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone",
+                     "prompt_routers", "shipped_prompt_router")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -58,7 +59,8 @@ CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain"
 
 def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
                  head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
-                 cascade_benchmark: dict | None = None, backbone: dict | None = None) -> dict:
+                 cascade_benchmark: dict | None = None, backbone: dict | None = None,
+                 prompt_routers: dict | None = None, shipped: dict | None = None) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
 
     `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
@@ -66,7 +68,12 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
 
     `routers` holds one entry per router kind (the prompt-only head; the cascade's variants: answers only, and
     with the prompt router), each with its held-out targets and test AIQ; `best_router` is the kind with the best
-    validation AIQ (the held-out rows choose nothing). `targets` / `max_quality` stay the head's (prompt-only)."""
+    validation AIQ (the held-out rows choose nothing). `targets` / `max_quality` stay the head's (prompt-only).
+
+    `prompt_routers` holds every prompt-only kind's max-quality figures (`fit.extra["kinds"]`: validation reward, the
+    choice; test reward with its paired gain over the best single agent, the report) and `shipped_prompt_router`
+    the one the lineage shipped (`fit.extra["shipped"]`: {kind, validation, test}; kind "best_single" when the ship
+    gate refused the chosen kind)."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
@@ -98,7 +105,27 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
         "aiq": {k: aiq.get(k) for k in ("head", "prior", "hull", "knn")},
         "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
+        "prompt_routers": dict(prompt_routers or {}), "shipped_prompt_router": shipped,
     }
+
+
+def prompt_routers_markdown(kinds: dict, shipped: dict | None) -> str:
+    """Every prompt-only router kind at max quality: validation reward (the choice) and test reward with its paired
+    95 % CI of the gain over the best single agent (the report); ★ = the kind chosen on validation."""
+    import pandas as pd
+
+    chosen = (shipped or {}).get("chosen_on_validation")
+    rows = [{"prompt router": k + (" ★" if k == chosen else ""), "k": r.get("k", ""), "validation": r["validation"],
+             "test": r["test"], "test − best single [95 % CI]": f"{r['test_gain']:+.4f} [{r['test_gain_low']:+.4f}, "
+                                                                f"{r['test_gain_high']:+.4f}]"}
+            for k, r in kinds.items()]
+    note = ""
+    if shipped:
+        note = (f"\n\nShipped: **{shipped['kind']}** (validation {shipped['validation']:.4f}, test "
+                f"{shipped['test']:.4f}, OOD guard included)"
+                + (f"; the ship gate refused {chosen}, whose validation gain was within the noise"
+                   if shipped["kind"] != chosen else "") + ".")
+    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f") + note + "\n"
 
 
 ROUTER_LABELS = {"head": "prompt-only (head)", "cascade:cascade": "cascade (answers only)",
