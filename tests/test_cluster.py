@@ -136,3 +136,22 @@ def test_the_guard_keeps_the_start_unless_a_sample_gains_beyond_noise():
     assert kept[0.0] and not kept[0.9]  # the old rule keeps noise; the guard does not
     with pytest.raises(RouterLiteError, match="keep_confidence"):
         TrainConfig(keep_confidence=1.0).validate()
+
+
+def test_the_replication_reports_every_prompt_kind_and_ships_the_best_by_validation_aiq():
+    from pipeline.report.replication import replicate
+    from pipeline.report.suites import Profile
+
+    X, R, g, split = blobs(n=900)
+    split = np.where(split == "validation", "train", split)  # the replication carves its own validation slice
+    prof = Profile("toy", AGENTS, [f"q{i}" for i in range(len(X))], [f"t{i}" for i in range(len(X))], R,
+                   np.tile([1e-3, 2e-3, 3e-3], (len(X), 1)), split,
+                   meta={"per_query": {"eval_name": [f"e{j}" for j in g]}})
+    table, _ = replicate(prof, X, TrainConfig(generations=2, log_every=0))
+    t = table.set_index("policy")
+    val = table.attrs["validation_aiq"]
+    assert set(val) == {"trained head", "kNN router", "cluster router"} and "label router (per source)" in t.index
+    shipped = [p for p in t.index if p.startswith("shipped prompt router")]
+    chosen = max(val, key=val.get)
+    assert shipped == [f"shipped prompt router ({chosen}, by validation AIQ)"]
+    assert t.loc[shipped[0], "aiq"] == pytest.approx(t.loc[chosen, "aiq"])  # the chosen kind's own row
