@@ -61,9 +61,14 @@ def complementary(seeds=SEEDS, generations: int = 30) -> str:
     texts, rewards, split, evals, _ = complementary_rows()
     rows = ["| embeddings | seed | best single | label router | kNN | cluster (k) | head, guard 0.9 (gain CI) | "
             "head, no guard (gain CI) | shipped: kind, validation → test |", "|---|---|---|---|---|---|---|---|---|"]
-    worst = {}
+    worst, done, notes = {}, set(), []
     for dtype in ("float32", "bfloat16"):
         X, bb = embed(texts, max_seq_length=128, dtype=dtype)
+        if bb.cache_key in done:  # no bf16 units here: the backbone ran float32 again, the same rows
+            notes.append(f"{dtype} asked, {bb.backend} {bb.precision} ran (no bf16 units on this machine): "
+                         f"identical embeddings, rows not repeated")
+            continue
+        done.add(bb.cache_key)
         for seed in seeds:
             fit = fit_router(X, rewards, split, TrainConfig(generations=generations, log_every=0, seed=seed),
                              labels=evals)
@@ -86,7 +91,7 @@ def complementary(seeds=SEEDS, generations: int = 30) -> str:
                 if w is None or low < w[1]:
                     worst[name] = (q - m["best_single"], low)
             print(rows[-1], flush=True)
-    summary = "; ".join(f"{n}: lowest test gain CI low {v[1]:+.4f}" for n, v in worst.items())
+    summary = "; ".join([f"{n}: lowest test gain CI low {v[1]:+.4f}" for n, v in worst.items()] + notes)
     return (f"**Complementary pool** (tests/test_complementary.py's rows, test n={int((split == 'test').sum())}; "
             f"{generations} generations; test quality, the paired 95 % CI of the gain over the best single agent in "
             f"brackets; the label router knows each query's eval). {summary}.\n\n" + "\n".join(rows) + "\n")

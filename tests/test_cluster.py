@@ -46,16 +46,23 @@ def test_kmeans_recovers_separated_groups_and_is_deterministic():
     assert np.array_equal(kmeans(X, 3, seed=0)[1], kmeans(X, 3, seed=0)[1])
 
 
-def test_cluster_router_chooses_k_on_validation_and_beats_the_best_single_agent():
+def test_cluster_router_chooses_k_by_cross_validation_on_train_and_beats_the_best_single_agent():
     X, R, _, split = blobs()
     tr, va, te = (split == s for s in ("train", "validation", "test"))
     r = ClusterRouter(agents=AGENTS).fit(X[tr], R[tr], X[va], R[va])
-    assert r.k_ in r.val_rewards_ and r.val_rewards_[r.k_] == max(r.val_rewards_.values())
-    assert all(k * r.min_cluster <= tr.sum() for k in r.val_rewards_)  # no k with clusters of a handful of rows
+    assert r.k_ in r.cv_rewards_ and r.cv_rewards_[r.k_] >= max(r.cv_rewards_.values()) - 0.02  # one-SE rule
+    assert r.k_ == min(k for k in r.cv_rewards_ if r.cv_rewards_[k] >= r.cv_rewards_[r.k_])  # the smallest such k
+    assert all(k * r.min_cluster <= tr.sum() for k in r.cv_rewards_)  # no k with clusters of a handful of rows
+    assert r.k_ == 3  # the planted groups
+    rows = np.arange(int(va.sum()))
+    assert r.val_reward_ == pytest.approx(R[va][rows, r.pick(X[va])].mean())  # validation: a clean hold-out
+    # the validation rows do not move k: same fit without them
+    assert ClusterRouter(agents=AGENTS).fit(X[tr], R[tr]).k_ == r.k_
     best = int(R[tr].mean(0).argmax())
     rows = np.arange(int(te.sum()))
     assert R[te][rows, r.pick(X[te])].mean() > R[te][:, best].mean() + 0.2
-    assert ClusterRouter(k=5).fit(X[tr], R[tr], X[va], R[va]).k_ == 5 and ClusterRouter().fit(X[tr], R[tr]).k_ == 8
+    assert ClusterRouter(k=5).fit(X[tr], R[tr], X[va], R[va]).k_ == 5
+    assert ClusterRouter(min_cluster=10_000).fit(X[tr], R[tr]).k_ == 8  # no k fits the rows: the default
     with pytest.raises(RouterLiteError, match="k must be >= 1"):
         ClusterRouter(k=0)
     with pytest.raises(RouterLiteError, match="do not match"):

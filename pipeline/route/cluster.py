@@ -10,11 +10,16 @@ fitted to per-row argmax noise (docs/training.md, "Which prompt router ships"). 
 * scores agent j in cluster c by its mean (tie-aware) training reward on the cluster's rows, shrunk toward the
   agent's mean over all training rows by `prior` pseudo-rows (so a cluster of a handful of rows cannot hand a share to
   an agent on noise); the pick is the argmax (ties -> lowest agent index);
-* chooses k on validation: the k whose picks earn the most on the validation rows (the smaller k on ties: coarser
-  partitions are the hypothesis); without validation rows k = DEFAULT_K.
+* chooses k by `folds`-fold cross-validation on the **training** rows (the out-of-fold reward of each k's picks,
+  every fold clustered on the rest), with the one-standard-error rule: the smallest k whose out-of-fold reward is
+  within one standard error (of its paired per-row difference) of the best k's. The validation rows are left for
+  the choice among router kinds (pipeline/route/select.py), so the cluster router's validation figure is a clean
+  hold-out. Choosing k by the best of 11 validation rewards over a few hundred rows was the winner's curse: on
+  tests/test_complementary.py's pool it picked k = 64 (clusters of ~10 rows), best on validation and far below
+  kNN on test (docs/training.md, "Which prompt router ships").
 
 As in scikit-learn, the constructor's `k` stays as given (None: search) and what `fit` learns ends in an underscore:
-`k_`, `val_rewards_` (validation reward per k searched).
+`k_`, `cv_rewards_` (out-of-fold reward per k searched), `val_reward_` (validation reward of the fitted router).
 
 Router protocol (pipeline/route/routers.py, kind ``cluster``): ``cluster.safetensors`` holds the centroids and the
 per-cluster agent scores (no pickle), so it registers, routes and serves like the head and kNN.
@@ -92,7 +97,7 @@ class ClusterRouter:
     validation; ``pick(X)`` = the best training agent of each query's nearest centroid."""
 
     def __init__(self, k: int | None = None, k_grid: tuple[int, ...] = K_GRID, agents: list[str] | None = None,
-                 prior: float = 5.0, min_cluster: int = 10, seed: int = 0):
+                 prior: float = 5.0, min_cluster: int = 10, seed: int = 0, folds: int = 5):
         if k is not None and k < 1:
             raise RouterLiteError(f"cluster router k must be >= 1, got {k}")
         if prior < 0 or min_cluster < 1:
@@ -100,9 +105,11 @@ class ClusterRouter:
                                   f"{min_cluster}")
         self.k, self.k_grid, self.prior, self.min_cluster, self.seed = k, tuple(int(x) for x in k_grid), prior, \
             min_cluster, seed
+        self.folds = max(2, int(folds))
         self.agents = None if agents is None else list(agents)
         self.k_: int | None = None
-        self.val_rewards_: dict[int, float] = {}
+        self.cv_rewards_: dict[int, float] = {}
+        self.val_reward_: float | None = None
 
     def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
             R_val: np.ndarray | None = None, best_train: np.ndarray | None = None,
@@ -117,24 +124,36 @@ class ClusterRouter:
         if self.agents is not None and len(self.agents) != U.shape[1]:
             raise RouterLiteError(f"cluster router: {len(self.agents)} agent names for rewards of {U.shape[1]} agents")
         Z = _normalise(X_train)
-        has_val = X_val is not None and R_val is not None and len(X_val) > 0
-        if self.k is not None or not has_val:
-            grid = [min(int(self.k or DEFAULT_K), len(Z))]
+        fold_rows = len(Z) * (self.folds - 1) // self.folds
+        grid = sorted({k for k in self.k_grid if k * self.min_cluster <= fold_rows})
+        if self.k is not None or not grid:
+            self.k_ = min(int(self.k or DEFAULT_K), len(Z))
+            self.cv_rewards_ = {}
         else:
-            grid = sorted({k for k in self.k_grid if k * self.min_cluster <= len(Z)} or {min(self.k_grid)})
-        Zv = _normalise(X_val) if has_val else None
-        Rv = effective_rewards(R_val, best_val) if has_val else None
-        self.val_rewards_, fits = {}, {}
-        for k in grid:
-            C, labels = kmeans(Z, k, seed=self.seed)
-            S = cluster_scores(labels, U, len(C), self.prior)
-            fits[k] = (C, S)
-            if has_val:
-                pick = S[_sq_dist(Zv, C).argmin(axis=1)].argmax(axis=1)
-                self.val_rewards_[k] = float(Rv[np.arange(len(pick)), pick].mean())
-        self.k_ = max(grid, key=lambda k: (self.val_rewards_.get(k, 0.0), -k))
-        self.centroids, self.S = fits[self.k_]
+            self.k_, self.cv_rewards_ = self._cross_validate(Z, U, grid)
+        self.centroids, labels = kmeans(Z, self.k_, seed=self.seed)
+        self.S = cluster_scores(labels, U, len(self.centroids), self.prior)
+        self.val_reward_ = None
+        if X_val is not None and R_val is not None and len(X_val) > 0:
+            Rv = effective_rewards(R_val, best_val)
+            pick = self.pick(X_val)
+            self.val_reward_ = float(Rv[np.arange(len(pick)), pick].mean())
         return self
+
+    def _cross_validate(self, Z: np.ndarray, U: np.ndarray, grid: list[int]) -> tuple[int, dict[int, float]]:
+        """(k by the one-standard-error rule, {k: out-of-fold reward}) over `folds` seeded folds of the rows."""
+        fold = np.random.default_rng(self.seed).permutation(len(Z)) % self.folds
+        oof = {k: np.empty(len(Z)) for k in grid}
+        for f in range(self.folds):
+            fit, held = fold != f, fold == f
+            for k in grid:
+                C, labels = kmeans(Z[fit], k, seed=self.seed)
+                pick = cluster_scores(labels, U[fit], len(C), self.prior)[_sq_dist(Z[held], C).argmin(axis=1)]
+                oof[k][held] = U[held][np.arange(int(held.sum())), pick.argmax(axis=1)]
+        means = {k: float(v.mean()) for k, v in oof.items()}
+        top = max(grid, key=lambda k: (means[k], -k))
+        se = {k: float((oof[k] - oof[top]).std() / np.sqrt(len(Z))) for k in grid}
+        return min(k for k in grid if means[k] >= means[top] - se[k]), means
 
     def assign(self, X: np.ndarray) -> np.ndarray:
         """Index of each query's nearest centroid."""
