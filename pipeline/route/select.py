@@ -8,8 +8,8 @@ reads the agents' answers) have no such `fit` and are not candidates here.
 `select_router` chooses by the **validation** reward of each kind's picks (the mean tie-aware reward; ties -> the
 earlier kind of `candidate_kinds`, the head first); the test rows choose nothing: `kind_figures` measures every kind
 on the held-out rows afterwards, for the report only. Every kind chose its own hyper-parameters on the same validation
-rows (the head's ridge alpha and early stopping, kNN's k, the cluster router's k), so each validation figure is a
-little optimistic; the ship gate (pipeline/route/fit.py) still demands that the chosen router's validation gain over
+rows (the head's ridge alpha and early stopping, kNN's k; the cluster router chooses its k on train), so those
+validation figures are a little optimistic; the ship gate (pipeline/route/fit.py) still demands that the chosen router's validation gain over
 the best single agent be significant.
 """
 from __future__ import annotations
