@@ -93,9 +93,9 @@ def test_the_choice_reads_validation_only_and_every_kind_is_reported():
     fit = fit_router(X, frame(R), pd.Series(split), cfg)
     kinds = fit.extra["kinds"]
     assert list(kinds) == candidate_kinds() and {"head", "knn", "cluster"} <= set(kinds)
-    chosen = fit.extra["shipped"]["chosen_on_validation"]
-    assert kinds[chosen]["validation"] == max(k["validation"] for k in kinds.values())
-    assert fit.extra["shipped"] == {"kind": chosen, "chosen_on_validation": chosen,
+    chosen = fit.extra["shipped"]["chosen"]
+    assert kinds[chosen]["crossfit"] == max(k["crossfit"] for k in kinds.values())  # the default: cross-fitted
+    assert fit.extra["shipped"] == {"kind": chosen, "chosen": chosen, "selection": "crossfit",
                                     "validation": pytest.approx(kinds[chosen]["validation"]),
                                     "test": pytest.approx(fit.metrics["head"])}
     assert fit.head.kind == chosen and fit.extra["gate"]["router"] == chosen
@@ -104,9 +104,13 @@ def test_the_choice_reads_validation_only_and_every_kind_is_reported():
     R2 = R.copy()
     R2[te] = R2[te][:, ::-1]
     fit2 = fit_router(X, frame(R2), pd.Series(split), cfg)
-    assert fit2.extra["shipped"]["chosen_on_validation"] == chosen
-    assert {k: v["validation"] for k, v in fit2.extra["kinds"].items()} == {k: v["validation"]
-                                                                            for k, v in kinds.items()}
+    assert fit2.extra["shipped"]["chosen"] == chosen
+    assert {k: (v["validation"], v["crossfit"]) for k, v in fit2.extra["kinds"].items()} == \
+        {k: (v["validation"], v["crossfit"]) for k, v in kinds.items()}
+    by_val = fit_router(X, frame(R), pd.Series(split), TrainConfig(generations=5, log_every=0, select="validation"))
+    chosen_val = by_val.extra["shipped"]["chosen"]
+    assert by_val.extra["kinds"][chosen_val]["validation"] == max(k["validation"] for k in kinds.values())
+    assert "crossfit" not in by_val.extra["kinds"]["head"] and by_val.extra["shipped"]["selection"] == "validation"
     # a named kind ships that kind (the others are still reported)
     named = fit_router(X, frame(R), pd.Series(split), TrainConfig(generations=5, log_every=0, router="cluster"))
     assert named.extra["gate"]["router"] == "cluster" and set(named.extra["kinds"]) == set(kinds)

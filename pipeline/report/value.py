@@ -110,14 +110,16 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
 
 
 def prompt_routers_markdown(kinds: dict, shipped: dict | None) -> str:
-    """Every prompt-only router kind at max quality: validation reward (the choice) and test reward with its paired
-    95 % CI of the gain over the best single agent (the report); ★ = the kind chosen on validation."""
+    """Every prompt-only router kind at max quality: validation reward, cross-fitted reward over train + validation
+    (the choice, when selected so) and test reward with its paired 95 % CI of the gain over the best single agent
+    (the report only); ★ = the kind chosen (never on test rows)."""
     import pandas as pd
 
-    chosen = (shipped or {}).get("chosen_on_validation")
+    chosen = (shipped or {}).get("chosen")
     rows = [{"prompt router": k + (" ★" if k == chosen else ""), "k": r.get("k", ""), "validation": r["validation"],
-             "test": r["test"], "test − best single [95 % CI]": f"{r['test_gain']:+.4f} [{r['test_gain_low']:+.4f}, "
-                                                                f"{r['test_gain_high']:+.4f}]"}
+             **({"cross-fitted (train + validation)": r["crossfit"]} if "crossfit" in r else {}), "test": r["test"],
+             "test − best single [95 % CI]": f"{r['test_gain']:+.4f} [{r['test_gain_low']:+.4f}, "
+                                             f"{r['test_gain_high']:+.4f}]"}
             for k, r in kinds.items()]
     note = ""
     if shipped:

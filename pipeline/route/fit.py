@@ -22,12 +22,8 @@ from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
 from pipeline.route.routers import Router
 from pipeline.route.select import (
-    AUTO,
-    candidate_kinds,
-    fit_candidates,
+    choose_router,
     kind_figures,
-    select_router,
-    validation_rewards,
 )
 from pipeline.route.train import (
     TrainConfig,
@@ -126,16 +122,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                              agents=agents)
     best = best_single_agent(R[tr], B[tr])
     trained = head
-    # every prompt-only kind is fitted and reported; the profile's `router` ("auto": any of them) says which may ship,
-    # chosen on validation (pipeline/route/select.py); the head still sets the operating points
-    U = effective_rewards(R, B)
-    val3 = (X[va], R[va], B[va]) if has_val else (None,) * 3
-    kinds = candidate_kinds()
-    routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
-                             X[tr], R[tr], B[tr], *val3)
-    allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
-    chosen, _ = select_router(allowed, X[va] if has_val else None, U[va] if has_val else None)
-    val_rewards = validation_rewards(routers, X[va], U[va]) if has_val else {}
+    # every prompt kind fitted and reported, one shipped (pipeline/route/select.py); the head sets the operating points
+    routers, chosen, val_rewards, crossfit = choose_router(cfg, head, agents, X, R, B, C, tr, va)
     head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
@@ -163,9 +151,10 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
         "head_gain_ci": paired_gain_ci(picks, U_te, best),
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
         # every prompt kind side by side: validation (the choice) and test (the report only)
-        "kinds": kind_figures(routers, val_rewards, guard, best, X[te], U_te),
+        "kinds": kind_figures(routers, val_rewards, guard, best, X[te], U_te, crossfit),
     }
-    extra["shipped"] = {"kind": chosen if gate["shipped"] == "head" else "best_single", "chosen_on_validation": chosen,
+    extra["shipped"] = {"kind": chosen if gate["shipped"] == "head" else "best_single", "chosen": chosen,
+                        "selection": "crossfit" if crossfit else "validation",
                         "validation": gate.get("head_validation") if gate["shipped"] == "head"
                         else gate.get("best_single_validation"), "test": metrics["head"]}
     value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)

@@ -6,11 +6,15 @@ cluster router (pipeline/route/cluster.py), any kind a user registers. Kinds tha
 reads the agents' answers) have no such `fit` and are not candidates here.
 
 `select_router` chooses by the **validation** reward of each kind's picks (the mean tie-aware reward; ties -> the
-earlier kind of `candidate_kinds`, the head first); the test rows choose nothing: `kind_figures` measures every kind
+earlier kind of `candidate_kinds`, the head first), or, with `train.select: crossfit` (the default), by the
+**cross-fitted** reward (`crossfit_rewards`): the train + validation rows are cut into 5 seeded folds, every kind is
+fitted on the other folds exactly as the lineage fits it (their training rows to train, their validation rows for
+early stopping and hyper-parameters) and scored on the held fold, so the choice rests on every development row
+instead of one small validation split. The test rows choose nothing: `kind_figures` measures every kind
 on the held-out rows afterwards, for the report only. Every kind chose its own hyper-parameters on the same validation
 rows (the head's ridge alpha and early stopping, kNN's k; the cluster router chooses its k on train), so those
-validation figures are a little optimistic; the ship gate (pipeline/route/fit.py) still demands that the chosen router's validation gain over
-the best single agent be significant.
+validation figures are a little optimistic; the ship gate (pipeline/route/fit.py) still demands that the chosen
+router's validation gain over the best single agent be significant.
 """
 from __future__ import annotations
 
@@ -62,21 +66,48 @@ def validation_rewards(routers: dict[str, Router], X_val: np.ndarray, U_val: np.
     return {k: float(U_val[rows, np.asarray(r.pick(X_val))].mean()) for k, r in routers.items()}
 
 
-def select_router(routers: dict[str, Router], X_val: np.ndarray | None, U_val: np.ndarray | None) -> tuple[str, dict]:
-    """(chosen kind, {kind: validation reward}): the best by validation reward, the earlier kind on ties; without
-    validation rows the first kind (the head)."""
+def select_router(routers: dict[str, Router], X_val: np.ndarray | None, U_val: np.ndarray | None,
+                  scores: dict[str, float] | None = None) -> tuple[str, dict]:
+    """(chosen kind, {kind: figure}): the best by validation reward (or by the given `scores`, e.g. the cross-fitted
+    rewards), the earlier kind on ties; without validation rows and scores the first kind (the head)."""
     if not routers:
         raise RouterLiteError("select_router: no router kinds to choose from")
     kinds = list(routers)
-    if X_val is None or U_val is None or len(U_val) == 0:
+    if scores is not None:
+        val = {k: scores[k] for k in kinds}
+    elif X_val is None or U_val is None or len(U_val) == 0:
         return kinds[0], {}
-    val = validation_rewards(routers, X_val, U_val)
+    else:
+        val = validation_rewards(routers, X_val, U_val)
     best = max(kinds, key=lambda k: (round(val[k], 12), -kinds.index(k)))
     return best, val
 
 
+def crossfit_rewards(kinds: list[str], train_head_fn, agents: list[str], X, R, B, train: np.ndarray,
+                     val: np.ndarray, folds: int = 5, seed: int = 0) -> dict[str, float]:
+    """{kind: out-of-fold mean reward} over the train + validation rows (see the module docstring). `train_head_fn(
+    rows_train, rows_val)` returns the head fitted on those row masks (the lineage's trainer and config)."""
+    from pipeline.route.train import effective_rewards
+
+    U = effective_rewards(R, B)
+    dev = np.flatnonzero(train | val)
+    fold = np.random.default_rng(seed).permutation(len(dev)) % folds
+    oof = {k: np.empty(len(dev)) for k in kinds}
+    for f in range(folds):
+        held = np.zeros(len(R), bool)
+        held[dev[fold == f]] = True
+        tr, va = train & ~held, val & ~held
+        head = train_head_fn(tr, va) if "head" in kinds else None
+        routers = fit_candidates(kinds, head, agents, X[tr], R[tr], B[tr], *((X[va], R[va], B[va]) if va.any()
+                                                                              else (None,) * 3))
+        rows = dev[fold == f]
+        for k, r in routers.items():
+            oof[k][fold == f] = U[rows, np.asarray(r.pick(X[rows]))]
+    return {k: float(v.mean()) for k, v in oof.items()}
+
+
 def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best: int, X_te: np.ndarray,
-                 U_te: np.ndarray) -> dict[str, dict]:
+                 U_te: np.ndarray, crossfit: dict[str, float] | None = None) -> dict[str, dict]:
     """Per kind: validation reward (the choice), held-out test reward with the OOD guard (the report), the paired 95 %
     CI of its test gain over the best single agent, and the kind's own hyper-parameter (k) where it has one."""
     from pipeline.route.evaluate import paired_gain_ci
@@ -86,7 +117,33 @@ def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best:
     for k, r in routers.items():
         picks = guard.route(np.asarray(r.pick(X_te)), X_te, best) if guard is not None else np.asarray(r.pick(X_te))
         ci = paired_gain_ci(picks, U_te, best)
-        out[k] = {"validation": val.get(k), "test": float(U_te[rows, picks].mean()),
+        out[k] = {"validation": val.get(k), **({"crossfit": crossfit[k]} if crossfit else {}),
+                  "test": float(U_te[rows, picks].mean()),
                   "test_gain": ci["gain"], "test_gain_low": ci["low"], "test_gain_high": ci["high"],
                   **({"k": int(r.k_)} if getattr(r, "k_", None) is not None else {})}
     return out
+
+
+def choose_router(cfg, head: Router, agents: list[str], X, R, B, C, train: np.ndarray, val: np.ndarray):
+    """(every candidate kind fitted {kind: router}, the chosen kind, {kind: validation reward}, {kind: cross-fitted
+    reward} or None): what `fit_router` ships before its ship gate. `cfg.router` "auto" lets every kind compete, a kind
+    name ships that kind (all are still fitted, for the report); `cfg.select` says how "auto" chooses."""
+    from dataclasses import replace
+
+    from pipeline.route.train import effective_rewards, train_head
+
+    has_val = bool(val.any())
+    U = effective_rewards(R, B)
+    kinds = candidate_kinds()
+    routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
+                             X[train], R[train], B[train], *((X[val], R[val], B[val]) if has_val else (None,) * 3))
+    allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
+    crossfit = None
+    if cfg.select == "crossfit" and len(allowed) > 1:
+        def head_on(t, v):
+            return train_head(X[t], R[t], B[t], X[v] if v.any() else None, R[v] if v.any() else None,
+                              B[v] if v.any() else None, replace(cfg, log_every=0), cost_train=C[t],
+                              cost_val=C[v] if v.any() else None, agents=agents)[0]
+        crossfit = crossfit_rewards(list(routers), head_on, agents, X, R, B, train, val)
+    chosen, _ = select_router(allowed, X[val] if has_val else None, U[val] if has_val else None, scores=crossfit)
+    return routers, chosen, (validation_rewards(routers, X[val], U[val]) if has_val else {}), crossfit

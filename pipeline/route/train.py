@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 INITS = ("ridge", "zeros")
 FITNESSES = ("hard", "soft")
+SELECTIONS = ("crossfit", "validation")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,10 @@ class TrainConfig:
         R_val, best_train, best_val)`` ("knn", "cluster", ...; `pipeline.route.select`); or one such kind by name
         ("head": this sep-CMA-ES head). Every kind is fitted and reported either way; the head is trained in every
         case: its value and cost scorers set the operating points.
+    select = "crossfit"
+        How "auto" chooses among the kinds: "crossfit" = by the out-of-fold reward over the train + validation rows
+        (5 seeded folds; every kind fitted on the other folds as the lineage fits it, ~5 more head trainings);
+        "validation" = by the reward on the one validation split. The test rows choose nothing either way.
     """
 
     generations: int = 60
@@ -143,6 +148,7 @@ class TrainConfig:
     ship_confidence: float = 0.9
     ship_gate: bool = True
     router: str = "auto"
+    select: str = "crossfit"
 
     def validate(self) -> None:
         if self.generations < 0:
@@ -163,6 +169,8 @@ class TrainConfig:
             raise RouterLiteError(f"TrainConfig.hidden_dim must be >= 0, got {self.hidden_dim}")
         if self.l2 < 0 or self.cost_lambda < 0 or not self.temperature > 0:
             raise RouterLiteError("TrainConfig.l2 and cost_lambda must be >= 0 and temperature > 0")
+        if self.select not in SELECTIONS:
+            raise RouterLiteError(f"TrainConfig.select must be one of {SELECTIONS}, got {self.select!r}")
         if not 0.0 <= self.keep_confidence < 1.0:
             raise RouterLiteError(f"TrainConfig.keep_confidence must be in [0, 1), got {self.keep_confidence}")
         if not 0.0 <= self.ship_confidence < 1.0:
