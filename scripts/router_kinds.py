@@ -60,7 +60,7 @@ def ci(c: dict) -> str:
 def complementary(seeds=SEEDS, generations: int = 30) -> str:
     texts, rewards, split, evals, _ = complementary_rows()
     rows = ["| embeddings | seed | best single | label router | kNN | cluster (k) | head, guard 0.9 (gain CI) | "
-            "head, no guard (gain CI) | shipped: kind, validation → test |", "|---|---|---|---|---|---|---|---|---|"]
+            "head, no guard (gain CI) | shipped → test (the choice) |", "|---|---|---|---|---|---|---|---|---|"]
     worst, done, notes = {}, set(), []
     for dtype in ("float32", "bfloat16"):
         X, bb = embed(texts, max_seq_length=128, dtype=dtype)
@@ -83,8 +83,9 @@ def complementary(seeds=SEEDS, generations: int = 30) -> str:
                 f"{k['cluster']['test']:.4f} ({k['cluster']['k']}) | {head_ci['test']:.4f} "
                 f"[{head_ci['test_gain_low']:+.4f}, {head_ci['test_gain_high']:+.4f}] | "
                 f"{old.extra['kinds']['head']['test']:.4f} [{old.extra['kinds']['head']['test_gain_low']:+.4f}, "
-                f"{old.extra['kinds']['head']['test_gain_high']:+.4f}] | {s['kind']}: {s['validation']:.4f} → "
-                f"{s['test']:.4f} |")
+                f"{old.extra['kinds']['head']['test_gain_high']:+.4f}] | {s['kind']} → {s['test']:.4f} (cross-fitted: "
+                + ", ".join(f"{n} {v['crossfit']:.4f}" for n, v in k.items()) + "; validation: "
+                + ", ".join(f"{n} {v['validation']:.4f}" for n, v in k.items()) + ") |")
             for name, q, low in (("head (guard)", head_ci["test"], head_ci["test_gain_low"]),
                                  ("shipped", s["test"], fit.extra["head_gain_ci"]["low"])):
                 w = worst.get(name)
