@@ -98,15 +98,16 @@ def complementary(seeds=SEEDS, generations: int = 30) -> str:
             f"brackets; the label router knows each query's eval). {summary}.\n\n" + "\n".join(rows) + "\n")
 
 
-def routerbench() -> str:
+def routerbench(guard_ablation: bool = True) -> str:
     from pipeline.report.replication import replicate
     from pipeline.report.suites import build_suite
 
     suite = build_suite("routerbench")
     X, bb = embed(suite.query_text, max_seq_length=256)
     out = []
-    for name, cfg in (("guard 0.9 (default)", TrainConfig(log_every=0)),
-                      ("no guard", TrainConfig(log_every=0, keep_confidence=0.0))):
+    configs = [("guard 0.9 (default)", TrainConfig(log_every=0)),
+               ("no guard", TrainConfig(log_every=0, keep_confidence=0.0))]
+    for name, cfg in configs[:2 if guard_ablation else 1]:
         table, _ = replicate(suite, X, cfg)
         t = table.set_index("policy")
         val = table.attrs["validation_aiq"]
@@ -143,9 +144,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pools", default="demo,routerbench,complementary")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/training.md")
+    ap.add_argument("--no-guard-ablation", action="store_true", help="routerbench: the default trainer only")
     args = ap.parse_args()
-    parts = [{"demo": demo, "routerbench": routerbench, "complementary": complementary}[p]()
-             for p in args.pools.split(",")]
+    run = {"demo": demo, "routerbench": lambda: routerbench(not args.no_guard_ablation), "complementary": complementary}
+    parts = [run[p]() for p in args.pools.split(",")]
     text = "\n".join(parts)
     print(text)
     if args.write:
