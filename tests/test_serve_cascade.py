@@ -142,3 +142,46 @@ def test_stream_mode_streams_the_accepted_reply(world):
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert text == pool.store().text_for(agents[c1].model, agree) and r.text.rstrip().endswith("data: [DONE]")
     assert events[0]["router"]["agent"] == agents[c1].name
+
+
+def test_a_cascade_reply_counts_what_every_call_paid_and_logs_one_line(world, caplog):
+    import logging
+
+    reg, _, agents, pool, (strong, c1, c2), _, differ = world
+    with caplog.at_level(logging.INFO, logger="router_lite.access"), _serve(world) as srv:
+        r = _ask(srv, differ, router_grader="mcq_letter", router_target="quality>=0.5")
+        one = _ask(srv, differ, router_grader="mcq_letter", router_target="max-quality")
+    assert r.status_code == 200, r.text
+    usage, cost = r.json()["usage"], float(r.headers["x-router-cost-usd"])
+    assert usage["cost"] == cost > float(one.headers["x-router-cost-usd"]) > 0  # three calls cost more than one
+    assert usage["calls"] == 3 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["completion_tokens"] > one.json()["usage"]["completion_tokens"]  # every call's tokens, summed
+    lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "router_lite.access"]
+    (line,) = [x for x in lines if x["request_id"] == r.headers["x-request-id"]]
+    assert line["router"] == reg.name and line["target"] == "quality>=0.5" and line["status"] == 200
+    assert line["agents_called"] == r.headers["x-router-agents-called"].split(",") and line["cost_usd"] == cost
+    assert line["latency_ms"] > 0 and "prompt" not in line and differ not in json.dumps(lines)
+
+
+def test_a_prompt_only_reply_carries_its_cost_too(world):
+    with _serve(world) as srv:
+        plain = _ask(srv, world[5])
+    assert plain.status_code == 200, plain.text
+    assert plain.json()["usage"]["cost"] == float(plain.headers["x-router-cost-usd"]) > 0
+
+
+def test_a_request_without_format_takes_the_guessed_one(world):
+    from pipeline.serve.formats import FormatGuess
+
+    reg, bb, agents, pool, (strong, c1, c2), agree, _ = world
+    X = bb.encode([agree, "Write a haiku about the sea."])
+    guess = FormatGuess(np.concatenate([np.repeat(X[:1], 10, axis=0), np.repeat(X[1:], 10, axis=0)]),
+                        ["mcq_letter"] * 10 + ["python_literal"] * 10)
+    app = build_app(reg, bb, agents, pool.client_for, ServeSettings(default_target="quality>=0.5"), formats=guess,
+                    log_prompts=True)
+    with serve_in_thread(app) as srv:
+        r = _ask(srv, agree)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-router-grader"] == "mcq_letter" and r.headers["x-router-grader-source"] == "guessed"
+    assert sorted(r.headers["x-router-agents-called"].split(",")) == sorted([agents[c1].name, agents[c2].name])
+    assert r.json()["router"]["grader_guessed"] is True

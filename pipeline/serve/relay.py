@@ -73,8 +73,10 @@ async def relay(resp, spec: AgentSpec, client: Any, info: dict):
         await resp.aclose()
 
 
-async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None):
-    """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices."""
+async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None,
+                      finish=None):
+    """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices;
+    `finish(data, headers)`, when given, completes the body and headers first (the app adds what was paid)."""
     from starlette.responses import Response
 
     try:
@@ -92,6 +94,9 @@ async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: d
                                               and data.get("error") else ""))
     except ValueError as exc:
         return error_response(upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
+    if finish is not None:
+        headers = dict(headers)
+        finish(data, headers)
     data["router"] = info
     return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
                     media_type="application/json")
