@@ -311,8 +311,12 @@ def cmd_replicate(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    """Push the tasks and rewards datasets and the registered head to the Hub (`--dry-run`: list the commits)."""
+    """Push the tasks and rewards datasets and a registered router to the Hub (`--dry-run`: list the commits); the
+    router: `--head`, else the ★ router of the latest run (registry/latest.json; the head beside it is named)."""
+    from pathlib import Path
+
     from pipeline.report.hub_release import build_release, check_repo_id, latest_head
+    from pipeline.route.registry import latest_entry
     from resources.hub import HF_TOKEN_ENV, push_release, require_token
     from resources.storage import StorageResource, default_home
 
@@ -321,8 +325,13 @@ def cmd_publish(args) -> int:
     if not args.dry_run:  # before any work: the one thing the user has to provide
         require_token(token)
     storage = StorageResource(home=default_home())
-    releases = build_release(args.repo_id, storage.root() / "datasets",
-                             args.head or latest_head(storage.root() / "registry"))
+    router_dir = args.head or latest_head(storage.root() / "registry")
+    entry = None if args.head else latest_entry(storage.root() / "registry")
+    star = (entry or {}).get("star")
+    releases = build_release(args.repo_id, storage.root() / "datasets", router_dir)
+    if entry:
+        print(f"router: {entry['name']}" + (f" (the ★ router: {star['label']}, best validation AIQ)" if star else "")
+              + f"; the head beside it: {entry['head']['name']}", file=sys.stderr)
     plan = [r.describe() for r in releases]
     for r in plan:
         print(f"{r['repo_type']} {r['repo_id']}: create_repo(exist_ok=True), create_commit with "
@@ -330,7 +339,9 @@ def cmd_publish(args) -> int:
         for o in r["operations"]:
             print(f"  CommitOperationAdd(path_in_repo={o['path_in_repo']!r})  {o['bytes']} bytes", file=sys.stderr)
     urls = [] if args.dry_run else push_release(releases, token)
-    print(json.dumps({"dry_run": args.dry_run, "repos": plan, "commits": urls}))
+    print(json.dumps({"dry_run": args.dry_run, "router": entry["name"] if entry else Path(router_dir).name,
+                      "star": (star or {}).get("router"), "head": entry["head"]["name"] if entry else None,
+                      "repos": plan, "commits": urls}))
     return 0
 
 
@@ -631,7 +642,8 @@ def _add_publish_command(sub) -> None:
                                        "Hugging Face Hub (token: env HF_TOKEN)")
     p.add_argument("--repo-id", required=True, help="OWNER/NAME: datasets OWNER/NAME-tasks and OWNER/NAME-rewards, "
                                                     "model OWNER/NAME")
-    p.add_argument("--head", default=None, help="registry/<name> directory (default: the latest registered head)")
+    p.add_argument("--head", default=None, help="registry/<name> directory (default: the ★ router of the latest run, "
+                                                "registry/latest.json)")
     p.add_argument("--dry-run", action="store_true", help="build the cards and list every file and commit "
                                                           "operation; push nothing (no token needed)")
     p.set_defaults(fn=cmd_publish)

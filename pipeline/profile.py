@@ -322,7 +322,8 @@ def load_profile(name: str | None = None) -> Profile:
             extra = config._read_yaml(over)
             if not isinstance(extra, dict):
                 raise RouterLiteError(f"override {over}: expected a mapping, got {config._what(extra)}")
-            raw = merged(raw, extra)
+            # `agents:` adds agent pools (pipeline.collect.agents reads it); the rest is the profile's
+            raw = merged(raw, {k: v for k, v in extra.items() if k != config.OVERRIDE_AGENTS})
         profile = from_yaml(Profile, _ood_form(raw) if isinstance(raw, dict) else raw)
     except RouterLiteError as exc:
         raise RouterLiteError(f"{where}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None

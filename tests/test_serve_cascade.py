@@ -177,10 +177,9 @@ def test_a_request_without_format_takes_the_guessed_one(world):
     X = bb.encode([agree, "Write a haiku about the sea."])
     guess = FormatGuess(np.concatenate([np.repeat(X[:1], 10, axis=0), np.repeat(X[1:], 10, axis=0)]),
                         ["mcq_letter"] * 10 + ["python_literal"] * 10)
-    app = build_app(reg, bb, agents, pool.client_for, ServeSettings(default_target="quality>=0.5"), formats=guess,
-                    log_prompts=True)
+    app = build_app(reg, bb, agents, pool.client_for, ServeSettings(), formats=guess)
     with serve_in_thread(app) as srv:
-        r = _ask(srv, agree)
+        r = _ask(srv, agree, router_target="quality>=0.5")  # no format named: mcq_letter, from the nearest prompts
     assert r.status_code == 200, r.text
     assert r.headers["x-router-grader"] == "mcq_letter" and r.headers["x-router-grader-source"] == "guessed"
     assert sorted(r.headers["x-router-agents-called"].split(",")) == sorted([agents[c1].name, agents[c2].name])

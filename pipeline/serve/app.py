@@ -222,10 +222,13 @@ class _AutoFormatView:
     one index, `resolved` decodes it into the (decision, point) the handler runs."""
 
     def __init__(self, state, target: str | None):
-        self.head_view, self.point = _view_for(state, target)
+        self.cascades = [_cascade_view_for(state, target, g) for g in state.formats.graders]
+        try:
+            self.head_view, self.point = _view_for(state, target)
+        except RouterLiteError:  # a fallback head without operating points: its max-quality pick
+            self.head_view, self.point = _view_for(state, "max-quality")
         self.formats, self.K = state.formats, len(state.specs)
-        self.cascades = [_cascade_view_for(state, self.point["target"], g) for g in self.formats.graders]
-        self.name, self.tag = state.router_name, f"auto|{self.point['target']}"
+        self.name, self.tag = state.router_name, f"auto|{self.cascades[0][1]['target']}"
 
     def route(self, X):
         import numpy as np
