@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -133,7 +134,7 @@ def page_script(page: str, ports: dict[int, int]) -> tuple[str, list[str]]:
         text = plan.commands if plan.how == "instead" else block
         for old, new in ports.items():
             text = re.sub(rf"\b{old}\b", str(new), text)
-        parts.append(f"echo '### {page}: {block.strip().splitlines()[0][:60]}'\n{text}")
+        parts.append(f"echo {shlex.quote('### ' + page + ': ' + block.strip().splitlines()[0][:60])}\n{text}")
     return "\n".join(parts), skipped
 
 

@@ -184,3 +184,58 @@ def test_a_request_without_format_takes_the_guessed_one(world):
     assert r.headers["x-router-grader"] == "mcq_letter" and r.headers["x-router-grader-source"] == "guessed"
     assert sorted(r.headers["x-router-agents-called"].split(",")) == sorted([agents[c1].name, agents[c2].name])
     assert r.json()["router"]["grader_guessed"] is True
+
+
+@pytest.mark.timeout(600)
+def test_serve_without_head_serves_the_star_router_of_the_latest_run(smoke_home, tmp_path):
+    """`router-lite serve --profile smoke` (no --head) after the lineage: the ★ router of registry/latest.json at the
+    profile's serve.target, named with its validation figures on the startup line, answers plain held-out prompts."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    home, dagster_home = smoke_home
+    latest = json.loads((home / "registry" / "latest.json").read_text())
+    star = latest["star"]
+    assert star["held_out"]["cost_ratio"] < 1  # the target serves below the best single agent's cost
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ROUTER_LITE_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    err = open(tmp_path / "serve.err", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", "smoke", "--port", str(port),
+                             "--workers", "1", "--access-log", str(tmp_path / "access.log")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.err").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        tests = pd.read_parquet(home / "datasets" / "tasks" / "test.parquet")
+        replies = [httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+                              json={"messages": [{"role": "user", "content": p}]}) for p in tests["prompt"].iloc[:3]]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        err.close()
+    startup = next(line for line in (tmp_path / "serve.err").read_text().splitlines() if "router-lite serve:" in line)
+    assert f"★ router {star['label']}" in startup and latest["name"] in startup and "quality>=0.98" in startup
+    assert "validation:" in startup and "held-out test:" in startup
+    for r in replies:
+        assert r.status_code == 200, r.text
+        assert r.json()["router"]["head"] == latest["name"] and r.headers["x-router-target"] == "quality>=0.98"
+        assert r.json()["usage"]["cost"] == float(r.headers["x-router-cost-usd"]) > 0
+        if star["kind"] == "cascade":  # the format of MMLU-Pro's neighbours: the cascade's stages ran
+            assert r.headers["x-router-grader"] == "mcq_letter" and "x-router-agents-called" in r.headers
+    log = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    assert [x["request_id"] for x in log] == [r.headers["x-request-id"] for r in replies]
