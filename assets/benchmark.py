@@ -233,7 +233,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()))
     atomic_write_json(rv, reports / "router_value.json")
-    # registry/latest.json names the ★ router (best validation AIQ) at the profile's serving target, the head beside it
+    # the registry's latest entry names the ★ router (best validation AIQ) at the serving target, the head beside it
     registry.mark_latest(storage.path("registry"),
                          **star_latest(rv, registered_head, registered_cascade, prof.serve.target))
     models = {a["name"]: a["model"] for a in reg.agents}
