@@ -15,6 +15,11 @@
   `stream=true`, -> its headers).
   `stream=true` passes the agent's SSE stream through byte for byte, except that the first JSON chunk gets the
   same `"router"` key; the headers carry the pick too.
+  Every 200 reply's `usage` carries `cost` (USD, OpenRouter's field) equal to the header `X-Router-Cost-Usd`; a
+  cascade's `usage` sums the tokens of every call it made. A request that names no answer format, served by a cascade
+  built with `formats`, takes the format its nearest training prompts have (`_AutoFormatView`). One JSON access-log
+  line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
+  `X-Request-Id` naming it.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
 - `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}`.
 
@@ -291,9 +296,9 @@ def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> N
     paid = _paid(spec, upstream, data)
     headers["X-Router-Cost-Usd"] = f"{paid['cost']:.8f}"
     usage = dict(data["usage"]) if isinstance(data.get("usage"), dict) else {}
-    usage.setdefault("prompt_tokens", paid["prompt_tokens"])
-    usage.setdefault("completion_tokens", paid["completion_tokens"])
-    usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+    usage["prompt_tokens"], usage["completion_tokens"] = paid["prompt_tokens"], paid["completion_tokens"]
+    if not isinstance(usage.get("total_tokens"), int) or isinstance(usage.get("total_tokens"), bool):
+        usage["total_tokens"] = paid["prompt_tokens"] + paid["completion_tokens"]
     usage["cost"] = float(headers["X-Router-Cost-Usd"])
     data["usage"] = usage
 
