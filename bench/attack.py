@@ -452,9 +452,12 @@ def connection_full_is_503(tmp: Path) -> str:
 
 
 def _closed(s: socket.socket) -> bool:
+    """The server ended its side (a refusal it answered first, e.g. 429, is read through to the end)."""
     s.settimeout(0.05)
     try:
-        return s.recv(1) == b""
+        while s.recv(65536):
+            pass
+        return True
     except (ConnectionResetError, BrokenPipeError):
         return True
     except TimeoutError:
