@@ -12,7 +12,8 @@ clients exhaust file descriptors (slowloris). `guarded_h11(...)`:
   of that client (of the client holding the most, for the global bound) is answered `429` with `Retry-After` and
   closed, so one address cannot hold the slots that requests with a complete head need (the `reserved` ones are only
   ever theirs). A connection whose request bytes have arrived but are not read yet (a burst: the loop accepts many
-  connections before it reads any) is not idle: it is never evicted, it is served;
+  connections before it reads any), or a new one that has had less than `FRESH_GRACE_S` to send them, is not
+  evicted: it is served (beyond `max_connections`, new connections are answered 503 instead);
 - when `max_connections` are open and none is idle, answers a new connection `503` with `Retry-After` (a response,
   not a reset) and closes it;
 - answers a request head over `max_head_bytes` with `431` (h11 alone accepts any head that arrives in one read).
@@ -33,6 +34,7 @@ import h11
 _HEAD_END = re.compile(rb"\n\r?\n")
 MAX_LINGERING = 1024  # refused connections kept half-closed (so the client reads the refusal) at once; more are cut
 LINGER_S = 1.0
+FRESH_GRACE_S = 1.0  # a new connection that has sent nothing yet is not evicted this long (its request is on the way)
 
 
 def _refusal(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
@@ -98,7 +100,10 @@ class _Limits:
                 del self.idle[proto._host()]
 
     def evict(self, proto) -> bool:
-        """Answer an idle connection 429 and close it; False (kept) when its request bytes wait to be read."""
+        """Answer an idle connection 429 and close it; False (kept) when it is new (its request may be on the way)
+        or its request bytes wait to be read."""
+        if not proto._heard and proto.loop.time() - proto._born < FRESH_GRACE_S:
+            return False
         if _unread_bytes(proto.transport) > 0:
             return False
         proto._refuse(self.idle_429)
@@ -122,9 +127,12 @@ class _GuardedH11:
     _head_seen = 0
     _head_tail = b""
     _reading = None
+    _heard = False  # a byte has been received on this connection
+    _born = 0.0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._born = self.loop.time()
         self._bound_parsed_heads()
         self.limits.mark_idle(self)  # answers the oldest idle connections beyond the per-client and idle bounds
         if len(self.connections) > self.limits.max_connections and not self.limits.evict_one(exclude=self):
@@ -134,6 +142,7 @@ class _GuardedH11:
     def data_received(self, data: bytes) -> None:
         if self._refused:  # refused: drain what the client still sends until it reads the answer and goes
             return
+        self._heard = True
         if self.conn.their_state is h11.IDLE and self._head_too_big(data):  # reading a request head: bound it
             return self._refuse(self.limits.head_431)
         super().data_received(data)
