@@ -36,7 +36,7 @@ from pipeline.core.errors import RouterLiteError  # noqa: E402
 @dataclass(frozen=True)
 class Row:
     number: int
-    item: str  # issue 20 item (1..13, "n") or "12.x" for issue 12's
+    item: str  # issue 20 item (1..13, "n"), or "12.x" / "25.x" for issues 12 and 25
     name: str
     fast: bool
     fn: Callable[[Path], str]
@@ -851,9 +851,9 @@ def workers_die_with_parent(tmp: Path) -> str:
     import signal
     import subprocess
 
-    script = ("import subprocess, sys, time\n"
-              "from pipeline.serve.server import die_with_parent\n"
-              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=die_with_parent)\n"
+    script = ("import sys, time\n"
+              "from pipeline.serve.server import spawn_worker\n"  # what `serve --workers N` starts its workers with
+              "p = spawn_worker([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
               "print(p.pid, flush=True)\n"
               "time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True,

@@ -335,7 +335,6 @@ def cmd_serve(args) -> int:
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import dataclasses
     import socket
 
     import uvicorn
@@ -344,7 +343,6 @@ def cmd_serve(args) -> int:
     from pipeline.route import registry
     from pipeline.serve.app import build_app
     from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
-    from pipeline.serve.settings import ServeSettings
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:
@@ -364,17 +362,11 @@ def cmd_serve(args) -> int:
     reg.resolve_target(args.target)  # a bad default target fails before serving
     agents = pool.agents()
     pool.check(agents, needed_by="serve")
-    settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
-                                             max_messages=args.max_messages, max_batch=args.max_batch,
-                                             batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
-                                             max_idle_per_client=args.max_idle_per_client,
-                                             reserved_connections=args.reserved_connections)
+    settings = _serve_settings(args, profile)  # a bad cap fails here, before any worker starts
     if args.workers > 1 and args.fd is None:  # the head, target, profile and pool are checked: start the workers
         return _serve_workers(args)
     # bind before the backbone loads: a taken port is one line at once (a worker serves its parent's socket)
     sock = socket.socket(fileno=args.fd) if args.fd is not None else bind_listener(args.host, args.port)
-    if args.target:
-        settings = dataclasses.replace(settings, default_target=args.target)
     if args.threads:
         import torch
 
@@ -395,6 +387,18 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _serve_settings(args, profile):
+    """The endpoint's ServeSettings from the profile's collection settings and the command's options."""
+    from pipeline.serve.settings import ServeSettings
+
+    return ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
+                                         max_messages=args.max_messages, max_batch=args.max_batch,
+                                         batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
+                                         max_idle_per_client=args.max_idle_per_client,
+                                         reserved_connections=args.reserved_connections,
+                                         **({"default_target": args.target} if args.target else {}))
+
+
 def _serve_workers(args) -> int:
     """`serve --workers N`: bind the port once, start N `serve` processes that each load the head and backbone and
     accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
@@ -402,7 +406,7 @@ def _serve_workers(args) -> int:
     import signal
     import subprocess
 
-    from pipeline.serve.server import bind_listener, die_with_parent
+    from pipeline.serve.server import bind_listener, spawn_worker
 
     sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
     sock.set_inheritable(True)
@@ -411,8 +415,7 @@ def _serve_workers(args) -> int:
     cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
            "--threads", str(threads)]
     # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port
-    procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),), preexec_fn=die_with_parent)
-             for _ in range(args.workers)]
+    procs = [spawn_worker(cmd, sock.fileno()) for _ in range(args.workers)]
     print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
           f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
           flush=True)

@@ -45,6 +45,10 @@ Faults per model id (`faults={model: {...}}`, or a YAML/JSON file `--faults FILE
 `stats()` counts requests, answers, empties, errors and 429s per model, whether each Retry-After was honoured (the
 next request for the same model and prompt came no earlier), and the requests without the expected key;
 `intended(model, prompt)` says whether a reply was meant to be right. Loopback only (127.0.0.1).
+
+It bounds its inputs like a provider: a body over MAX_BODY_BYTES (4 MiB, by Content-Length or as read) is a 413, JSON
+that is not JSON (NaN / Infinity included) or nested deeper than MAX_JSON_DEPTH, and a `max_tokens` that is not an
+integer in [1, MAX_TOKENS_LIMIT], are a 400; never a 500 with a traceback.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ clients exhaust file descriptors (slowloris). `guarded_h11(...)`:
   closed, so one address cannot hold the slots that requests with a complete head need (the `reserved` ones are only
   ever theirs). A connection whose request bytes have arrived but are not read yet (a burst: the loop accepts many
   connections before it reads any), or a new one that has had less than `FRESH_GRACE_S` to send them, is not
-  evicted: it is served (beyond `max_connections`, new connections are answered 503 instead);
+  evicted: it is served (the bounds are enforced again when that grace is over; beyond `max_connections`, new
+  connections are answered 503 instead);
 - when `max_connections` are open and none is idle, answers a new connection `503` with `Retry-After` (a response,
   not a reset) and closes it;
 - answers a request head over `max_head_bytes` with `431` (h11 alone accepts any head that arrives in one read).
@@ -34,7 +35,8 @@ import h11
 _HEAD_END = re.compile(rb"\n\r?\n")
 MAX_LINGERING = 1024  # refused connections kept half-closed (so the client reads the refusal) at once; more are cut
 LINGER_S = 1.0
-FRESH_GRACE_S = 1.0  # a new connection that has sent nothing yet is not evicted this long (its request is on the way)
+FRESH_GRACE_S = 1.0  # a new connection that has sent nothing yet is not evicted this long (at most a quarter of the
+# header timeout): its request is on the way
 
 
 def _refusal(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
@@ -66,8 +68,10 @@ class _Limits:
         self.max_connections, self.max_head_bytes = max_connections, max_head_bytes
         self.idle_limit = max(1, max_connections - max(0, reserved))
         self.per_client = max(1, min(max_idle_per_client or self.idle_limit, self.idle_limit))
+        self.grace_s = min(FRESH_GRACE_S, header_timeout_s / 4)
         self.idle: dict[Any, collections.OrderedDict] = {}
         self.n_idle = self.lingering = 0
+        self.recheck = None  # the timer that enforces the bounds again once new connections' grace is over
         retry = f"retry-after: {retry_after_s}\r\n"
         self.busy_503 = _refusal(503, "Service Unavailable", "server_busy",
                                  f"all {max_connections} connections are serving requests; retry later", retry)
@@ -83,13 +87,26 @@ class _Limits:
             return
         conns[proto] = None
         self.n_idle += 1
+        self.enforce(proto._host(), proto.loop, exclude=proto)
+
+    def enforce(self, host, loop, exclude=None) -> None:
+        """Evict `host`'s oldest evictable idle connections beyond the per-client bound (never `exclude`, the
+        newest), then the oldest of the client holding the most beyond the total; when some were kept because
+        they are new, look again once their grace is over."""
+        conns = self.idle.get(host, {})
         excess = len(conns) - self.per_client
-        for p in [p for p in conns if p is not proto] if excess > 0 else ():  # this client's oldest evictable ones
+        for p in [p for p in conns if p is not exclude] if excess > 0 else ():
             if excess <= 0:
                 break
             excess -= self.evict(p)
-        while self.n_idle > self.idle_limit and self.evict_one(exclude=proto):
+        while self.n_idle > self.idle_limit and self.evict_one(exclude=exclude):
             pass
+        if self.recheck is None and (len(self.idle.get(host, ())) > self.per_client or self.n_idle > self.idle_limit):
+            self.recheck = loop.call_later(self.grace_s, self._enforce_again, host, loop)
+
+    def _enforce_again(self, host, loop) -> None:
+        self.recheck = None
+        self.enforce(host, loop)
 
     def unmark_idle(self, proto) -> None:
         conns = self.idle.get(proto._host())
@@ -102,7 +119,7 @@ class _Limits:
     def evict(self, proto) -> bool:
         """Answer an idle connection 429 and close it; False (kept) when it is new (its request may be on the way)
         or its request bytes wait to be read."""
-        if not proto._heard and proto.loop.time() - proto._born < FRESH_GRACE_S:
+        if not proto._heard and proto.loop.time() - proto._born < self.grace_s:
             return False
         if _unread_bytes(proto.transport) > 0:
             return False

@@ -67,6 +67,14 @@ def die_with_parent(sig: int = 15) -> None:
         os.kill(os.getpid(), sig)
 
 
+def spawn_worker(cmd: list[str], fd: int | None = None):
+    """A `serve --workers N` worker process running `cmd`, inheriting the listening socket `fd`, that the kernel
+    stops (SIGTERM) when this process dies, however it dies (`die_with_parent`)."""
+    import subprocess
+
+    return subprocess.Popen(cmd, pass_fds=() if fd is None else (fd,), preexec_fn=die_with_parent)
+
+
 class RouterServer(LoopbackServer):
     """The router app on uvicorn in a daemon thread (lifespan on: clients closed at stop), with the connection
     limits of the app's `ServeSettings`."""
