@@ -13,8 +13,8 @@ clients exhaust file descriptors (slowloris). `guarded_h11(...)`:
   closed, so one address cannot hold the slots that requests with a complete head need (the `reserved` ones are only
   ever theirs). A connection whose request bytes have arrived but are not read yet (a burst: the loop accepts many
   connections before it reads any), or a new one that has had less than `FRESH_GRACE_S` to send them, is not
-  evicted: it is served (the bounds are enforced again when that grace is over; beyond `max_connections`, new
-  connections are answered 503 instead);
+  evicted by the idle bounds: it is served (the bounds are enforced again when that grace is over); when all
+  `max_connections` are open, the oldest idle one goes first, new or not (the newest stays: a real client's);
 - when `max_connections` are open and none is idle, answers a new connection `503` with `Retry-After` (a response,
   not a reset) and closes it;
 - answers a request head over `max_head_bytes` with `431` (h11 alone accepts any head that arrives in one read).
@@ -116,20 +116,20 @@ class _Limits:
             if not conns:
                 del self.idle[proto._host()]
 
-    def evict(self, proto) -> bool:
-        """Answer an idle connection 429 and close it; False (kept) when it is new (its request may be on the way)
-        or its request bytes wait to be read."""
-        if not proto._heard and proto.loop.time() - proto._born < self.grace_s:
+    def evict(self, proto, fresh_too: bool = False) -> bool:
+        """Answer an idle connection 429 and close it; False (kept) when it is new (its request may be on the way;
+        unless `fresh_too`) or its request bytes wait to be read."""
+        if not fresh_too and not proto._heard and proto.loop.time() - proto._born < self.grace_s:
             return False
         if _unread_bytes(proto.transport) > 0:
             return False
         proto._refuse(self.idle_429)
         return True
 
-    def evict_one(self, exclude) -> bool:
+    def evict_one(self, exclude, fresh_too: bool = False) -> bool:
         """Evict the oldest evictable idle connection of the client holding the most; False when none is."""
         for _, host in sorted(((len(c), h) for h, c in self.idle.items()), key=lambda t: -t[0]):
-            if any(self.evict(p) for p in list(self.idle.get(host, ())) if p is not exclude):
+            if any(self.evict(p, fresh_too) for p in list(self.idle.get(host, ())) if p is not exclude):
                 return True
         return False
 
@@ -152,7 +152,8 @@ class _GuardedH11:
         self._born = self.loop.time()
         self._bound_parsed_heads()
         self.limits.mark_idle(self)  # answers the oldest idle connections beyond the per-client and idle bounds
-        if len(self.connections) > self.limits.max_connections and not self.limits.evict_one(exclude=self):
+        if len(self.connections) > self.limits.max_connections and not self.limits.evict_one(self) and \
+                not self.limits.evict_one(self, fresh_too=True):  # every slot full: an old silent one goes first
             return self._refuse(self.limits.busy_503)  # every slot serves a request: say so, do not reset
         self._arm(self.limits.header_timeout_s)
 
