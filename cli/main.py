@@ -57,15 +57,16 @@ def cmd_run(args) -> int:
     from cli.run import run_lineage, stages_of
     from cli.summary import print_summary
     from pipeline.profile import load_profile
-    from resources.storage import default_home
+    from resources.storage import home_of
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
     profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
     times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
                         asset_config=config)
-    print_summary(default_home(), [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
-    print_stage_times(times, default_home())
+    home = str(home_of(profile))  # this profile's lineage: the home's root, or profiles/<name> beside another's
+    print_summary(home, [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
+    print_stage_times(times, home)
     return 0
 
 
@@ -265,15 +266,15 @@ def _route_cascade(reg, args) -> int:
 
 def cmd_regrade(args) -> int:
     """Recompute extraction and correctness of every stored call from its stored completion: zero API calls."""
-    from pathlib import Path
 
     import pandas as pd
 
     from pipeline.collect.regrade import regrade
     from pipeline.core.io import atomic_write_parquet
-    from resources.storage import asset_path, default_home
+    from pipeline.profile import load_profile
+    from resources.storage import asset_path, home_of
 
-    root = Path(default_home()).resolve()
+    root = home_of(load_profile())  # the active profile's lineage in ROUTER_LITE_HOME
     pool = pd.read_parquet(asset_path(root, "task_pool"))
     changed = total = 0
     for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file
