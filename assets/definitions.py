@@ -51,7 +51,7 @@ def build_resources(home: str | None = None, profile: Profile | str = "") -> dic
     root, or profiles/<name> when another profile has the root), the shared caches at the root."""
     root = home or default_home()
     prof = as_profile(profile)
-    home = str(home_of(prof, root, claim=True))
+    home = str(home_of(prof, root))  # the root names its profile at its first write (ParquetIOManager.owner)
     backbone = {k: v for k, v in dataclasses.asdict(prof.backbone).items() if k != "export_dir"}
     return {
         "pool": pool_resource(prof),

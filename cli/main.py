@@ -266,15 +266,15 @@ def _route_cascade(reg, args) -> int:
 
 def cmd_regrade(args) -> int:
     """Recompute extraction and correctness of every stored call from its stored completion: zero API calls."""
+    from pathlib import Path
 
     import pandas as pd
 
     from pipeline.collect.regrade import regrade
     from pipeline.core.io import atomic_write_parquet
-    from pipeline.profile import load_profile
-    from resources.storage import asset_path, home_of
+    from resources.storage import asset_path, default_home
 
-    root = home_of(load_profile())  # the active profile's lineage in ROUTER_LITE_HOME
+    root = Path(default_home()).resolve()
     pool = pd.read_parquet(asset_path(root, "task_pool"))
     changed = total = 0
     for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file

@@ -56,6 +56,22 @@ def test_the_resources_split_the_lineage_from_the_shared_caches(tmp_path):
     assert storage.path("embeddings") == home.resolve() / "embeddings"
     mine = build_resources(str(home), "smoke")
     assert mine["io_manager"].home == str(home.resolve()) and mine["io_manager"].owner == "smoke"
+    assert root_owner(home) is None  # building definitions writes nothing: the lineage's first write names it
+
+
+def test_the_roots_first_write_names_its_profile(tmp_path):
+    from dagster import asset, materialize
+
+    @asset(io_manager_key="io_manager")
+    def one() -> pd.DataFrame:
+        return pd.DataFrame({"x": [1]})
+
+    home = tmp_path / "home"
+    assert materialize([one], resources={"io_manager": build_resources(str(home), "smoke")["io_manager"]}).success
+    assert root_owner(home) == "smoke" and asset_path(home, "one").exists()
+    other = build_resources(str(home), "demo")["io_manager"]
+    assert materialize([one], resources={"io_manager": other}).success
+    assert root_owner(home) == "smoke" and asset_path(home / "profiles" / "demo", "one").exists()
 
 
 @pytest.mark.slow
