@@ -17,11 +17,16 @@ INSTANCE_DIRS = ("history", "storage", "logs", "schedules", ".telemetry", ".rout
 SESSION_MARK = "ROUTER_LITE_TEST_SESSION"  # inherited by every process the suite starts: how leftovers are found
 
 
-def instance_dagster_yaml(root: Path) -> Path:
-    """`root` as a DAGSTER_HOME: the repo's dagster.yaml with its relative storage folders made absolute under it."""
+def instance_dagster_yaml(root: Path, capture_logs: bool = True) -> Path:
+    """`root` as a DAGSTER_HOME: the repo's dagster.yaml with its relative storage folders made absolute under it.
+    `capture_logs=False`: no compute-log capture (Dagster's local capture mirrors a step's stdout and stderr through
+    two `tail -F` processes per run, which outlive a run that is left waiting)."""
     import yaml
 
     cfg = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    if not capture_logs:
+        cfg["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
+                               "class": "NoOpComputeLogManager"}
     root.mkdir(parents=True, exist_ok=True)
     if "sqlite" in cfg.get("storage", {}):
         cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
@@ -131,6 +136,12 @@ def temp_instance_dir(tmp_path):
     """A DAGSTER_HOME with the repo's dagster.yaml, its relative storage folders made absolute under tmp_path
     (so the concurrency block is the repo's own)."""
     return instance_dagster_yaml(tmp_path / "dagster_home")
+
+
+@pytest.fixture
+def quiet_instance_dir(tmp_path):
+    """`temp_instance_dir` without compute-log capture: for a test that runs a step in a thread of its own."""
+    return instance_dagster_yaml(tmp_path / "dagster_home", capture_logs=False)
 
 
 def pytest_collection_modifyitems(config, items):
