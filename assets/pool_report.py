@@ -26,7 +26,8 @@ from resources.storage import StorageResource
 @asset(group_name="report", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
-                   "(label router and kNN, 5-fold CV on the training split).")
+                   "(label router and kNN, 5-fold CV on the training split); the agents the collection quality "
+                   "rules quarantined, with their reasons, and the costs that are only lower bounds.")
 def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
                 prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame, graded_calls: pd.DataFrame,
                 preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,

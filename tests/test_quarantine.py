@@ -93,3 +93,31 @@ def test_the_pool_report_names_the_quarantine_and_the_lower_bound():
     assert "- wide_o1_mini: empty replies 5.1% >= 5%" in md
     assert re.search(r"\| r +\|.*\| ≥ 1\.000 *\|", md) and re.search(r"\| a +\|.*\| 1\.000 *\|", md)
     assert "the cost of r is a lower bound: hidden reasoning" in md
+
+
+def test_the_wider_pools_page_states_its_value_like_the_readme(tmp_path):
+    """docs/wide_pool.md comes from the committed copy of a demo_wide run (scripts/readme.py --from-home --wide): its
+    quarantine, its lower-bound costs, then the same value section as the README's."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import readme
+
+    rv = json.loads((root / readme.COPY).read_text())
+    rv.update(pool="demo_wide", quarantined={"wide_o1_mini": "empty replies 5.1% >= 5% (collection.empty_rate_max)"},
+              cost_lower_bound={"wide_o1_mini": "lower bound: hidden reasoning"})
+    page = readme.render_wide(rv)
+    assert page.startswith("# The wider pool: `demo_wide`")
+    assert "- `wide_o1_mini`: empty replies 5.1% >= 5% (collection.empty_rate_max)" in page
+    assert "The estimated cost of `wide_o1_mini` is a lower bound: hidden reasoning" in page
+    assert readme.render_value(rv, readme.WIDE_COPY).rstrip("\n") in page
+    assert readme.WIDE_COPY.as_posix() in page
+    (tmp_path / readme.WIDE_COPY).parent.mkdir(parents=True)
+    (tmp_path / readme.WIDE_COPY).write_text(json.dumps(rv))
+    for rel in (readme.TEMPLATE, readme.TRAINING, readme.COPY):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((root / rel).read_text())
+    assert readme.outputs(tmp_path)[readme.WIDE_PAGE] == page  # generated once the copy is committed
