@@ -28,7 +28,14 @@ from resources.backbone import BackboneResource
 from resources.hub import hub_resource
 from resources.pool import PoolResource, pool_kind
 from resources.profile import ProfileResource
-from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
+from resources.storage import (
+    ParquetIOManager,
+    RouterIOManager,
+    StorageResource,
+    default_home,
+    home_of,
+    profile_name,
+)
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
@@ -42,15 +49,19 @@ def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolR
 
 
 def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:
-    home = home or default_home()
+    """The resources of `profile` on `home` (default ROUTER_LITE_HOME): its lineage where `home_of` puts it (the
+    root, or profiles/<name> when another profile has the root), the shared caches at the root."""
+    root = home or default_home()
     prof = as_profile(profile)
+    home = str(home_of(prof, root))  # the root names its profile at its first write (ParquetIOManager.owner)
     backbone = {k: v for k, v in dataclasses.asdict(prof.backbone).items() if k != "export_dir"}
     return {
         "pool": pool_resource(prof),
-        "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(home) / "backbones"), **backbone),
-        "io_manager": ParquetIOManager(home=home),
+        "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(root) / "backbones"), **backbone),
+        "io_manager": ParquetIOManager(home=home, owner=profile_name(prof) if home == str(Path(root).resolve())
+                                       else ""),  # the lineage at the root names its profile there
         "router_io_manager": RouterIOManager(home=home),  # fitted routers of any kind (their save/from_files)
-        "storage": StorageResource(home=home),
+        "storage": StorageResource(home=home, shared=str(Path(root).resolve())),
         "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
         "hub": hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }

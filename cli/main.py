@@ -59,16 +59,17 @@ def cmd_run(args) -> int:
     from cli.run import run_lineage, stages_of
     from cli.summary import print_summary, star_headline, what_next
     from pipeline.profile import load_profile
-    from resources.storage import default_home
+    from resources.storage import home_of
 
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
     profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
     times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
                         asset_config=config)
-    print_summary(default_home(), [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
-    print_stage_times(times, default_home())
-    if star_headline(Path(default_home()).resolve()):  # a run that reached the ★ router: three lines of what next
+    home = str(home_of(profile))  # this profile's lineage: the home's root, or profiles/<name> beside another's
+    print_summary(home, [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
+    print_stage_times(times, home)
+    if star_headline(Path(home).resolve()):  # a run that reached the ★ router: three lines of what next
         print(what_next(profile.name))
     return 0
 
@@ -359,6 +360,7 @@ def cmd_serve(args) -> int:
     from pipeline.serve.app import build_app
     from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
     from resources.pool import PoolResource
+    from resources.storage import home_of
 
     _check_serve_args(args)
     _use_override(args)
@@ -379,7 +381,7 @@ def cmd_serve(args) -> int:
 
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
-    formats = _format_guess(reg) if reg.kind == "cascade" else None
+    formats = _format_guess(reg, home_of(profile)) if reg.kind == "cascade" else None
     app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
@@ -415,13 +417,13 @@ def _served_router(args, profile):
 
     from pipeline.report.value import validation_at
     from pipeline.route import registry
-    from resources.storage import default_home
+    from resources.storage import home_of
 
     star = None
     if args.head:
         reg = registry.load(args.head)
     else:
-        root = Path(default_home()) / "registry"
+        root = Path(home_of(profile)) / "registry"  # this profile's lineage, beside other profiles' in one home
         entry = registry.latest_entry(root)
         if entry is None:
             raise RouterLiteError(f"no registered router under {root} ({registry.LATEST} missing): run `router-lite "
@@ -441,7 +443,7 @@ def _served_router(args, profile):
     return reg, v["target"], what + ")"
 
 
-def _format_guess(reg):
+def _format_guess(reg, home):
     """A cascade's answer-format guess for requests that name none (pipeline/serve/formats.py): the training prompts
     of the home's task pool with their graders, embedded as the router was trained (the manifest's
     prompt_embeddings version must match the home's); None when the home does not hold them."""
@@ -450,9 +452,9 @@ def _format_guess(reg):
 
     from pipeline.core.io import frame_version
     from pipeline.serve.formats import FormatGuess
-    from resources.storage import asset_path, default_home
+    from resources.storage import asset_path
 
-    pool_f, emb_f = asset_path(default_home(), "task_pool"), asset_path(default_home(), "prompt_embeddings")
+    pool_f, emb_f = asset_path(home, "task_pool"), asset_path(home, "prompt_embeddings")
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
     if not want or not pool_f.exists() or not emb_f.exists():
         return None

@@ -49,8 +49,13 @@ def print_summary(home: str, assets: list[str]) -> None:
     if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
         from pipeline.report.pool_report import WARNING
 
-        v = json.loads(verdict_file.read_text())["verdict"]
+        rep = json.loads(verdict_file.read_text())
+        v = rep["verdict"]
         print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
+        for agent, why in (rep.get("quarantined") or {}).items():  # left out by a collection quality rule
+            print(f"  quarantined: {agent} ({why})")
+        for agent, why in (rep.get("cost_lower_bound") or {}).items():
+            print(f"  cost of {agent}: {why}")
     pool_file = asset_path(root, "task_pool")
     if pool_file.exists():
         from pipeline.tasks.task_pool import pool_counts

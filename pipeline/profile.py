@@ -140,14 +140,23 @@ class CollectionConfig(CollectionSettings):
     repetitions = 3
         Times each task is asked each agent (1..3; partitions ``repetition`` 0..repetitions-1). Use 1 with a replay
         pool: a repetition would replay the same recorded reply.
+    empty_rate_max = 0.05
+        The collection quality rule (above 0, at most 1): an agent whose share of empty replies on a source ×
+        repetition reaches it is quarantined, left out of every downstream asset with its reason
+        (`pipeline.collect.quality`); the other agents go on. Not a call setting either.
     """
 
     repetitions: int = 3
+    empty_rate_max: float = 0.05
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 1 <= self.repetitions <= MAX_REPETITIONS:
             raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
+        v = self.empty_rate_max
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise RouterLiteError(f"collection.empty_rate_max: must be a number above 0 and at most 1, got "
+                                  f"{str(v)[:40]}")
 
 
 @dataclass(frozen=True)
