@@ -463,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replicate_command(sub)
     _add_publish_command(sub)
     _add_serve_command(sub)
+    from cli.forecast import add_forecast_command
+
+    add_forecast_command(sub)
     return ap
 
 
