@@ -53,6 +53,10 @@ def cmd_run(args) -> int:
     if args.wait_for_collection or args.quarantine_bad_log_lines:
         config["graded_calls"] = {"wait_for_collection": "true" if args.wait_for_collection else "",
                                   "quarantine_bad_log_lines": bool(args.quarantine_bad_log_lines)}
+    if args.max_usd is not None:  # the collection's budget for this run (issue 29; pipeline/collect/budget.py)
+        from pipeline.collect.budget import check_max_usd
+
+        config.setdefault("graded_calls", {})["max_usd"] = check_max_usd(args.max_usd, "--max-usd")
     from assets.definitions import build_definitions
     from cli.run import run_lineage, stages_of
     from cli.summary import print_summary
@@ -487,6 +491,9 @@ def _add_run_command(sub) -> None:
     p.add_argument("--quarantine-bad-log-lines", action="store_true",
                    help="move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine instead of "
                         "stopping (docs/operations.md)")
+    p.add_argument("--max-usd", default=None, type=float, metavar="X",
+                   help="the collection spends at most X USD in all (reruns included; calls in flight reserved at "
+                        "their worst case); default: the profile's collection.max_usd (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
 

@@ -37,6 +37,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.collect.budget import check_max_usd
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core import config
 from pipeline.core.config import (  # noqa: F401 - the reader's names, re-exported for the profile's callers
@@ -139,12 +140,18 @@ class CollectionConfig(CollectionSettings):
     repetitions = 3
         Times each task is asked each agent (1..3; partitions ``repetition`` 0..repetitions-1). Use 1 with a replay
         pool: a repetition would replay the same recorded reply.
+    max_usd = None
+        USD the whole collection may spend (every partition, reruns included; None = no limit). Each call reserves
+        its worst case before it is sent; the collection stops with one line when the next would not fit
+        (`pipeline.collect.budget`; `router-lite run --max-usd X` overrides it for one run).
     """
 
     repetitions: int = 3
+    max_usd: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_max_usd(self.max_usd)
         if not 1 <= self.repetitions <= MAX_REPETITIONS:
             raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
 

@@ -93,6 +93,8 @@ def forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, set
         ln = dict((lengths or {}).get(a.name) or {"low": float(DEFAULT_COMPLETION_LOW),
                                                    "mean": float(DEFAULT_COMPLETION_MEAN), "n": 0,
                                                    "source": "default"})
+        cap = float(settings.max_tokens)  # no reply is longer than max_tokens
+        ln["low"], ln["mean"] = min(ln["low"], cap), min(ln["mean"], cap)
         p_low, p_exp, p_high, price_source = _price_range(a, live_prices)
         per_agent[a.name] = {
             "model": a.model, "calls": n, "calls_total": len(ids) * repetitions,
