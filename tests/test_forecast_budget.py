@@ -212,3 +212,61 @@ def test_a_budget_stops_the_collection_and_a_higher_one_resumes_it(pilot63, tmp_
           f"${max(b.peak_committed for b in first):.6f}, worst case of one call ${worst:.6f}); resume with $10: "
           f"{wanted - len(stopped)} calls made, {len(calls)} rows, {calls['call_key'].nunique()} keys, bill "
           f"${calls['cost_usd'].sum():.6f}")
+
+
+def test_matrix_complete_names_the_cells_never_collected():
+    from assets.collection_budget import matrix_complete_check
+
+    tasks = pd.DataFrame({"task_id": ["s/1", "s/2"]})
+    calls = pd.DataFrame({"agent": ["a", "a", "b"], "task_id": ["s/1", "s/2", "s/1"], "repetition": [0, 0, 0]})
+    res = matrix_complete_check(calls, tasks, ["a", "b"], 1)
+    assert not res.passed and res.metadata["missing_cells"].value == 1
+    assert "1 of 4 cells (agent/task/repetition) were never collected, e.g. b/s/2/rep0" in res.description
+    assert matrix_complete_check(calls, tasks, ["a"], 1).passed
+
+
+def _cli(args, home, env_extra=None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "ROUTER_LITE_OVERRIDE",
+                                                             "ROUTER_LITE_PROFILE", "ROUTER_LITE_LOG_LEVEL")}
+    env.update({"ROUTER_LITE_HOME": str(home), "PYTHONPATH": str(repo), **(env_extra or {})})
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=repo, capture_output=True,
+                          text=True, timeout=900, check=False)
+
+
+@pytest.mark.slow
+def test_forecast_of_the_pilot_needs_no_key(tmp_path):
+    p = _cli(["forecast", "--profile", "pilot"], tmp_path / "home")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "16,650 calls wanted (0 of 16,650 done), USD " in p.stdout and "no OPENROUTER_API_KEY" in p.stdout
+    fc = json.loads((tmp_path / "home" / "reports" / "forecast.json").read_text())
+    assert fc["calls"] == 16650 and 0 < fc["usd_low"] < fc["usd_expected"] < fc["usd_high"]
+    assert set(fc["per_agent"]) == {"frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"}
+
+
+@pytest.mark.slow
+def test_run_max_usd_stops_with_one_line_and_resumes(tmp_path, temp_instance_dir):
+    """`router-lite run --max-usd` on the smoke profile (replay: estimated costs): the stop line, then the rerun."""
+    home, extra = tmp_path / "home", {"DAGSTER_HOME": str(temp_instance_dir)}
+    p = _cli(["run", "--profile", "smoke", "--upto", "graded_calls", "--max-usd", "0.2"], home, extra)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("router-lite: error:")]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-3000:]
+    assert "check graded_calls:within_budget failed: collection budget reached: spent $" in errors[0]
+    assert "of max_usd $0.200000" in errors[0] and "calls remain" in errors[0] and "--max-usd" in errors[0]
+    first = _replay_rows(home)
+    assert 0 < len(first) < 4500 and first["cost_usd"].sum() <= 0.2
+    p = _cli(["run", "--profile", "smoke", "--upto", "graded_calls", "--max-usd", "100"], home, extra)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = _replay_rows(home)
+    assert len(rows) == rows["call_key"].nunique() == 4500  # 0 lost, 0 doubled
+    assert set(first["call_key"]) <= set(rows["call_key"])
+
+
+def _replay_rows(home) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for f in sorted((home / "calls" / "replay").glob("*/rep*/*.jsonl"))
+                         for line in f.read_text().splitlines()])
