@@ -16,6 +16,14 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.collection_budget import (
+    budget_check,
+    budget_lock,
+    collection_forecast,
+    forecast_metadata,
+    matrix_complete_check,
+    partition_budget,
+)
 from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
@@ -130,7 +138,7 @@ def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
 @asset(deps=[agent_pool], group_name="collection", io_manager_key="io_manager",
        description="Pre-flight: 20 calls per agent (valid completion, max_tokens, usage, empty-rate < 5 %).")
 def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool: pd.DataFrame, pool: PoolResource,
-              profile: ProfileResource) -> Output[pd.DataFrame]:
+              profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     pool = chosen_pool(context, pool, config)
     agents = pool.agents()
@@ -143,7 +151,11 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
     if failed.shape[0] == len(result):
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
-    return Output(result, metadata={
+    # the collection's forecast (issue 29), before it makes a call: the passed agents, less the logged calls
+    fc = collection_forecast(prof, pool.kind, storage, task_pool, [a for a in agents if a.name in
+                                                                     set(result.query("passed")["agent"])], result)
+    context.log.info(f"collection forecast: {fc['calls']:,} calls, USD {fc['usd_low']:.4f} .. {fc['usd_high']:.4f}")
+    return Output(result, metadata={**forecast_metadata(fc),
         "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
         "passed": int(result["passed"].sum()),
         "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
@@ -176,6 +188,8 @@ class GradedCallsConfig(Config):
     quarantine_bad_log_lines: bool = Field(
         default=False, description="Move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine "
                                    "instead of stopping.")
+    max_usd: float | None = Field(default=None, description="USD the whole collection may spend (router-lite run "
+                                                            "--max-usd); unset: the profile's collection.max_usd.")
 
 
 def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, task_pool: pd.DataFrame,
@@ -197,12 +211,15 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
     # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
     # when asked
     wait = wait_setting(config.wait_for_collection)
+    budget = None
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
         if regrading:
             calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
-        else:
-            calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection)
+        else:  # a budget counts the whole collection: its partitions collect one at a time (issue 29)
+            with budget_lock(storage, pool.kind, prof, config.max_usd):
+                budget = partition_budget(prof, config.max_usd, pool.kind, storage, task_pool, agents)
+                calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection, budget=budget)
         made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")
@@ -213,6 +230,7 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
                            description=f"{len(graded_errors)} error call(s) carry a correctness grade"
                            if len(graded_errors) else None)
     yield from empty_rate_checks(calls, prof.collection.empty_rate_max, [a.name for a in agents])
+    yield budget_check(prof, budget, pool.kind, storage, task_pool, agents)
     yield Output(calls, metadata={
         "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
@@ -276,7 +294,10 @@ def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefiniti
                                                 "without it), every agent over it fails the check."),
                      AssetCheckSpec("no_agent_quarantined", asset="graded_calls", blocking=False,
                                     description="Warns when the collection quality rules quarantine an agent: its "
-                                                "name and reason; the others go on.")],
+                                                "name and reason; the others go on."),
+                     AssetCheckSpec("within_budget", asset="graded_calls", blocking=True,
+                                    description="The collection budget (collection.max_usd / --max-usd) did not "
+                                                "stop this partition; when it did: spent, remaining calls, resume.")],
         description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
 
@@ -290,11 +311,14 @@ def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:
 
 
 @asset(group_name="rewards", io_manager_key="io_manager",
+       check_specs=[AssetCheckSpec("matrix_complete", asset="reward_matrix", blocking=True,
+                                   description="Every (agent, task, repetition) cell was collected (a budget stop "
+                                               "leaves cells out: they are named).")],
        description="Per task: agent_order, mean_reward, best_agents, is_tie, empty/error counts, mean cost. "
                    "Published as the rewards dataset (no prompt text).")
 def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, task_pool: pd.DataFrame,
                   preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
-                  storage: StorageResource) -> Output[pd.DataFrame]:
+                  storage: StorageResource):
     prof = profile.get()
     pool = pool_of(pool, preflight)
     calls = profile_calls(prof, graded_calls)
@@ -308,7 +332,8 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
     for a, why in quarantine.items():
         context.log.warning(f"agent {a} quarantined (left out of the reward matrix): {why}")
     lower = cost_lower_bounds(pool, agents) if costs_are_estimated(matrix.rows) else {}
-    return Output(matrix.rows, metadata={
+    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions)
+    yield Output(matrix.rows, metadata={
         "tasks": len(matrix.rows), "agents": MetadataValue.json(agents), "cost_basis": cost_basis(calls),
         "quarantined": MetadataValue.json(quarantine),
         "quarantine": MetadataValue.md(quarantine_markdown(quarantine) or "(none)"),

@@ -53,6 +53,10 @@ def cmd_run(args) -> int:
     if args.wait_for_collection or args.quarantine_bad_log_lines:
         config["graded_calls"] = {"wait_for_collection": "true" if args.wait_for_collection else "",
                                   "quarantine_bad_log_lines": bool(args.quarantine_bad_log_lines)}
+    if args.max_usd is not None:  # the collection's budget for this run (issue 29; pipeline/collect/budget.py)
+        from pipeline.collect.budget import check_max_usd
+
+        config.setdefault("graded_calls", {})["max_usd"] = check_max_usd(args.max_usd, "--max-usd")
     from pathlib import Path
 
     from assets.definitions import build_definitions
@@ -560,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replicate_command(sub)
     _add_publish_command(sub)
     _add_serve_command(sub)
+    from cli.forecast import add_forecast_command
+
+    add_forecast_command(sub)
     return ap
 
 
@@ -581,6 +588,9 @@ def _add_run_command(sub) -> None:
     p.add_argument("--quarantine-bad-log-lines", action="store_true",
                    help="move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine instead of "
                         "stopping (docs/operations.md)")
+    p.add_argument("--max-usd", default=None, type=float, metavar="X",
+                   help="the collection spends at most X USD in all (reruns included; calls in flight reserved at "
+                        "their worst case); default: the profile's collection.max_usd (docs/operations.md)")
     p.set_defaults(fn=cmd_run)
 
 

@@ -38,6 +38,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.collect.budget import check_max_usd
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core import config
 from pipeline.core.config import (  # noqa: F401 - the reader's names, re-exported for the profile's callers
@@ -144,13 +145,19 @@ class CollectionConfig(CollectionSettings):
         The collection quality rule (above 0, at most 1): an agent whose share of empty replies on a source ×
         repetition reaches it is quarantined, left out of every downstream asset with its reason
         (`pipeline.collect.quality`); the other agents go on. Not a call setting either.
+    max_usd = None
+        USD the whole collection may spend (every partition, reruns included; None = no limit). Each call reserves
+        its worst case before it is sent; the collection stops with one line when the next would not fit
+        (`pipeline.collect.budget`; `router-lite run --max-usd X` overrides it for one run).
     """
 
     repetitions: int = 3
     empty_rate_max: float = 0.05
+    max_usd: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_max_usd(self.max_usd)
         if not 1 <= self.repetitions <= MAX_REPETITIONS:
             raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
         v = self.empty_rate_max
