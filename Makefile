@@ -22,6 +22,8 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/router-lite run
 
+# the tests never use the DAGSTER_HOME / ROUTER_LITE_HOME above: tests/conftest.py (`no_trace`) runs them on a temporary
+# instance and home, and fails the suite when it wrote under the repository's instance folders or left a process
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest

@@ -2,6 +2,7 @@
 import pandas as pd
 from dagster import (
     AssetCheckResult,
+    AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
     AssetIn,
@@ -15,15 +16,24 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.collection_budget import (
+    budget_check,
+    budget_lock,
+    collection_forecast,
+    forecast_metadata,
+    matrix_complete_check,
+    partition_budget,
+)
 from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
 from pipeline.collect.calls import run_collect
 from pipeline.collect.preflight import preflight as run_preflight
+from pipeline.collect.quality import RULE_SETTING, empty_rates, kept_agents, quarantine_markdown, quarantined
 from pipeline.collect.regrade import regrade
 from pipeline.collect.rewards import baselines as compute_baselines
-from pipeline.collect.rewards import collection_totals, cost_basis
+from pipeline.collect.rewards import collection_totals, cost_basis, costs_are_estimated
 from pipeline.collect.rewards import reward_matrix as build_matrix
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
@@ -128,7 +138,7 @@ def agent_pool(pool: PoolResource) -> Output[pd.DataFrame]:
 @asset(deps=[agent_pool], group_name="collection", io_manager_key="io_manager",
        description="Pre-flight: 20 calls per agent (valid completion, max_tokens, usage, empty-rate < 5 %).")
 def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool: pd.DataFrame, pool: PoolResource,
-              profile: ProfileResource) -> Output[pd.DataFrame]:
+              profile: ProfileResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     pool = chosen_pool(context, pool, config)
     agents = pool.agents()
@@ -141,12 +151,22 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
     if failed.shape[0] == len(result):
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
-    return Output(result, metadata={
+    # the collection's forecast (issue 29), before it makes a call: the passed agents, less the logged calls
+    fc = collection_forecast(prof, pool.kind, storage, task_pool, [a for a in agents if a.name in
+                                                                     set(result.query("passed")["agent"])], result)
+    context.log.info(f"collection forecast: {fc['calls']:,} calls, USD {fc['usd_low']:.4f} .. {fc['usd_high']:.4f}")
+    return Output(result, metadata={**forecast_metadata(fc),
         "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
         "passed": int(result["passed"].sum()),
         "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
         "table": MetadataValue.md(result.drop(columns=["reason"]).to_markdown(index=False)),
     })
+
+
+def cost_lower_bounds(pool: PoolResource, agents: list[str]) -> dict[str, str]:
+    """agent -> why its estimated cost is a lower bound (`AgentSpec.cost_note`: a reasoning model whose hidden
+    reasoning tokens are billed but not recorded), for the agents of `agents` that have one."""
+    return {a.name: a.cost_note for a in pool.agents() if a.name in agents and a.cost_note}
 
 
 def passed_agents(pool: PoolResource, preflight: pd.DataFrame):
@@ -168,6 +188,8 @@ class GradedCallsConfig(Config):
     quarantine_bad_log_lines: bool = Field(
         default=False, description="Move a call-log line that is not a JSON call row to <agent>.jsonl.quarantine "
                                    "instead of stopping.")
+    max_usd: float | None = Field(default=None, description="USD the whole collection may spend (router-lite run "
+                                                            "--max-usd); unset: the profile's collection.max_usd.")
 
 
 def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, task_pool: pd.DataFrame,
@@ -189,12 +211,15 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
     # one collection per call log at a time (pipeline/collect/call_log_lock.py): a second run fails now, or waits
     # when asked
     wait = wait_setting(config.wait_for_collection)
+    budget = None
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
         if regrading:
             calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
-        else:
-            calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection)
+        else:  # a budget counts the whole collection: its partitions collect one at a time (issue 29)
+            with budget_lock(storage, pool.kind, prof, config.max_usd):
+                budget = partition_budget(prof, config.max_usd, pool.kind, storage, task_pool, agents)
+                calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection, budget=budget)
         made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")
@@ -204,17 +229,41 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
                            metadata={"bad_rows": len(graded_errors)},
                            description=f"{len(graded_errors)} error call(s) carry a correctness grade"
                            if len(graded_errors) else None)
-    rates = calls.groupby("agent")["status"].apply(lambda s: float((s == "empty").mean()))
-    high = {a: round(r, 3) for a, r in rates.items() if r >= 0.05}
-    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=not high,
-                           metadata={"empty_rate": MetadataValue.json(rates.to_dict())},
-                           description=f"empty-reply rate of 5 % or more: {high}" if high else None)
+    yield from empty_rate_checks(calls, prof.collection.empty_rate_max, [a.name for a in agents])
+    yield budget_check(prof, budget, pool.kind, storage, task_pool, agents)
     yield Output(calls, metadata={
         "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
         "totals": MetadataValue.md(totals.to_markdown(index=False, floatfmt=".4f")),
         "call_log": str(log.directory), "pool": pool.pool,
     })
+
+
+def empty_rate_checks(calls: pd.DataFrame, limit: float, agents: list[str]):
+    """The two checks of the empty-reply rule (`collection.empty_rate_max`, 0.05 by default) on one partition. An
+    agent at or over the limit is quarantined (`pipeline.collect.quality`): left out of every downstream asset.
+    `empty_rate_below_5pct` (blocking; its name predates the setting) guards the hand-off: it passes while the
+    quarantine keeps the downstream assets clean, and fails only when every agent of the partition breaks the rule.
+    `no_agent_quarantined` (a warning: it never holds the lineage or the refresh automation) names each quarantined
+    agent and why."""
+    rates = empty_rates(calls)
+    quarantine = quarantined(calls, limit)
+    what = "; ".join(f"{a}: {why}" for a, why in quarantine.items())
+    every = bool(agents) and all(a in quarantine for a in agents)
+    meta = {"empty_rate": MetadataValue.json(rates.to_dict()), "empty_rate_max": float(limit),
+            "quarantined": MetadataValue.json(quarantine)}
+    yield AssetCheckResult(check_name="empty_rate_below_5pct", passed=not every, metadata=meta,
+                           description=(f"every agent breaks the empty-reply rule ({what}); raise {RULE_SETTING} in "
+                                        f"the profile, or fix the agents") if every else
+                           (f"quarantined, the others go on: {what}" if quarantine else None))
+    yield AssetCheckResult(check_name="no_agent_quarantined", passed=not quarantine, severity=AssetCheckSeverity.WARN,
+                           metadata={"quarantined": MetadataValue.json(quarantine), "empty_rate_max": float(limit)},
+                           description=f"quarantined for the downstream assets: {what}" if quarantine else None)
+
+
+def quarantine_of(prof, calls: pd.DataFrame) -> dict[str, str]:
+    """The agents the profile's quality rule quarantines over the lineage's graded calls (every partition)."""
+    return quarantined(calls, prof.collection.empty_rate_max)
 
 
 def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settings: CollectionSettings) -> pd.DataFrame:
@@ -239,7 +288,16 @@ def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefiniti
         check_specs=[AssetCheckSpec("no_error_counted_as_wrong", asset="graded_calls", blocking=True,
                                     description="No error is ever graded: error rows carry no correctness."),
                      AssetCheckSpec("empty_rate_below_5pct", asset="graded_calls", blocking=True,
-                                    description="Empty replies stay under 5 % per agent.")],
+                                    description="Empty replies stay under the profile's collection.empty_rate_max "
+                                                "(5 % by default) per agent and source: an agent over it is "
+                                                "quarantined (a warning naming it and why; the lineage goes on "
+                                                "without it), every agent over it fails the check."),
+                     AssetCheckSpec("no_agent_quarantined", asset="graded_calls", blocking=False,
+                                    description="Warns when the collection quality rules quarantine an agent: its "
+                                                "name and reason; the others go on."),
+                     AssetCheckSpec("within_budget", asset="graded_calls", blocking=True,
+                                    description="The collection budget (collection.max_usd / --max-usd) did not "
+                                                "stop this partition; when it did: spent, remaining calls, resume.")],
         description="One graded call per (task, agent) for one source × repetition, from the durable call log: "
                     "re-materialising makes only the calls missing from the log.")(_graded_calls)
 
@@ -253,22 +311,33 @@ def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:
 
 
 @asset(group_name="rewards", io_manager_key="io_manager",
+       check_specs=[AssetCheckSpec("matrix_complete", asset="reward_matrix", blocking=True,
+                                   description="Every (agent, task, repetition) cell was collected (a budget stop "
+                                               "leaves cells out: they are named).")],
        description="Per task: agent_order, mean_reward, best_agents, is_tie, empty/error counts, mean cost. "
                    "Published as the rewards dataset (no prompt text).")
 def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, task_pool: pd.DataFrame,
                   preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
-                  storage: StorageResource) -> Output[pd.DataFrame]:
+                  storage: StorageResource):
     prof = profile.get()
     pool = pool_of(pool, preflight)
     calls = profile_calls(prof, graded_calls)
-    agents = [a.name for a in passed_agents(pool, preflight)]
+    quarantine = quarantine_of(prof, calls)
+    agents = kept_agents([a.name for a in passed_agents(pool, preflight)], quarantine, "reward matrix")
     matrix = build_matrix(calls, agents)
     out = publish_dataset(rewards_table(matrix.rows, task_pool), storage.path("datasets") / "rewards",
                           REWARDS_TITLE.format(profile=prof.name), REWARDS_DESCRIPTION)
     if len(matrix.incomplete):
         context.log.warning(f"{matrix.incomplete['task_id'].nunique()} tasks held back: an agent has only errors")
-    return Output(matrix.rows, metadata={
+    for a, why in quarantine.items():
+        context.log.warning(f"agent {a} quarantined (left out of the reward matrix): {why}")
+    lower = cost_lower_bounds(pool, agents) if costs_are_estimated(matrix.rows) else {}
+    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions)
+    yield Output(matrix.rows, metadata={
         "tasks": len(matrix.rows), "agents": MetadataValue.json(agents), "cost_basis": cost_basis(calls),
+        "quarantined": MetadataValue.json(quarantine),
+        "quarantine": MetadataValue.md(quarantine_markdown(quarantine) or "(none)"),
+        "cost_lower_bound": MetadataValue.json(lower),
         "tie_rate": float(matrix.rows["is_tie"].mean()),
         "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
         "dataset_dir": str(out),
@@ -281,8 +350,10 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
 def agent_answers(context: AssetExecutionContext, graded_calls: pd.DataFrame, preflight: pd.DataFrame,
                   pool: PoolResource, profile: ProfileResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    agents = [a.name for a in passed_agents(pool_of(pool, preflight), preflight)]
-    answers = build_answers(profile_calls(prof, graded_calls), agents)
+    calls = profile_calls(prof, graded_calls)
+    agents = kept_agents([a.name for a in passed_agents(pool_of(pool, preflight), preflight)],
+                         quarantine_of(prof, calls), "agent answers")
+    answers = build_answers(calls, agents)
     n = max(len(answers), 1)
     no_answer = {a: float(sum(ans[j] is None for ans in answers["answers"]) / n) for j, a in enumerate(agents)}
     ties = {a: float(sum(t[j] for t in answers["answer_tie"]) / n) for j, a in enumerate(agents)}

@@ -14,11 +14,13 @@ from dagster import (
     definitions,
     load_asset_checks_from_package_module,
     load_assets_from_package_module,
+    map_asset_specs,
 )
 
 import assets
 from assets import benchmark, collection, tasks
 from assets.automation import with_refresh_automation
+from assets.metadata import ui_text
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.profile import Profile, as_profile
@@ -26,7 +28,14 @@ from resources.backbone import BackboneResource
 from resources.hub import hub_resource
 from resources.pool import PoolResource, pool_kind
 from resources.profile import ProfileResource
-from resources.storage import ParquetIOManager, RouterIOManager, StorageResource, default_home
+from resources.storage import (
+    ParquetIOManager,
+    RouterIOManager,
+    StorageResource,
+    default_home,
+    home_of,
+    profile_name,
+)
 
 
 def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolResource:
@@ -40,15 +49,19 @@ def pool_resource(profile: Profile | str = "", pool: str | None = None) -> PoolR
 
 
 def build_resources(home: str | None = None, profile: Profile | str = "") -> dict:
-    home = home or default_home()
+    """The resources of `profile` on `home` (default ROUTER_LITE_HOME): its lineage where `home_of` puts it (the
+    root, or profiles/<name> when another profile has the root), the shared caches at the root."""
+    root = home or default_home()
     prof = as_profile(profile)
+    home = str(home_of(prof, root))  # the root names its profile at its first write (ParquetIOManager.owner)
     backbone = {k: v for k, v in dataclasses.asdict(prof.backbone).items() if k != "export_dir"}
     return {
         "pool": pool_resource(prof),
-        "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(home) / "backbones"), **backbone),
-        "io_manager": ParquetIOManager(home=home),
+        "backbone": BackboneResource(export_dir=prof.backbone.export_dir or str(Path(root) / "backbones"), **backbone),
+        "io_manager": ParquetIOManager(home=home, owner=profile_name(prof) if home == str(Path(root).resolve())
+                                       else ""),  # the lineage at the root names its profile there
         "router_io_manager": RouterIOManager(home=home),  # fitted routers of any kind (their save/from_files)
-        "storage": StorageResource(home=home),
+        "storage": StorageResource(home=home, shared=str(Path(root).resolve())),
         "profile": ProfileResource(name=Path(prof.path).stem if prof.path else prof.name),  # re-read in a run
         "hub": hub_resource(),  # HF_TOKEN, only for the opt-in hub_release
     }
@@ -70,7 +83,9 @@ def build_assets(profile: Profile | str = "") -> list:
     there is picked up, docs/architecture.md "How to add a report") and `profile_assets`."""
     prof = as_profile(profile)
     found = load_assets_from_package_module(assets)  # every module of assets/: a new report module is found
-    return with_refresh_automation(found + profile_assets(prof), prof.pool.kind)  # eager refresh: automation.py
+    shown = map_asset_specs(lambda spec: spec.replace_attributes(description=ui_text(spec.description))
+                            if spec.description else spec, found + profile_assets(prof))  # `<kind>` stays visible
+    return with_refresh_automation(shown, prof.pool.kind)  # eager refresh: automation.py
 
 
 def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:

@@ -11,21 +11,26 @@ from dagster import (
     asset_check,
 )
 
+from assets.collection import cost_lower_bounds, pool_of, quarantine_of
 from assets.router import reward_embeddings, training_split
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
+from resources.pool import PoolResource
+from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
 @asset(group_name="report", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
-                   "(label router and kNN, 5-fold CV on the training split).")
+                   "(label router and kNN, 5-fold CV on the training split); the agents the collection quality "
+                   "rules quarantined, with their reasons, and the costs that are only lower bounds.")
 def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
-                prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame,
+                prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame, graded_calls: pd.DataFrame,
+                preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
                 storage: StorageResource) -> Output[dict]:
     rewards, tasks = reward_matrix, task_pool
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
@@ -37,6 +42,10 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
                        costs_estimated=costs_are_estimated(rewards))
     E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
     rep["cascade"] = cascade_pays(R, C, E, t["grader"].to_numpy(), split, agents)
+    # the agents the collection quality rules left out, and the costs that are only lower bounds
+    rep["quarantined"] = quarantine_of(profile.get(), graded_calls)
+    rep["cost_lower_bound"] = (cost_lower_bounds(pool_of(pool, preflight), agents)
+                               if costs_are_estimated(rewards) else {})
     md = report_markdown(rep)
     atomic_write_text(md, storage.path("reports") / "pool_report.md")
     atomic_write_json(rep, storage.path("reports") / "pool_report.json")
@@ -51,6 +60,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
         "label_router_cv_gain": h.get("label_router", {}).get("gain"),
         "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
         "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)",
+        "quarantined": MetadataValue.json(rep["quarantined"]),
+        "cost_lower_bound": MetadataValue.json(rep["cost_lower_bound"]),
     })
 
 

@@ -218,7 +218,9 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
             for e in failed:
                 # non-blocking: reported only
                 level = "WARN" if getattr(e.severity, "value", "") == "WARN" else "FAILED"
-                log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name} {dict(e.metadata)}")
+                why = e.description or ", ".join(f"{k}={getattr(v, 'value', getattr(v, 'data', v))}"
+                                                 for k, v in e.metadata.items())
+                log(f"  check {level}: {e.asset_key.to_user_string()}:{e.check_name}: {why}")
         times["stages"][stage] = round(time.time() - t0, 1)
         log(f"[{stage}] {', '.join(keys)} done in {time.time() - t0:.1f}s")
     times["total_s"] = round(time.time() - t_all, 1)

@@ -19,8 +19,62 @@ from pipeline.core.io import atomic_write_json, atomic_write_parquet
 DEFAULT_HOME = ".router-lite"
 
 
+# Several profiles share one home without mixing: the first profile that runs on a home keeps its lineage at the
+# root (its name in <home>/profile; a home from before this file is its legacy profile's, recognised by its sources),
+# every other profile's lives under <home>/profiles/<name>/ (assets, reports, datasets, registry). The folders below
+# are caches keyed by content (a call's key holds agent, task, repetition and settings; an embedding's its backbone
+# and text): every profile of a home shares them at the root.
+OWNER_FILE = "profile"
+PROFILES_DIR = "profiles"
+SHARED = ("calls", "embeddings", "backbones", "bench")
+
+
 def default_home() -> str:
     return os.environ.get("ROUTER_LITE_HOME", DEFAULT_HOME)
+
+
+def _legacy_sources(root: Path) -> set[str] | None:
+    """The sources of a lineage left at the root by a version without `OWNER_FILE` (its `source_tasks` partition
+    files); None when the root holds no lineage."""
+    part = root / "assets" / "source_tasks"
+    return {f.stem for f in part.glob("*.parquet")} or None if part.is_dir() else None
+
+
+def root_owner(home: str | Path) -> str | None:
+    """The profile whose lineage lives at the root of `home` (None: nobody has claimed it yet)."""
+    f = Path(home).resolve() / OWNER_FILE
+    return f.read_text().strip() or None if f.is_file() else None
+
+
+def profile_home(home: str | Path, profile: str, sources=None, claim: bool = False) -> Path:
+    """Where profile `profile`'s lineage lives in `home`: the root when the root is its own (named in
+    <home>/profile, or, for a home without that file, no lineage or one of the same sources `sources`), else
+    <home>/profiles/<profile>. `claim`: an unclaimed root that exists becomes `profile`'s (its name written), which
+    is how the first profile run on a home, and the legacy lineage's own profile, keep the root."""
+    root = Path(home).resolve()
+    if not profile:
+        return root
+    owner = root_owner(root)
+    if owner is None:
+        legacy = _legacy_sources(root)
+        mine = legacy is None or (sources is not None and legacy == set(sources))
+        if not mine:
+            return root / PROFILES_DIR / profile
+        if claim and root.is_dir():  # a home not made yet is claimed by its first lineage's sources
+            (root / OWNER_FILE).write_text(profile + "\n")
+        return root
+    return root if owner == profile else root / PROFILES_DIR / profile
+
+
+def profile_name(profile) -> str:
+    """The name a `pipeline.profile.Profile` goes by in a home: its file's name."""
+    return Path(profile.path).stem if getattr(profile, "path", "") else profile.name
+
+
+def home_of(profile, home: str | Path | None = None, claim: bool = False) -> Path:
+    """`profile_home` for a `pipeline.profile.Profile` (its name, its sources) in `home` (default: the
+    ROUTER_LITE_HOME)."""
+    return profile_home(home or default_home(), profile_name(profile), sources=list(profile.sources), claim=claim)
 
 
 def _partition_file(key: str) -> str:
@@ -36,15 +90,19 @@ def asset_path(home: str | Path, asset: str, partition: str | None = None, suffi
 
 
 class StorageResource(ConfigurableResource):
-    """Paths of everything the pipeline writes: one root, `ROUTER_LITE_HOME` (default ./.router-lite)."""
+    """Paths of everything the pipeline writes: the profile's lineage under `home` (`profile_home`: the root of
+    `ROUTER_LITE_HOME`, default ./.router-lite, or its profiles/<name>), the shared caches (`SHARED`) under `shared`
+    (the home's root; empty: `home`)."""
 
     home: str = DEFAULT_HOME
+    shared: str = ""
 
     def root(self) -> Path:
         return Path(self.home).resolve()
 
     def path(self, *parts: str) -> Path:
-        p = self.root().joinpath(*parts)
+        base = Path(self.shared).resolve() if self.shared and parts and parts[0] in SHARED else self.root()
+        p = base.joinpath(*parts)
         p.mkdir(parents=True, exist_ok=True)
         return p
 
@@ -56,9 +114,11 @@ class StorageResource(ConfigurableResource):
 
 
 class ParquetIOManager(ConfigurableIOManager):
-    """DataFrames as zstd Parquet (atomic), dicts/lists as JSON; one file per asset partition."""
+    """DataFrames as zstd Parquet (atomic), dicts/lists as JSON; one file per asset partition. `owner`: the profile
+    whose lineage this is, when it lives at the home's root: its first write there names it in `OWNER_FILE`."""
 
     home: str = DEFAULT_HOME
+    owner: str = ""
 
     def _file(self, asset_key: list[str], partition: str | None, suffix: str) -> Path:
         return asset_path(self.home, "/".join(asset_key), partition, suffix)
@@ -66,6 +126,10 @@ class ParquetIOManager(ConfigurableIOManager):
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:
             return
+        mark = Path(self.home).resolve() / OWNER_FILE
+        if self.owner and not mark.exists():
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(self.owner + "\n")
         partition = context.asset_partition_key if context.has_asset_partitions else None
         key = context.asset_key.path
         if isinstance(obj, pd.DataFrame):

@@ -6,20 +6,102 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# what a Dagster instance (DAGSTER_HOME) or a router-lite home writes when pointed at the repository's root
+INSTANCE_DIRS = ("history", "storage", "logs", "schedules", ".telemetry", ".router-lite")
+SESSION_MARK = "ROUTER_LITE_TEST_SESSION"  # inherited by every process the suite starts: how leftovers are found
+
+
+def instance_dagster_yaml(root: Path, capture_logs: bool = True) -> Path:
+    """`root` as a DAGSTER_HOME: the repo's dagster.yaml with its relative storage folders made absolute under it.
+    `capture_logs=False`: no compute-log capture (Dagster's local capture mirrors a step's stdout and stderr through
+    two `tail -F` processes per run, which outlive a run that is left waiting)."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    if not capture_logs:
+        cfg["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
+                               "class": "NoOpComputeLogManager"}
+    root.mkdir(parents=True, exist_ok=True)
+    if "sqlite" in cfg.get("storage", {}):
+        cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
+    if "local_artifact_storage" in cfg:
+        cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
+    (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def repo_instance_files() -> dict[str, int]:
+    """Every file under the repository's instance folders, with its modification time (ns)."""
+    out = {}
+    for d in INSTANCE_DIRS:
+        for p in (REPO / d).rglob("*") if (REPO / d).exists() else ():
+            if p.is_file():
+                out[str(p.relative_to(REPO))] = p.stat().st_mtime_ns
+    return out
+
+
+def session_processes(mark: str) -> list[str]:
+    """The live processes (not this one) whose environment carries `mark`: the ones the suite started."""
+    needle = f"{SESSION_MARK}={mark}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                if (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":  # a zombie is dead already
+                    found.append(f"{proc.name}: {cmd}")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_trace(tmp_path_factory):
+    """Tests leave no trace: the whole suite runs Dagster in a temporary instance (DAGSTER_HOME, whatever the caller,
+    e.g. the Makefile, set) with a temporary ROUTER_LITE_HOME; after the last test it fails (an error in the
+    session's teardown) when a file under the repository's instance folders was written, or when a process the suite
+    started is still alive."""
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("instance")
+    mp.setenv("DAGSTER_HOME", str(instance_dagster_yaml(root / "dagster_home")))
+    mp.setenv("ROUTER_LITE_HOME", str(root / "router_lite_home"))
+    mark = uuid.uuid4().hex
+    mp.setenv(SESSION_MARK, mark)
+    before = repo_instance_files()
+    yield
+    mp.undo()
+    after = repo_instance_files()
+    written = sorted(f for f, t in after.items() if before.get(f) != t)
+    assert not written, (f"the tests wrote {len(written)} file(s) under the repository's instance folders (first: "
+                         f"{written[:5]}): run Dagster on a temporary instance (DAGSTER_HOME) and home")
+    import time
+
+    for _ in range(20):  # a process being stopped gets a moment to go
+        left = session_processes(mark)
+        if not left:
+            break
+        time.sleep(0.25)
+    assert not left, f"the tests left {len(left)} process(es) running: {left}"
 
 
 @pytest.fixture(scope="session")
 def smoke_home(tmp_path_factory):
     """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once, on a
     persistent temp Dagster instance. Returns (ROUTER_LITE_HOME, DAGSTER_HOME) as Paths."""
-    from pathlib import Path
 
     root = tmp_path_factory.mktemp("smoke")
     home, dagster_home = root / "home", root / "dagster"
     dagster_home.mkdir()
     # the repo's dagster.yaml with its relative dirs made absolute under this temp root
-    text = (Path(__file__).resolve().parents[1] / "dagster.yaml").read_text()
+    text = (REPO / "dagster.yaml").read_text()
     (dagster_home / "dagster.yaml").write_text(text.replace(".router-lite/dagster", str(dagster_home / "instance")))
     mp = pytest.MonkeyPatch()
     mp.setenv("ROUTER_LITE_HOME", str(home))
@@ -53,19 +135,13 @@ def smoke_home_copy(smoke_home, tmp_path):
 def temp_instance_dir(tmp_path):
     """A DAGSTER_HOME with the repo's dagster.yaml, its relative storage folders made absolute under tmp_path
     (so the concurrency block is the repo's own)."""
-    from pathlib import Path
+    return instance_dagster_yaml(tmp_path / "dagster_home")
 
-    import yaml
 
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "dagster.yaml").read_text())
-    root = tmp_path / "dagster_home"
-    root.mkdir()
-    if "sqlite" in cfg.get("storage", {}):
-        cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
-    if "local_artifact_storage" in cfg:
-        cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
-    (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
-    return root
+@pytest.fixture
+def quiet_instance_dir(tmp_path):
+    """`temp_instance_dir` without compute-log capture: for a test that runs a step in a thread of its own."""
+    return instance_dagster_yaml(tmp_path / "dagster_home", capture_logs=False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,7 +25,8 @@ SOURCE_TASKS = next(a for a in TASK_ASSETS if a.key.to_user_string() == "source_
 HAND_OFF = {("task_pool", "task_pool_unique_ids"), ("task_pool", "task_pool_gold_and_grader"),
             ("task_pool", "task_pool_no_cross_split_prompts"),
             ("reward_matrix", "reward_join_complete"), ("graded_calls", "no_error_counted_as_wrong"),
-            ("graded_calls", "empty_rate_below_5pct")}
+            ("graded_calls", "empty_rate_below_5pct"),
+            ("graded_calls", "within_budget"), ("reward_matrix", "matrix_complete")}  # issue 29: the budget
 
 
 def test_the_hand_off_checks_and_only_they_block():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.config import config_dir, override_pools
 from pipeline.core.errors import RouterLiteError
 
 
@@ -21,6 +22,15 @@ class AgentSpec:
     price_in_per_mtok: float
     price_out_per_mtok: float
     role: str = ""
+    # its replies omit tokens it is billed for (a reasoning model's hidden reasoning: `hidden_reasoning: true` on the
+    # agent or its model's price entry), so a cost estimated from the recorded text is a lower bound
+    hidden_reasoning: bool = False
+
+    @property
+    def cost_note(self) -> str:
+        """Why an estimated cost of this agent is only a lower bound ("" when it is not)."""
+        return ("lower bound: its hidden reasoning tokens are billed as output but absent from the recorded reply, "
+                "so an estimate from the reply's text leaves them out" if self.hidden_reasoning else "")
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.price_in_per_mtok + completion_tokens * self.price_out_per_mtok) / 1e6
@@ -60,6 +70,8 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
     path = Path(path)
     raw = _read_yaml(path, "agents")
     pools = raw.get("pools")
+    if isinstance(pools, dict) and path.resolve() == (config_dir() / "agents.yaml").resolve():
+        pools = {**pools, **override_pools()}  # an override file's `agents: {pools: ...}` (docs/usage.md)
     if not isinstance(pools, dict) or not pools:
         raise RouterLiteError(f"{path}: needs a non-empty `pools:` mapping")
     if prices_path is None:
@@ -86,6 +98,7 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
             if not provider:
                 raise RouterLiteError(f"{path}: pool {name!r} agent {a['name']!r} has no provider")
             p_in, p_out = a.get("price_in_per_mtok"), a.get("price_out_per_mtok")
+            hidden = a.get("hidden_reasoning")
             if p_in is None or p_out is None:
                 if prices is None:
                     prices = load_prices(prices_path)
@@ -95,13 +108,19 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
                                           f"in {prices_path}")
                 p_in = entry["input"] if p_in is None else p_in
                 p_out = entry["output"] if p_out is None else p_out
+            if hidden is None:  # the model's price entry says it, when there is one
+                if prices is None and Path(prices_path).exists():
+                    prices = load_prices(prices_path)
+                known = (prices or {}).get(a["model"])
+                hidden = isinstance(known, dict) and bool(known.get("hidden_reasoning"))
             try:
                 p_in, p_out = float(p_in), float(p_out)
             except (TypeError, ValueError):
                 raise RouterLiteError(f"{path}: agent {a['name']!r}: prices must be numbers") from None
             out.append(AgentSpec(name=str(a["name"]), model=str(a["model"]), provider=str(provider),
                                  base_url=a.get("base_url", pool.get("base_url")), price_in_per_mtok=p_in,
-                                 price_out_per_mtok=p_out, role=str(a.get("role", ""))))
+                                 price_out_per_mtok=p_out, role=str(a.get("role", "")),
+                                 hidden_reasoning=bool(hidden)))
         return out
 
     agents = resolve(pool_name, ())

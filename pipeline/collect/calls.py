@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.collect.agents import AgentSpec
+from pipeline.collect.budget import Budget
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.client import call_once
 from pipeline.collect.grading import GRADERS, grade
@@ -109,7 +110,7 @@ async def close_clients(clients: dict) -> None:
 
 async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: int, call_log: CallLog,
                   client_for: Callable[[AgentSpec], Any], settings: CollectionSettings | None = None,
-                  grade_fn: GradeFn | None = None) -> pd.DataFrame:
+                  grade_fn: GradeFn | None = None, budget: Budget | None = None) -> pd.DataFrame:
     """Make the calls of (tasks x agents x `repetition`) missing from `call_log`; return all of them, graded.
 
     `tasks_df` needs task_id, prompt, gold, grader. Done = a row with status ok or empty in the log; error rows are
@@ -118,6 +119,8 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     `pipeline.collect.grading.grade`; errors are not graded: correct None) and appended to the log before the next call
     of that worker starts. `client_for(agent)` is called once per agent before any call (so a missing key fails first);
     the clients are closed at the end. Returns one row per call key (CALL_FIELDS columns), in task x agent order.
+    With a `budget` (pipeline/collect/budget.py) each call reserves its worst case before it is sent and settles its
+    cost once logged; when the budget stops, no call starts and the rows made so far are returned (`budget.stopped`).
     """
     settings = settings or CollectionSettings()
     grade_fn = grade_fn or grade
@@ -137,8 +140,13 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     async def worker(queue: collections.deque) -> None:
         while queue:
             k, a, t = queue.popleft()
+            held = None if budget is None else await budget.reserve(a, t["prompt"])
+            if budget is not None and held is None:  # the budget stopped: this call and the rest stay unmade
+                return
             fields = await call_once(clients[a.name], a, t["prompt"], settings)
             await committer.write(_graded_row(k, a, t, repetition, sh, fields, grade_fn))
+            if held is not None:
+                await budget.settle(held, fields["cost_usd"])
             counts[fields["status"]] += 1
             progress(sum(counts.values()), n_todo)
 

@@ -64,6 +64,7 @@ async def preflight_async(client_for: Callable[[AgentSpec], Any], agents: list[A
             "agent": a.name, "model": a.model, "provider": a.provider, "n_calls": n,
             "n_ok": sum(c["status"] == "ok" for c in calls), "n_empty": n_empty, "n_error": len(errors),
             "empty_rate": empty_rate, "max_completion_tokens": max_ct,
+            "min_completion_tokens": min((c["completion_tokens"] or 0 for c in answered), default=None),
             "mean_latency_ms": float(sum(c["latency_ms"] for c in calls) / n) if n else 0.0,
             "cost_usd": float(sum(c["cost_usd"] or 0.0 for c in answered)),
             "passed": not reasons, "reason": "; ".join(reasons) if reasons else "ok",
@@ -75,6 +76,7 @@ def preflight(client_for: Callable[[AgentSpec], Any], agents: list[AgentSpec], p
               settings: CollectionSettings | None = None, n_calls: int = PREFLIGHT_CALLS) -> pd.DataFrame:
     """Per agent: `n_calls` (20) calls; passed when every call returned a valid completion, max_tokens was
     respected, usage token counts were reported, and the empty-rate is < 5 %. Columns: agent, model, provider,
-    n_calls, n_ok, n_empty, n_error, empty_rate, max_completion_tokens, mean_latency_ms, cost_usd, passed, reason.
+    n_calls, n_ok, n_empty, n_error, empty_rate, max_completion_tokens, min_completion_tokens, mean_latency_ms,
+    cost_usd, passed, reason.
     Runs its own event loop (in a helper thread when called from inside a running loop)."""
     return run_sync(preflight_async(client_for, agents, prompts, settings, n_calls))

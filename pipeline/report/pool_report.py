@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pipeline.collect.quality import quarantine_markdown
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import bootstrap_means
@@ -168,13 +169,13 @@ def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.nda
     return rep
 
 
-def _pivot(records: list[dict], cost_label: str) -> str:
+def _pivot(records: list[dict], cost_label: str, lower_bound=()) -> str:
     df = pd.DataFrame(records)
     df["cell"] = [f"{a:.3f} [{lo:.3f}, {hi:.3f}]" for a, lo, hi in zip(df["accuracy"], df["ci_low"], df["ci_high"])]
     table = df.pivot(index="agent", columns="group", values="cell")
     cost = df.groupby("agent", sort=False)["cost_per_1k"].mean()
     table = table.loc[list(dict.fromkeys(df["agent"]))]
-    table[f"cost {cost_label}"] = [f"{cost[a]:.3f}" for a in table.index]
+    table[f"cost {cost_label}"] = [("≥ " if a in lower_bound else "") + f"{cost[a]:.3f}" for a in table.index]
     n = df.groupby("group")["n"].first()
     table.columns = [f"{c} (n={n[c]})" if c in n else c for c in table.columns]
     return table.reset_index().to_markdown(index=False)
@@ -212,13 +213,18 @@ def report_markdown(rep: dict) -> str:
     est = "estimated " if rep.get("costs_estimated") else ""
     if rep["verdict"]["kind"] == "quality-dominated":
         lines += [f"Warning: {WARNING}.", ""]
+    if rep.get("quarantined"):
+        lines += [quarantine_markdown(rep["quarantined"])]
+    lower = rep.get("cost_lower_bound") or {}
     lines += [(f"Accuracy with 95 % CI per agent × {rep.get('domain_column') or 'domain'} on {rep['n_rows']} "
                f"development rows (train + validation); cost is {est}USD per 1k queries:"), "",
-              _pivot(rep["by_domain"], label), ""]
+              _pivot(rep["by_domain"], label, lower), ""]
+    for a, why in lower.items():
+        lines += [f"≥: the cost of {a} is a {why}.", ""]
     lines += ["Leaders (top agent, and agents whose paired 95 % CI of the gap to it contains 0): "
               + "; ".join(f"{g}: {', '.join(v['tied_leaders'])}" for g, v in rep["leaders"].items()), ""]
     if rep.get("by_difficulty"):
-        lines += ["By difficulty:", "", _pivot(rep["by_difficulty"], label), ""]
+        lines += ["By difficulty:", "", _pivot(rep["by_difficulty"], label, lower), ""]
     parts = [f"best single (CV) {h['best_single_cv']:.4f}, oracle headroom +{h['oracle_headroom']:.4f}"]
     for name in ("label_router", "knn"):
         if name in h:

@@ -1,0 +1,83 @@
+"""`router-lite forecast`: what the profile's collection will cost, before any paid call (issue 29). No call to an
+agent and no key: the task pool is built in this process from the profile's bundled sources (what `router-lite run
+--upto task_pool` materialises), the call logs say what is done, and the pool's prices are the list prices (with a
+key, the provider's models endpoint adds its own). Prints a table; writes reports/forecast.json."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def profile_task_pool(prof):
+    """The profile's task pool, as the `task_pool` asset builds it (sources -> eligible tasks -> balanced pool)."""
+    import pandas as pd
+
+    from assets.tasks import eligible_tasks
+    from pipeline.tasks.sources import load_source
+    from pipeline.tasks.task_pool import build_task_pool
+
+    frames = [load_source(k, path=s.path, hub_id=s.hub_id, hub_config=s.hub_config, hub_split=s.hub_split)
+              for k, s in prof.sources.items()]
+    return build_task_pool(eligible_tasks(pd.concat(frames, ignore_index=True), prof), prof.task_pool)
+
+
+def _preflight_of(home: str, pool_name: str):
+    """The materialised pre-flight when it ran on `pool_name` (its completion lengths), else None."""
+    import pandas as pd
+
+    from resources.storage import asset_path
+
+    path = asset_path(home, "preflight")
+    if not path.exists():
+        return None
+    pf = pd.read_parquet(path)
+    return pf if "pool" in pf.columns and len(pf) and str(pf["pool"].iloc[0]) == pool_name else None
+
+
+def compute_forecast(prof, pool_name: str | None, home: str) -> tuple[dict, str]:
+    """(the forecast of `prof`'s collection on `pool_name` (default: the profile's pool), the price note)."""
+    from assets.collection_budget import collection_forecast
+    from assets.definitions import pool_resource
+    from resources.prices import provider_prices
+    from resources.storage import StorageResource
+
+    pool = pool_resource(prof, pool_name or None)
+    agents = pool.agents()
+    pool.check_setup(agents)  # a bad pool or base URL fails here; a missing key does not
+    live, note = provider_prices(pool)
+    fc = collection_forecast(prof, pool.kind, StorageResource(home=home), profile_task_pool(prof), agents,
+                             _preflight_of(home, pool.pool), live)
+    return {"profile": prof.name, "pool": pool.pool, "kind": pool.kind, "prices": note, **fc}, note
+
+
+def cmd_forecast(args) -> int:
+    from cli.main import _use_override
+    from pipeline.collect.forecast import forecast_line, forecast_table
+    from pipeline.core.io import atomic_write_json
+    from pipeline.profile import load_profile
+    from resources.storage import default_home
+
+    if args.profile:
+        os.environ["ROUTER_LITE_PROFILE"] = args.profile
+    _use_override(args)
+    prof = load_profile(args.profile)
+    home = default_home()
+    fc, note = compute_forecast(prof, args.pool, home)
+    out = Path(home) / "reports" / "forecast.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(fc, out)
+    print(f"forecast: profile {prof.name}, pool {fc['pool']} ({fc['kind']}), {fc['tasks']:,} tasks x "
+          f"{len(fc['per_agent'])} agents x {fc['repetitions']} repetitions; prices: {note}")
+    print(forecast_table(fc))
+    print(forecast_line(fc))
+    print(f"written: {out}", file=sys.stderr)
+    return 0
+
+
+def add_forecast_command(sub) -> None:
+    p = sub.add_parser("forecast", help="calls and a USD range of the profile's collection, before any call (no key)")
+    p.add_argument("--profile", default=None, help="profile name (default: $ROUTER_LITE_PROFILE or demo)")
+    p.add_argument("--override", default=None, metavar="FILE", help="a YAML file merged over the profile")
+    p.add_argument("--pool", default=None, help="another pool of config/agents.yaml (default: the profile's)")
+    p.set_defaults(fn=cmd_forecast)

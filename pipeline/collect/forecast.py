@@ -1,0 +1,135 @@
+"""`forecast(...)`: what a collection will cost before any paid call. No call, no key: the calls still wanted (the
+task pool x agents x repetitions, less the call log's done calls) and a USD range per agent and in all.
+
+Per call, for an agent priced `p_in` / `p_out` USD per million tokens:
+
+- prompt tokens: ceil(characters / 4) (the estimate the replay and the stand-in count with) for the low and the
+  expected figure; for the high figure the prompt's UTF-8 bytes + `TEMPLATE_TOKENS` (a byte-level tokenizer never
+  makes more tokens than bytes; the chat template adds a few): a bound, not an estimate.
+- completion tokens: low = the 5th percentile, expected = the mean of the agent's recorded calls (done rows of the
+  call log under the same call settings, at least `MIN_MEASURED` of them); without them the pre-flight's shortest
+  reply for the low figure; else the stated defaults `DEFAULT_COMPLETION_LOW` / `DEFAULT_COMPLETION_MEAN`.
+  High = the profile's `max_tokens` on every call.
+- prices: the list price (config/prices.yaml, on the agent); where the provider's models endpoint gave one (a key is
+  set) low takes the lower and high the higher of the two, expected the provider's.
+
+`call_cost_high` is the worst case of one call: what the budget (`pipeline.collect.budget`) reserves before sending.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import pandas as pd
+
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.call_log import DONE_STATUSES, call_key
+from pipeline.collect.replay import approx_tokens
+from pipeline.collect.settings import CollectionSettings
+
+TEMPLATE_TOKENS = 32  # chat-template tokens around one user message, on the high side
+MIN_MEASURED = 5  # recorded calls of an agent before their lengths replace the defaults
+DEFAULT_COMPLETION_LOW = 8  # tokens: a bare answer line ("The answer is (C).")
+DEFAULT_COMPLETION_MEAN = 512  # tokens: a worked answer, stated when nothing was measured
+
+
+def prompt_tokens_high(prompt: str) -> int:
+    """An upper bound of a prompt's tokens: its UTF-8 bytes + the chat template."""
+    return len(prompt.encode("utf-8")) + TEMPLATE_TOKENS
+
+
+def call_cost_high(agent: AgentSpec, prompt: str, max_tokens: int, price: tuple[float, float] | None = None) -> float:
+    """The most one call of `agent` on `prompt` can cost: bound prompt tokens + `max_tokens` completion tokens, at
+    `price` (USD per million tokens in / out; default the agent's list price)."""
+    p_in, p_out = price or (agent.price_in_per_mtok, agent.price_out_per_mtok)
+    return (prompt_tokens_high(prompt) * p_in + int(max_tokens) * p_out) / 1e6
+
+
+def completion_lengths(calls: pd.DataFrame | None, preflight: pd.DataFrame | None = None) -> dict[str, dict]:
+    """Per agent the completion tokens a forecast uses: {low, mean, n, source} from recorded done calls (columns
+    agent, status, completion_tokens), else the pre-flight's shortest reply (column min_completion_tokens) for low."""
+    out: dict[str, dict] = {}
+    if preflight is not None and len(preflight) and "min_completion_tokens" in preflight.columns:
+        for _, r in preflight.iterrows():
+            if pd.notna(r["min_completion_tokens"]) and int(r.get("n_ok", 0) or 0) > 0:
+                out[str(r["agent"])] = {"low": float(r["min_completion_tokens"]),
+                                        "mean": float(DEFAULT_COMPLETION_MEAN), "n": int(r["n_ok"]),
+                                        "source": "pre-flight (low only)"}
+    if calls is not None and len(calls):
+        done = calls[calls["status"].isin(DONE_STATUSES) & calls["completion_tokens"].notna()]
+        for agent, ct in done.groupby("agent")["completion_tokens"]:
+            if len(ct) >= MIN_MEASURED:
+                ct = ct.astype(float)
+                out[str(agent)] = {"low": float(ct.quantile(0.05)), "mean": float(ct.mean()), "n": int(len(ct)),
+                                   "source": "recorded calls"}
+    return out
+
+
+def _price_range(agent: AgentSpec, live: Mapping[str, tuple[float, float]] | None):
+    listed = (agent.price_in_per_mtok, agent.price_out_per_mtok)
+    got = (live or {}).get(agent.model)
+    if got is None:
+        return listed, listed, listed, "list"
+    low = (min(listed[0], got[0]), min(listed[1], got[1]))
+    high = (max(listed[0], got[0]), max(listed[1], got[1]))
+    return low, tuple(got), high, "provider models endpoint + list"
+
+
+def forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, settings: CollectionSettings,
+             done_keys: Iterable[str] = (), lengths: Mapping[str, dict] | None = None,
+             live_prices: Mapping[str, tuple[float, float]] | None = None) -> dict:
+    """The calls of (tasks x agents x repetitions 0..repetitions-1) not in `done_keys`, and their USD range:
+    {calls, calls_total, calls_done, usd_low, usd_expected, usd_high, max_tokens, per_agent: {agent: {...}}}."""
+    done = set(done_keys)
+    sh = settings.hash()
+    ids = [str(t) for t in tasks["task_id"]]
+    est = [approx_tokens(p) for p in tasks["prompt"]]
+    high = [prompt_tokens_high(p) for p in tasks["prompt"]]
+    per_agent = {}
+    for a in agents:
+        todo = [i for r in range(repetitions) for i, t in enumerate(ids) if call_key(a.name, t, r, sh) not in done]
+        n = len(todo)
+        pt_est, pt_high = sum(est[i] for i in todo), sum(high[i] for i in todo)
+        ln = dict((lengths or {}).get(a.name) or {"low": float(DEFAULT_COMPLETION_LOW),
+                                                   "mean": float(DEFAULT_COMPLETION_MEAN), "n": 0,
+                                                   "source": "default"})
+        cap = float(settings.max_tokens)  # no reply is longer than max_tokens
+        ln["low"], ln["mean"] = min(ln["low"], cap), min(ln["mean"], cap)
+        p_low, p_exp, p_high, price_source = _price_range(a, live_prices)
+        per_agent[a.name] = {
+            "model": a.model, "calls": n, "calls_total": len(ids) * repetitions,
+            "calls_done": len(ids) * repetitions - n, "prompt_tokens": pt_est,
+            "completion_tokens_low": ln["low"], "completion_tokens_mean": ln["mean"],
+            "completion_measured_n": ln["n"], "completion_source": ln["source"],
+            "price_in_per_mtok": p_exp[0], "price_out_per_mtok": p_exp[1], "price_source": price_source,
+            "usd_low": (pt_est * p_low[0] + n * ln["low"] * p_low[1]) / 1e6,
+            "usd_expected": (pt_est * p_exp[0] + n * ln["mean"] * p_exp[1]) / 1e6,
+            "usd_high": (pt_high * p_high[0] + n * int(settings.max_tokens) * p_high[1]) / 1e6,
+        }
+    total = {k: sum(v[k] for v in per_agent.values()) for k in ("calls", "calls_total", "calls_done")}
+    usd = {k: math.fsum(v[k] for v in per_agent.values()) for k in ("usd_low", "usd_expected", "usd_high")}
+    return {**total, **usd, "max_tokens": int(settings.max_tokens), "repetitions": int(repetitions),
+            "tasks": len(ids), "per_agent": per_agent}
+
+
+def forecast_table(fc: Mapping) -> str:
+    """The forecast as a printable table: one row per agent and the total."""
+    rows = [{"agent": a, "model": v["model"], "calls": v["calls"], "done": v["calls_done"],
+             "usd_low": v["usd_low"], "usd_expected": v["usd_expected"], "usd_high": v["usd_high"],
+             "completion": f"{v['completion_tokens_mean']:.0f} ({v['completion_source']})",
+             "price": v["price_source"]} for a, v in fc["per_agent"].items()]
+    rows.append({"agent": "total", "model": "", "calls": fc["calls"], "done": fc["calls_done"],
+                 "usd_low": fc["usd_low"], "usd_expected": fc["usd_expected"], "usd_high": fc["usd_high"],
+                 "completion": "", "price": ""})
+    df = pd.DataFrame(rows)
+    for c in ("usd_low", "usd_expected", "usd_high"):
+        df[c] = df[c].map(lambda x: f"{x:,.4f}")
+    df["calls"] = df["calls"].map(lambda x: f"{x:,}")
+    return df.to_string(index=False)
+
+
+def forecast_line(fc: Mapping) -> str:
+    """One line: calls and the USD range."""
+    return (f"{fc['calls']:,} calls wanted ({fc['calls_done']:,} of {fc['calls_total']:,} done), "
+            f"USD {fc['usd_low']:,.4f} .. {fc['usd_high']:,.4f} (expected {fc['usd_expected']:,.4f}; high = "
+            f"max_tokens {fc['max_tokens']} on every call)")
