@@ -221,9 +221,9 @@ def cmd_route(args) -> int:
             raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
-    if args.grader is not None and reg.kind != "cascade":
+    if args.grader is not None and not reg.needs_grader:
         raise RouterLiteError(f"--grader applies to cascade routers; {reg.name} is a {reg.kind}")
-    if reg.kind == "cascade":
+    if reg.needs_grader:
         return _route_cascade(reg, args)
     picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
     print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)

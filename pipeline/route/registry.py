@@ -30,7 +30,7 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import ROUTER_TYPES, Router, router_class, router_kinds
+from pipeline.route.routers import ROUTER_TYPES, Router, capability, router_class, router_kinds
 
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
@@ -38,7 +38,6 @@ GUARD = "guard.npz"
 SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
 COST_SCORER = "cost_scorer.safetensors"  # predicted cost per query and agent (the λ·cost term)
 REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
-REFERENCE_KINDS = ("head", "cascade")
 
 
 def _slug(backbone_id: str) -> str:
@@ -96,16 +95,18 @@ class RegisteredRouter:
         DecisionBatcher uses)."""
         return TargetedRouter(self, self.resolve_target(target))
 
-    def cascade_at(self, target, grader: str) -> CascadeView:
-        """A cascade entry at one operating point for requests of answer format `grader` (`route(X)`: -1 = run the
-        stages, j >= 0 = ask agent j alone: the prompt shortcuts, or the OOD guard's best single agent)."""
-        if self.kind != "cascade":
-            raise RouterLiteError(f"router {self.name} is a {self.kind}, not a cascade")
-        from pipeline.collect.grading import grader_spec
+    @property
+    def needs_grader(self) -> bool:
+        """Whether requests name an answer format to be routed by this router (`cascade_at`)."""
+        return capability(self.router, "needs_grader")
 
-        grader_spec(grader)  # an unknown grader: one error naming the known ones
-        point = self.router.resolve(target)
-        return CascadeView(self, point, self.router.plan(target).for_grader(grader), grader)
+    def cascade_at(self, target, grader: str):
+        """This router at one operating point for requests of answer format `grader`, for a kind that
+        `needs_grader` (a cascade: pipeline.route.cascade.CascadeView; `route(X)`: -1 = run the stages, j >= 0 =
+        ask agent j alone: the prompt shortcuts, or the OOD guard's best single agent)."""
+        if not self.needs_grader:
+            raise RouterLiteError(f"router {self.name} is a {self.kind}, not a cascade")
+        return self.router.view(self, target, grader)
 
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
         """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
@@ -140,35 +141,6 @@ class TargetedRouter:
 
     def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.registered.route_at(X, self.point)
-
-
-@dataclass
-class CascadeView:
-    registered: RegisteredRouter
-    point: dict  # the cascade path point (target, lambda = path index, validation stats, plan)
-    policy: object  # pipeline.route.cascade.Policy for this view's grader
-    grader: str
-
-    @property
-    def name(self) -> str:
-        return self.registered.name
-
-    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        reg, pol = self.registered, self.policy
-        picks = np.full(len(X), -1, dtype=np.int64)
-        if pol.accept_above is not None or pol.skip_below is not None:
-            if reg.scorer is None:
-                raise RouterLiteError(f"cascade {reg.name} uses predicted success but has no value scorer")
-            p = reg.scorer.scores(X)[:, pol.lead]
-            if pol.skip_below is not None:
-                picks[p < pol.skip_below] = pol.final
-            if pol.accept_above is not None:
-                picks[p >= pol.accept_above] = pol.lead
-        if len(pol.stages) == 1:  # a single agent
-            picks[:] = pol.final
-        fired = reg.guard.fires(X)
-        picks[fired] = reg.best_single
-        return picks, fired
 
 
 def save_guard(guard: OODGuard, path: Path) -> None:
@@ -250,14 +222,14 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
             "files": {**router_files, "guard": GUARD,
-                      **({"reference": "reference.py"} if kind in REFERENCE_KINDS else {}),
+                      **({"reference": "reference.py"} if capability(router, "reference_code") else {}),
                       **({"scorer": SCORER} if scorer is not None else {}),
                       **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
         }
         if operating_points is not None:
             manifest["operating_points"] = operating_points
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        if kind in REFERENCE_KINDS:  # the reference code applies head weights and reads cascade plans only
+        if capability(router, "reference_code"):  # it applies head weights and reads cascade plans only
             shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
         for f in tmp.iterdir():
             f.chmod(0o644)

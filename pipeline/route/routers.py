@@ -14,6 +14,10 @@ describe them (at least ``files``: role -> file name, directly inside the direct
 ``agents`` (the registry's manifest). The names differ from `Head.save` / `Head.load`, which keep their one-file
 signatures (the value scorers are saved with them). ``fingerprint()`` returns (array bytes, JSON-able settings)
 that determine the picks: the registry's content hash, so the same router registers under the same name.
+
+Capabilities (`CAPABILITIES`, read with `capability(router, name)`): what a kind needs beyond the protocol, declared
+as class attributes (``needs_answers = True`` on the cascade), so that no code outside a kind's module compares a
+kind's name.
 """
 from __future__ import annotations
 
@@ -73,6 +77,23 @@ def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
         return cls
 
     return add
+
+
+# What a router kind needs or offers beyond the protocol: class attributes, False when a class does not set them.
+# Code outside a kind's module asks these (`capability`), never the kind's name.
+CAPABILITIES = {
+    "needs_answers": "fitted from the agents' recorded answers (their agreement), not from the rewards alone",
+    "needs_grader": "a request names its answer format (grader) to be routed by it; `view(registered, target, "
+                    "grader)` gives the routing of one (target, grader)",
+    "reference_code": "its registry entry gets the standalone reference.py (it reads head weights / cascade plans)",
+}
+
+
+def capability(router, name: str) -> bool:
+    """Whether `router` (an instance or a class) declares capability `name` (CAPABILITIES)."""
+    if name not in CAPABILITIES:
+        raise RouterLiteError(f"unknown router capability {name!r}; known: {', '.join(CAPABILITIES)}")
+    return bool(getattr(router if isinstance(router, type) else type(router), name, False))
 
 
 def router_class(kind: str) -> type:

@@ -130,7 +130,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     # for all
     state.views = collections.OrderedDict({default_point["target"]: (batcher.registered, default_point)})
     state.cascade_views = {}
-    if settings.default_grader is not None and getattr(registered, "kind", "head") == "cascade":
+    if settings.default_grader is not None and getattr(registered, "needs_grader", False):
         registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
     state.router_name = registered.name
     state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
@@ -168,8 +168,8 @@ def _view_for(state, target: str | None):
 
 def _request_grader(state, headers, body: dict) -> str | None:
     """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
-    server's default) when the served router is a cascade; None: prompt-only routing."""
-    if getattr(state.registered, "kind", "head") != "cascade":
+    server's default) when the served router is a cascade (it `needs_grader`); None: prompt-only routing."""
+    if not getattr(state.registered, "needs_grader", False):
         return None
     value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
     if value is not None and not isinstance(value, str):
@@ -230,7 +230,8 @@ async def _model_one(request):
 
 
 async def _route(request, state):
-    """(request, decision, point, t0) for a chat request, or the error response to send instead."""
+    """(request, decision, view, point, t0) for a chat request, or the error response to send instead (`view`: the
+    router view that decided; a cascade's view when the request named an answer format)."""
     batcher = state.batcher
     settings = state.settings
     t0 = time.perf_counter()
@@ -247,7 +248,6 @@ async def _route(request, state):
             grader = _request_grader(state, request.headers, req.body)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
                 view, point = _cascade_view_for(state, target, grader)
-                point = {**point, "cascade": view}
             else:
                 try:
                     view, point = _view_for(state, target)
@@ -266,7 +266,7 @@ async def _route(request, state):
         log.exception("routing failed")
         return error_response(RequestError(500, f"routing failed: {type(exc).__name__}", "router_error",
                                            type_="server_error"))
-    return req, decision, point, t0
+    return req, decision, view, point, t0
 
 
 async def _chat(request):
@@ -277,9 +277,9 @@ async def _chat(request):
     routed = await _route(request, state)
     if not isinstance(routed, tuple):
         return routed
-    req, decision, point, t0 = routed
-    if "cascade" in point:  # a cascade's view: run its stages, or the agent a prompt shortcut chose, alone
-        return await _cascade_chat(state, req, decision, point, t0)
+    req, decision, view, point, t0 = routed
+    if getattr(view, "grader", None) is not None:  # a cascade's view: its stages, or the agent a shortcut chose, alone
+        return await _cascade_chat(state, req, decision, view, point, t0)
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
@@ -305,19 +305,17 @@ async def _chat(request):
     return await whole_reply(resp, spec, client, info, headers, t_up)
 
 
-async def _cascade_chat(state, req, decision, point, t0):
+async def _cascade_chat(state, req, decision, view, point, t0):
     """A cascade request: the stages of the view's policy (or one agent, when a prompt shortcut or the OOD guard
     chose it); headers list every agent called and the summed cost; the accepted reply is returned (streamed as
     SSE when the request streams)."""
     from starlette.responses import Response
 
-    from pipeline.route.cascade import Policy, Stage
+    from pipeline.route.cascade import policy_for
     from pipeline.serve.cascade_calls import run_cascade, sse_of
 
-    reg, view = state.registered, point["cascade"]
-    policy, grader = view.policy, view.grader
-    if decision.index >= 0:  # one agent, without a check
-        policy = Policy((Stage((decision.index,)),))
+    reg, grader = state.registered, view.grader
+    policy = policy_for(view.policy, decision.index)  # one agent without a check, when a shortcut chose one
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     result = await run_cascade(policy, reg.router.order, state.specs, state.clients, req.upstream, state.upstream_opts,
                                grader)
