@@ -127,14 +127,8 @@ def cmd_train(args) -> int:
           + pd.DataFrame(path_table(fit.operating_points)).to_markdown(index=False, floatfmt=".4f")
           + f"\n\n## Held-out value (split {args.held_out_split!r})\n\n" + targets_markdown(fit.value)
           + "\n" + value_line(fit.value, "parity") + "\n", file=sys.stderr)
-    path = registry.register(
-        out, fit.head, fit.guard, fit.best_single,
-        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1]), **bb.registry_fields()},
-        agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
-        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
-                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
+    path = registry.register_fitted(out, fit.head, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
+                                    training=cfg.to_dict(), data_hashes=_file_hashes(args), metrics=fit.metrics)
     print(f"registered {path.name} at {path}", file=sys.stderr)
     cascade = _train_cascade(args, rewards, joined, X, fit, bb, out) if "answers" in rewards and \
         "grader" in joined else None
@@ -145,30 +139,30 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _file_hashes(args) -> dict:
+    """The data versions of `train`'s input files (content hashes)."""
+    from pathlib import Path
+
+    from pipeline.route.registry import content_hash
+
+    return {"rewards": content_hash(Path(args.rewards).read_bytes())[:16],
+            "tasks": content_hash(Path(args.tasks).read_bytes())[:16]}
+
+
 def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     """Cascades from the rewards' `answers` and the tasks' `grader` (zero API calls), reported like the head's
     targets and registered as a `cascade` router next to the head."""
-    from pathlib import Path
-
     import pandas as pd
 
-    from pipeline.collect.answers import agreement
-    from pipeline.collect.rewards import to_arrays
     from pipeline.report.value import targets_markdown
     from pipeline.route import registry
-    from pipeline.route.cascade import CascadeRouter
-    from pipeline.route.cascade_fit import fit_cascades
-    from pipeline.route.fit import split_masks
-    from pipeline.route.targets import REPORT_TARGETS
-    from pipeline.route.train import effective_rewards
+    from pipeline.route.cascade_fit import fit_cascade_router
+    from pipeline.route.fit import reward_arrays
 
-    agents, R, B, C = to_arrays(rewards)
-    graders = joined["grader"].to_numpy()
-    E = agreement([list(a) for a in rewards["answers"]], graders.tolist())
-    masks = split_masks(joined["split"].reset_index(drop=True), args.held_out_split,
-                        rewards["task_id"].astype(str).tolist())
-    res = fit_cascades(effective_rewards(R, B), C, E, fit.scorer.scores(X), graders, masks, fit.best_single, agents,
-                       REPORT_TARGETS)
+    arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
+    agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
+    router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
+                                     fit.head, fit.scorer, fit.best_single)
     chosen = res["variants"][res["chosen"]]
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
@@ -180,16 +174,9 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
               + targets_markdown(table) + "\n"
               + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v["targets"].items()]).to_markdown(
                   index=False), file=sys.stderr)
-    router = CascadeRouter(fit.head, chosen["path"], chosen["order"], agents)
-    path = registry.register(
-        out, router, fit.guard, fit.best_single,
-        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1])},
-        agents=[{"name": a, "model": a} for a in agents], training={"variant": res["chosen"]},
-        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
-                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics={k: v["aiq_validation"] for k, v in res["variants"].items()}, scorer=fit.scorer,
-        operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
+    path = registry.register_fitted(out, router, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
+                                    training={"variant": res["chosen"]}, data_hashes=_file_hashes(args),
+                                    metrics={k: v["aiq_validation"] for k, v in res["variants"].items()})
     print(f"registered {path.name} at {path}", file=sys.stderr)
     return {"chosen": res["chosen"], "registered": str(path),
             "aiq": {k: {"validation": v["aiq_validation"], "test": v["aiq_test"]} for k, v in res["variants"].items()},

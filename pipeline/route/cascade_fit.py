@@ -27,7 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pipeline.route.cascade import Plan, Policy, Stage, run_plan, run_policy
+from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policy
 from pipeline.route.targets import bootstrap_mean_ci
 
 GUARD_Z = 1.0
@@ -268,3 +268,20 @@ def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | No
                                         targets)}
     out["chosen"] = max(out["variants"], key=lambda v: out["variants"][v]["aiq_validation"])
     return out
+
+
+def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.ndarray, fallback, scorer, best: int,
+                       targets=None) -> tuple[CascadeRouter, dict]:
+    """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agents' recorded
+    `answers` (n rows of K, agent order) and each row's `graders`, falling back on the prompt router `fallback` whose
+    value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
+    `cascade_router` asset and `router-lite train` call it."""
+    from pipeline.collect.answers import agreement
+    from pipeline.route.targets import REPORT_TARGETS
+
+    graders = np.asarray(graders, dtype=object)
+    E = agreement(answers, graders.tolist())
+    fit = fit_cascades(arrays.R_eff, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
+                       REPORT_TARGETS if targets is None else targets)
+    chosen = fit["variants"][fit["chosen"]]
+    return CascadeRouter(fallback, chosen["path"], chosen["order"], arrays.agents), fit

@@ -434,6 +434,12 @@ class Backbone:
     def is_static(self) -> bool:
         return self._static is not None
 
+    def manifest_fields(self, dim: int, model_id: str | None = None) -> dict:
+        """The registry manifest's `backbone` section: id (`model_id`, default this backbone's), key, pooling,
+        max_seq_length, dim, and for a static backbone `registry_fields`; every registered entry records these."""
+        return {"id": model_id or self.model_id, "key": self.key, "pooling": self.pooling,
+                "max_seq_length": int(self.max_seq_length), "dim": int(dim), **self.registry_fields()}
+
     def registry_fields(self) -> dict:
         """What a registered head records about a static backbone beyond id/key/pooling/max_seq_length: its kind
         and where its files lie (reference.py embeds from there); {} for the transformer backbones."""

@@ -245,6 +245,19 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def register_fitted(root: Path, router: Router, fitted, *, backbone: dict, training: dict, data_hashes: dict,
+                    metrics: dict, models: dict[str, str] | None = None) -> Path:
+    """The one fit -> register path (the lineage's assets and `router-lite train`): `router` (the shipped prompt
+    router, or a cascade over it) registered with what the prompt router's fit `fitted` (a
+    pipeline.route.fitted.FittedRouter) carries: OOD guard, best single agent, value and cost scorers, operating
+    points. `backbone`: `Backbone.manifest_fields`; `models`: agent name -> model it calls (default: the name)."""
+    models = models or {}
+    return register(root, router, fitted.guard, fitted["best_single"], backbone=backbone,
+                    agents=[{"name": a, "model": models.get(a, a)} for a in router.agents], training=training,
+                    data_hashes=data_hashes, metrics=metrics, scorer=fitted.companions.get("scorer"),
+                    operating_points=fitted["operating_points"], cost_scorer=fitted.companions.get("cost_scorer"))
+
+
 def _check_manifest(mf: Path, m) -> None:
     """The keys `load`, `route` and `serve` read, present and of the right kind: one error naming the key."""
     if not isinstance(m, dict):
