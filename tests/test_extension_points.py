@@ -22,9 +22,10 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.profile import AgentPoolSettings, Profile, from_yaml
 from pipeline.report.frontier import baseline_policies, policy_table, router_policies
 from pipeline.route import registry
+from pipeline.route.kinds import router_class, routers_restored
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import ROUTER_TYPES, register_router, router_class, routers_restored
+from pipeline.route.routers import ROUTER_TYPES, register_router
 from pipeline.serve.app import build_app
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings

@@ -448,10 +448,10 @@ class CascadeRouter:
         if doc.get("agents") != names:
             raise RouterLiteError(f"cascade file {f} was fitted for agents {doc.get('agents')}, not {names}")
         if isinstance(doc.get("fallback"), dict):  # a prompt router of another kind than head
-            from pipeline.route.routers import router_class
+            from pipeline.route.routers import ROUTER_TYPES  # the kinds are loaded: a registry or fitted loads us
 
             fb = doc["fallback"]
-            fallback = router_class(fb.get("kind")).from_files(directory, {**fb, "dim": manifest["dim"],
+            fallback = ROUTER_TYPES.lookup(fb.get("kind")).from_files(directory, {**fb, "dim": manifest["dim"],
                                                                            "agents": manifest["agents"]})
         else:
             fallback = Head.load(Path(directory) / files.get("weights", FALLBACK_FILE), d=int(manifest["dim"]),

@@ -19,9 +19,10 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.head import Head
+from pipeline.route.kinds import router_class
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import Router, router_class
+from pipeline.route.routers import Router
 from pipeline.route.train import (
     TrainConfig,
     best_single_agent,

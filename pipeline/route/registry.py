@@ -29,8 +29,9 @@ import numpy as np
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json
 from pipeline.route.head import Head
+from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import ROUTER_TYPES, Router, capability, router_class, router_kinds
+from pipeline.route.routers import ROUTER_TYPES, Router, capability
 
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
@@ -176,6 +177,19 @@ def latest_path(root: Path) -> Path | None:
     return Path(json.loads(f.read_text())["path"]) if f.exists() else None
 
 
+def _digest(router: Router, guard: OODGuard, scorer: Head | None, cost_scorer: Head | None,
+            operating_points: dict | None, settings_after: list) -> str:
+    """The entry's content hash: array contents, not file bytes (zip (npz) entries carry write times)."""
+    arrays, settings = router.fingerprint()
+    return content_hash(*arrays,
+                        guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
+                        b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
+                        b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
+                                                                            np.float32).tobytes(),
+                        json.dumps(operating_points, sort_keys=True, default=str),
+                        json.dumps([*settings, *settings_after], sort_keys=True, default=str))
+
+
 def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
              operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
@@ -204,16 +218,8 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
             scorer.save(tmp / SCORER)
         if cost_scorer is not None:
             cost_scorer.save(tmp / COST_SCORER)
-        # hash array contents, not file bytes: zip (npz) entries carry write times
-        arrays, settings = router.fingerprint()
-        digest = content_hash(*arrays,
-                              guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
-                              b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
-                              b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
-                                                                                  np.float32).tobytes(),
-                              json.dumps(operating_points, sort_keys=True, default=str),
-                              json.dumps([*settings, agents, backbone, training, data_hashes],
-                                         sort_keys=True, default=str))
+        digest = _digest(router, guard, scorer, cost_scorer, operating_points,
+                         [agents, backbone, training, data_hashes])
         name = f"{kind}-{_slug(backbone['id'])}-{digest[:10]}"
         manifest = {
             "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": router.d, **fields,
