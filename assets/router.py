@@ -167,21 +167,21 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
                                      t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
                                      router_head.router, router_head.companions["scorer"], best)
-    summary = {"agents": arrays.agents, "best_single": best, **fit}
+    summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
-    for variant, v in fit["variants"].items():
-        for name, tg in v["targets"].items():
+    for variant, v in fit.variants.items():
+        for name, tg in v.targets.items():
             rows.append({"variant": variant, "target": name, "quality": tg["quality"],
                          "x best quality": tg["quality_ratio"], "x best cost": tg["cost_ratio"],
                          "calls/query": tg["calls_per_query"], "plan": tg["plan"]})
     table = pd.DataFrame(rows)
-    context.log.info(f"cascade: chosen variant {fit['chosen']} (validation AIQ "
-                     + ", ".join(f"{k} {v['aiq_validation']:.4f}" for k, v in fit["variants"].items()) + ")\n"
+    context.log.info(f"cascade: chosen variant {fit.chosen} (validation AIQ "
+                     + ", ".join(f"{k} {v.aiq_validation:.4f}" for k, v in fit.variants.items()) + ")\n"
                      + table.to_markdown(index=False, floatfmt=".3f"))
     return Output(FittedRouter(router, summary), metadata=rounded({
-        "chosen": fit["chosen"], "validation_rows": fit["validation_rows"],
-        **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
-        **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
+        "chosen": fit.chosen, "validation_rows": fit.validation_rows,
+        **{f"aiq_validation_{k}": v.aiq_validation for k, v in fit.variants.items()},
+        **{f"aiq_test_{k}": v.aiq_test for k, v in fit.variants.items()},
         "targets_held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
     }))
 

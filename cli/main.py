@@ -163,25 +163,24 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
     router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
                                      fit.head, fit.scorer, fit.best_single)
-    chosen = res["variants"][res["chosen"]]
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
-    for variant, v in res["variants"].items():
-        table = {"targets": v["targets"], "best_single": bs, "oracle": fit.value["oracle"], "weak": "n/a",
+    for variant, v in res.variants.items():
+        table = {"targets": v.targets, "best_single": bs, "oracle": fit.value["oracle"], "weak": "n/a",
                  "apgr": None, "cpt50": None, "cpt80": None, "n_test": int(masks["held_out"].sum()),
                  "costs_estimated": fit.value.get("costs_estimated")}
-        print(f"## Cascade ({variant}; validation AIQ {v['aiq_validation']:.4f}, test AIQ {v['aiq_test']:.4f})\n\n"
+        print(f"## Cascade ({variant}; validation AIQ {v.aiq_validation:.4f}, test AIQ {v.aiq_test:.4f})\n\n"
               + targets_markdown(table) + "\n"
-              + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v["targets"].items()]).to_markdown(
+              + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v.targets.items()]).to_markdown(
                   index=False), file=sys.stderr)
     path = registry.register_fitted(out, router, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
-                                    training={"variant": res["chosen"]}, data_hashes=_file_hashes(args),
-                                    metrics={k: v["aiq_validation"] for k, v in res["variants"].items()})
+                                    training={"variant": res.chosen}, data_hashes=_file_hashes(args),
+                                    metrics={k: v.aiq_validation for k, v in res.variants.items()})
     print(f"registered {path.name} at {path}", file=sys.stderr)
-    return {"chosen": res["chosen"], "registered": str(path),
-            "aiq": {k: {"validation": v["aiq_validation"], "test": v["aiq_test"]} for k, v in res["variants"].items()},
+    return {"chosen": res.chosen, "registered": str(path),
+            "aiq": {k: {"validation": v.aiq_validation, "test": v.aiq_test} for k, v in res.variants.items()},
             "targets": {k: {f: t[f] for f in ("quality", "cost_per_1k", "cost_ratio", "quality_ratio", "plan")}
-                        for k, t in chosen["targets"].items()}}
+                        for k, t in res.best.targets.items()}}
 
 
 def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = None):
