@@ -321,15 +321,14 @@ def cmd_serve(args) -> int:
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import dataclasses
+    import socket
 
     import uvicorn
 
     from pipeline.profile import load_profile
     from pipeline.route import registry
     from pipeline.serve.app import build_app
-    from pipeline.serve.server import return_big_buffers_to_the_os
-    from pipeline.serve.settings import ServeSettings
+    from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
     if not 0 <= args.port <= 65535:
@@ -349,13 +348,11 @@ def cmd_serve(args) -> int:
     reg.resolve_target(args.target)  # a bad default target fails before serving
     agents = pool.agents()
     pool.check(agents, needed_by="serve")
+    settings = _serve_settings(args, profile)  # a bad cap fails here, before any worker starts
     if args.workers > 1 and args.fd is None:  # the head, target, profile and pool are checked: start the workers
         return _serve_workers(args)
-    settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
-                                             max_messages=args.max_messages, max_batch=args.max_batch,
-                                             batch_wait_ms=args.batch_wait_ms)
-    if args.target:
-        settings = dataclasses.replace(settings, default_target=args.target)
+    # bind before the backbone loads: a taken port is one line at once (a worker serves its parent's socket)
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else bind_listener(args.host, args.port)
     if args.threads:
         import torch
 
@@ -370,17 +367,22 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
     print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
-    if args.fd is not None:  # one worker of `--workers N`: serve the socket the parent bound
-        import socket
-
-        sock = socket.socket(fileno=args.fd)
-        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
-                                **settings.uvicorn_options())
-        uvicorn.Server(config).run(sockets=[sock])
-        return 0
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                access_log=bool(args.verbose), **settings.uvicorn_options())
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
+                            **settings.uvicorn_options())
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _serve_settings(args, profile):
+    """The endpoint's ServeSettings from the profile's collection settings and the command's options."""
+    from pipeline.serve.settings import ServeSettings
+
+    return ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
+                                         max_messages=args.max_messages, max_batch=args.max_batch,
+                                         batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
+                                         max_idle_per_client=args.max_idle_per_client,
+                                         reserved_connections=args.reserved_connections,
+                                         **({"default_target": args.target} if args.target else {}))
 
 
 def _serve_workers(args) -> int:
@@ -388,19 +390,18 @@ def _serve_workers(args) -> int:
     accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
     exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
     import signal
-    import socket
     import subprocess
 
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)
+    from pipeline.serve.server import bind_listener, spawn_worker
+
+    sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
     sock.set_inheritable(True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     # the same command; the later --workers / --threads win, --fd hands over the socket
     cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
            "--threads", str(threads)]
-    procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),)) for _ in range(args.workers)]
+    # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port
+    procs = [spawn_worker(cmd, sock.fileno()) for _ in range(args.workers)]
     print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
           f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
           flush=True)
@@ -568,6 +569,14 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help=f"server processes behind the one port, each with its own backbone and batcher (default "
                         f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="connections open at once; beyond, the oldest idle one is answered 429, else 503 with "
+                        "Retry-After (docs/serving.md, Limits)")
+    p.add_argument("--max-idle-per-client", type=int, default=128,
+                   help="connections waiting for a request per client address (raise it behind a proxy: every "
+                        "client then has the proxy's address)")
+    p.add_argument("--reserved-connections", type=int, default=64,
+                   help="slots idle connections never take: kept for requests with a complete head")
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 

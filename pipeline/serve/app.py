@@ -66,7 +66,16 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
 from pipeline.serve.batching import DecisionBatcher
-from pipeline.serve.relay import relay, upstream_error, upstream_timing, whole_reply
+from pipeline.serve.relay import (
+    DISCONNECTED,
+    deadline_of,
+    relay,
+    unless_disconnected,
+    upstream_error,
+    upstream_timing,
+    whole_reply,
+    within,
+)
 from pipeline.serve.requests import RequestError, error_response, parse_chat_request, read_body, show
 from pipeline.serve.settings import ServeSettings
 
@@ -168,15 +177,21 @@ def _view_for(state, target: str | None):
 
 def _request_grader(state, headers, body: dict) -> str | None:
     """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
-    server's default) when the served router is a cascade (it `needs_grader`); None: prompt-only routing."""
+    server's default) when the served router is a cascade (it `needs_grader`); None: prompt-only routing. Field and
+    header both given and different (an empty field included) -> 400 naming both."""
     if not getattr(state.registered, "needs_grader", False):
         return None
     value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
     if value is not None and not isinstance(value, str):
         raise RequestError(400, f"'{GRADER_FIELD}' must be a string, got {type(value).__name__}", "invalid_grader",
                            GRADER_FIELD)
+    header = headers.get(GRADER_HEADER) if headers is not None else None
+    if value is not None and header is not None and value != header:  # neither silently wins
+        raise RequestError(400, f"the body's '{GRADER_FIELD}' {show(value)} and the {GRADER_HEADER} header "
+                                f"{show(header)} disagree: send one, or the same in both", "conflicting_grader",
+                           GRADER_FIELD)
     if value is None:
-        value = headers.get(GRADER_HEADER) if headers is not None else None
+        value = header
     value = value if value and str(value).strip() else state.settings.default_grader
     if value is None:
         return None
@@ -279,7 +294,7 @@ async def _chat(request):
         return routed
     req, decision, view, point, t0 = routed
     if getattr(view, "grader", None) is not None:  # a cascade's view: its stages, or the agent a shortcut chose, alone
-        return await _cascade_chat(state, req, decision, view, point, t0)
+        return await _cascade_chat(state, req, decision, view, point, t0, request)
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
@@ -289,23 +304,32 @@ async def _chat(request):
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
     payload = {"model": spec.model, **req.upstream}
-    t_up = time.perf_counter()
+    t_up, deadline = time.perf_counter(), deadline_of(state.upstream_opts)  # the whole call: head and body
     try:
-        resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
-                                 options=state.upstream_opts, stream=True)
+        resp = await within(deadline, client.post("/chat/completions", body=payload, cast_to=httpx.Response,
+                                                  options=state.upstream_opts, stream=True))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
         return error_response(upstream_error(spec, client, exc), upstream_timing(headers, t_up, "failed"))
     ctype = resp.headers.get("content-type", "")
     if req.stream and ctype.startswith("text/event-stream"):  # the headers go out before the stream: time to them
-        return StreamingResponse(relay(resp, spec, client, info), status_code=200,
+        return StreamingResponse(relay(resp, spec, client, info, deadline), status_code=200,
                                  headers={**upstream_timing(headers, t_up, "headers"), "Cache-Control": "no-cache"},
                                  media_type="text/event-stream")
-    return await whole_reply(resp, spec, client, info, headers, t_up)
+    reply = await unless_disconnected(request, whole_reply(resp, spec, client, info, headers, t_up, deadline))
+    if reply is None:
+        await resp.aclose()
+    return _gone() if reply is None else reply
 
 
-async def _cascade_chat(state, req, decision, view, point, t0):
+def _gone():
+    """The answer to a request whose client disconnected (its upstream calls were cancelled; nobody reads it)."""
+    return error_response(RequestError(DISCONNECTED, "the client disconnected; the request's calls were cancelled",
+                                       "client_disconnected"))
+
+
+async def _cascade_chat(state, req, decision, view, point, t0, request):
     """A cascade request: the stages of the view's policy (or one agent, when a prompt shortcut or the OOD guard
     chose it); headers list every agent called and the summed cost; the accepted reply is returned (streamed as
     SSE when the request streams)."""
@@ -317,8 +341,10 @@ async def _cascade_chat(state, req, decision, view, point, t0):
     reg, grader = state.registered, view.grader
     policy = policy_for(view.policy, decision.index)  # one agent without a check, when a shortcut chose one
     overhead_ms = (time.perf_counter() - t0) * 1000.0
-    result = await run_cascade(policy, reg.router.order, state.specs, state.clients, req.upstream, state.upstream_opts,
-                               grader)
+    result = await unless_disconnected(request, run_cascade(policy, reg.router.order, state.specs, state.clients,
+                                                            req.upstream, state.upstream_opts, grader))
+    if result is None:  # the client left: its stage calls were cancelled and no escalation started
+        return _gone()
     names = [state.specs[j].name for j in result.called]
     name = state.router_name
     headers = {"X-Router-Head": name, "X-Router-Agents-Called": ",".join(names),
@@ -328,6 +354,9 @@ async def _cascade_chat(state, req, decision, view, point, t0):
                "X-Router-Stage-Ms": ",".join(f"{w:.1f}" for w in result.stage_ms),
                "Server-Timing": f"router;dur={overhead_ms:.3f}, "
                                 + ", ".join(f"stage{i};dur={w:.1f}" for i, w in enumerate(result.stage_ms))}
+    invalid = [state.specs[r.agent].name for r in result.replies if r.cost_invalid]
+    if invalid:  # their usage.cost was not a finite number >= 0: estimated from prices x tokens instead
+        headers["X-Router-Cost-Invalid"] = ",".join(invalid)
     if result.accepted is None:
         last = result.replies[-1]
         spec = state.specs[last.agent]
@@ -337,7 +366,7 @@ async def _cascade_chat(state, req, decision, view, point, t0):
     headers.update({"X-Router-Agent": spec.name, "X-Router-Model": spec.model})
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
             "target": point["target"], "grader": grader, "agents_called": names, "cost_usd": result.cost,
-            "stage": result.stage}
+            "stage": result.stage, **({"cost_invalid": invalid} if invalid else {})}
     data = dict(result.accepted.data)
     if req.stream:
         return Response(sse_of(data, info), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
