@@ -1,6 +1,7 @@
 """Lineage stage 4: the benchmark report (routed benchmark with real replies + cost–quality frontier) and the
 RouterBench-style replication per suite."""
 import base64
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,31 @@ from assets.router import reward_embeddings, training_split
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
+from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.profile import BENCHMARK_SUITES
-from pipeline.report.benchmark import benchmark_from_tasks, cascade_benchmark, load_benchmark, score
+from pipeline.report.benchmark import (
+    CASCADE_HEADLINE,
+    CASCADE_POLICY_NAMES,
+    CASCADE_TARGETS,
+    HEAD,
+    HEAD_LAMBDA,
+    HEAD_POINTS,
+    HEAD_SCORE_SWEEP,
+    KNN,
+    VALUE_TARGET,
+    benchmark_from_tasks,
+    cascade_benchmark,
+    cascade_line,
+    head_aiq,
+    load_benchmark,
+    report_markdown,
+    score,
+    variant_markdown,
+)
 from pipeline.report.frontier import (
+    HULL,
+    PRIOR,
     PointSet,
     baseline_policies,
     cost_span,
@@ -63,9 +85,6 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-CASCADE_POLICY_NAMES = {"cascade": "cascade (answers)", "combined": "cascade + prompt router"}
-
-
 def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
               marks: dict | None = None, estimated: bool = False, cascade: dict | None = None,
               sweep: dict | None = None):
@@ -75,17 +94,17 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     # the head's own frontier, two ways (docs/training.md): its scores λ-swept, or one sep-CMA-ES head per λ
     # (pipeline.route.train.lambda_sweep); "trained head" is the one better on validation, the other is shown too
     lam_kept = bool(sweep) and sweep.get("kept", "lambda-trained") == "lambda-trained"
-    policies.update(router_policies({"kNN router": KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
-                                     "trained head (score sweep)" if lam_kept else "trained head": reg.router}, X[te]))
+    policies.update(router_policies({KNN: KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
+                                     HEAD_SCORE_SWEEP if lam_kept else HEAD: reg.router}, X[te]))
     if sweep:
-        policies["trained head" if lam_kept else "trained head (λ-trained)"] = PointSet(np.array(sweep["points_test"]))
+        policies[HEAD if lam_kept else HEAD_LAMBDA] = PointSet(np.array(sweep["points_test"]))
     if reg.scorer is not None and reg.operating_points:  # what the router does at each stored λ (guard included)
         rows = np.arange(int(te.sum()))
         pts = []
         for p in reg.operating_points["points"]:
             picks, _ = reg.route(X[te], None if p["lambda"] == 0 else f"lambda={p['lambda']!r}")
             pts.append((C[te][rows, picks].mean(), R[te][rows, picks].mean()))
-        policies["router (operating points)"] = PointSet(np.array(pts))
+        policies[HEAD_POINTS] = PointSet(np.array(pts))
     for variant, v in (cascade or {}).get("variants", {}).items():  # each cascade plan of the train frontier, on test
         policies[CASCADE_POLICY_NAMES[variant]] = PointSet(np.array(v["points_test"]))
     table = policy_table(policies, R[te], C[te])
@@ -96,67 +115,55 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k
     return table, png
 
 
-def _routed_variants(prof, task_pool: pd.DataFrame, reg, target, specs: list, pool: PoolResource,
-                     backbone: BackboneResource, storage: StorageResource):
-    """Route each benchmark variant, really call the picked agents and score them: (markdown lines, per-question
-    frames, summary per variant, whether the test variant's costs are estimates)."""
+@dataclass
+class _Routed:
+    """What the routed benchmarks gave: Markdown lines (prompt router, cascade), per-question frames, summaries per
+    variant (and target, for the cascade), whether the test variant's costs are estimates."""
+
+    md: list = field(default_factory=list)
+    cascade_md: list = field(default_factory=list)
+    per_question: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    cascade_meta: dict = field(default_factory=dict)
+    estimated: bool = False
+
+
+def _routed(prof, task_pool: pd.DataFrame, reg, target, regc, specs: list, pool: PoolResource,
+            backbone: BackboneResource, storage: StorageResource) -> _Routed:
+    """One loop over the benchmark variants, each embedded once: the prompt router `reg` at `target` picks one agent
+    per question, which is really called; the cascade `regc` at each of its targets makes every stage's calls (its
+    own call log: a call one target made is not made again for another). Every reply is scored."""
     agents = [a.name for a in specs]
     bb = backbone.get_backbone()
     cache = EmbeddingCache(storage.path("embeddings"))
     reports = storage.path("reports")
-    md, per_question, meta = [], [], {}
-    estimated = False  # set from the test variant's calls: replayed token counts are estimates
+    cascade_targets = list(dict.fromkeys([regc.router.resolve(target)["target"], *CASCADE_TARGETS]))
+    out = _Routed()
     for variant, bench in _variants(prof, task_pool).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
         picks, fired = reg.route(X, target)
-        tasks = bench.rename(columns={"id": "task_id"})  # each row carries its task's grader
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
-        calls = run_collect(tasks, specs, 0, log, pool.client_for, prof.collection)
+        calls = run_collect(bench.rename(columns={"id": "task_id"}), specs, 0, log, pool.client_for, prof.collection)
         res = score(bench, picks, fired, calls, agents)
-        if variant == "test":
-            md += [f"Cost columns (USD): {cost_basis(calls)}.", ""]
-            estimated = costs_estimated(calls)
+        if variant == "test":  # replayed token counts are estimates
+            out.estimated = costs_estimated(calls)
         res["per_question"].to_csv(reports / f"benchmark_{variant}.csv", index=False)
-        s = res["summary"]
-        md += [f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
-               f"{s['ood_guard_fired']:.1%}, empty {s['empty_responses']}, errors {s['errors']}", "",
-               res["comparison"].to_markdown(index=False, floatfmt=".4f"), "",
-               f"Routing distribution: {s['distribution']}", "",
-               "<details><summary>by group</summary>", "",
-               res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
-        meta[variant] = s
-        per_question.append(res["per_question"].assign(variant=variant))
-    return md, per_question, meta, estimated
-
-
-def _routed_cascade(prof, task_pool: pd.DataFrame, regc, targets: list[str], specs: list, pool: PoolResource,
-                    backbone: BackboneResource, storage: StorageResource):
-    """The cascade's routed benchmark on each variant and target: every stage's calls made through the pool (their
-    own call log: a call one target made is not made again for another), the accepted replies scored.
-    (markdown lines, summary per variant and target)."""
-    bb = backbone.get_backbone()
-    cache = EmbeddingCache(storage.path("embeddings"))
-    reports = storage.path("reports")
-    md, meta = [], {}
-    for variant, bench in _variants(prof, task_pool).items():
-        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
+        out.md += variant_markdown(variant, res, cost_basis(calls) if variant == "test" else None)
+        out.meta[variant] = res["summary"]
+        out.per_question.append(res["per_question"].assign(variant=variant))
         log = CallLog(storage.path("calls", pool.kind, "benchmark_cascade", variant))
 
         def collect(j, rows, log=log):
             return run_collect(rows.rename(columns={"id": "task_id"}), [specs[j]], 0, log, pool.client_for,
                                prof.collection)
 
-        for target in targets:
-            res = cascade_benchmark(bench, X, lambda g, t=target: regc.cascade_at(t, g), collect, regc.router.order,
-                                    [a.name for a in specs])
-            name = regc.router.resolve(target)["target"]
+        for t in cascade_targets:
+            res = cascade_benchmark(bench, X, lambda g, t=t: regc.cascade_at(t, g), collect, regc.router.order, agents)
+            name = regc.router.resolve(t)["target"]
             res["per_question"].to_csv(reports / f"benchmark_cascade_{variant}_{_slug(name)}.csv", index=False)
-            s = res["summary"]
-            md += [f"- {variant}, target {name}: n={s['n']}, accuracy {s['accuracy']:.4f}, "
-                   f"${s['cost_per_1k']:.3f} per 1k, {s['calls_per_query']:.2f} calls per query, answered by "
-                   + ", ".join(f"{a} {v:.0%}" for a, v in s["answered_by"].items())]
-            meta.setdefault(variant, {})[name] = s
-    return md + [""], meta
+            out.cascade_md.append(cascade_line(variant, name, res["summary"]))
+            out.cascade_meta.setdefault(variant, {})[name] = res["summary"]
+    return out
 
 
 def _embedded_by(bb) -> dict:
@@ -177,6 +184,37 @@ class BenchmarkConfig(Config):
                                                  "profile's benchmark.target.")
 
 
+def _passed_specs(pool, preflight: pd.DataFrame, reg) -> list:
+    """The pool's specs of the router's agents (in its order); an agent that did not pass preflight -> one error."""
+    specs = {a.name: a for a in passed_agents(pool, preflight)}
+    agents = [a["name"] for a in reg.agents]
+    missing = [a for a in agents if a not in specs]
+    if missing:
+        raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
+    return [specs[a] for a in agents]
+
+
+def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: FittedRouter, cascade: dict, reg,
+                  verdict: str, estimated: bool, cascade_meta: dict, bb, png: Path):
+    """The frontier on the held-out test split and reports/router_value.json's content: (frontier table, AIQ by
+    policy, router value)."""
+    split = training_split(rewards, task_pool)
+    value = router_head["value"]
+    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
+    table, png = _frontier(rewards, split, reward_embeddings(prompt_embeddings, rewards), reg, router_head["knn_k"],
+                           png, marks, estimated, cascade, router_head["extra"].get("head_sweep"))
+    aiq = dict(zip(table["policy"], table["aiq"]))
+    _, R, _, C = to_arrays(rewards)
+    va = (split == "validation").to_numpy()
+    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
+    rv = router_value(prof.name, verdict, value, head_aiq(aiq), cascade=cascade,
+                      head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
+                      cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
+                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
+                      prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"))
+    return table, png, aiq, rv
+
+
 @asset(group_name="report", io_manager_key="io_manager",
        description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
                    "pool → letter extracted and scored) on the held-out test split and an out-of-distribution "
@@ -187,80 +225,47 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                      registered_cascade: dict, profile: ProfileResource, pool: PoolResource,
                      backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    reg = registry.load(registered_head["path"])
-    agents = [a["name"] for a in reg.agents]
+    reg, regc = registry.load(registered_head["path"]), registry.load(registered_cascade["path"])
     pool = pool_of(pool, preflight)  # the pool the head was trained on
     pool.require_key("benchmark_report")  # it calls the routed agents
-    specs = {a.name: a for a in passed_agents(pool, preflight)}
-    missing = [a for a in agents if a not in specs]
-    if missing:
-        from pipeline.core.errors import RouterLiteError
-        raise RouterLiteError(f"head {reg.name} routes to {missing}, which are not in the passed pool agents")
     reports = storage.path("reports")
     target = config.target or prof.benchmark.target
-    point = reg.resolve_target(target)
-    md = [f"## Routed benchmark ({prof.name}, head {reg.name}), target {point['target']} "
-          f"(λ {point['lambda']:.4g})", ""]
-    variant_md, per_question, meta, estimated = _routed_variants(
-        prof, task_pool, reg, target, [specs[a] for a in agents], pool, backbone, storage)
-    md += variant_md
-    regc = registry.load(registered_cascade["path"])
-    cascade_targets = list(dict.fromkeys([regc.router.resolve(target)["target"], "parity", "quality>=0.98"]))
-    md += [f"## Routed benchmark of the cascade ({regc.name}): every stage's calls made through the pool", ""]
-    cascade_md, cascade_meta = _routed_cascade(prof, task_pool, regc, cascade_targets, [specs[a] for a in agents],
-                                               pool, backbone, storage)
-    md += cascade_md
-    rewards = reward_matrix
-    split = training_split(rewards, task_pool)
-    X = reward_embeddings(prompt_embeddings, rewards)
-    head_summary = router_head
-    knn_k = head_summary["knn_k"]
-    value = head_summary["value"]
-    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
-    table, png = _frontier(rewards, split, X, reg, knn_k, reports / f"frontier_{prof.name}.png", marks,
-                           estimated, cascade_router.summary, head_summary["extra"].get("head_sweep"))
-    aiq = dict(zip(table["policy"], table["aiq"]))
-    _, R, _, C = to_arrays(rewards)
-    va = (split == "validation").to_numpy()
-    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
+    point = reg.resolve_target(target)  # a bad target fails before any call
+    routed = _routed(prof, task_pool, reg, target, regc, _passed_specs(pool, preflight, reg), pool, backbone,
+                     storage)
     verdict = pool_report["verdict"]["text"]
-    # aiq.head: the cost–quality policy the head ships (its operating points on test; the trained head without them)
-    rv = router_value(prof.name, verdict, value, {"head": aiq.get("router (operating points)", aiq.get("trained head")),
-                                                  "prior": aiq.get("prior"),
-                                                  "hull": aiq.get("individual hull"), "knn": aiq.get("kNN router")},
-                      cascade=cascade_router.summary,
-                      head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
-                      cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
-                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()),
-                      prompt_routers=head_summary["extra"].get("kinds"), shipped=head_summary["extra"].get("shipped"))
+    table, png, aiq, rv = _router_value(prof, reward_matrix, task_pool, prompt_embeddings, router_head,
+                                        cascade_router.summary, reg, verdict, routed.estimated, routed.cascade_meta,
+                                        backbone.get_backbone(), reports / f"frontier_{prof.name}.png")
     atomic_write_json(rv, reports / "router_value.json")
     # the registry's latest entry names the ★ router (best validation AIQ) at the serving target, the head beside it
     registry.mark_latest(storage.path("registry"),
                          **star_latest(rv, registered_head, registered_cascade, prof.serve.target))
-    models = {a["name"]: a["model"] for a in reg.agents}
-    line = value_line(value, "parity", models)
-    md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
-          f"{'; costs estimated' if estimated else ''})", "",
-          f"Pool verdict: {verdict}", "", line, "", targets_markdown(value), "",
-          "### Router kinds side by side (prompt-only / cascade / combined)", "", ablation_markdown(rv), ""] + md
-    md += ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
-           table_markdown(prof.name, table), f"![frontier]({png.name})", ""]
-    text = "\n".join(md)
+    value = router_head["value"]
+    line = value_line(value, VALUE_TARGET, {a["name"]: a["model"] for a in reg.agents})
+    text = report_markdown(
+        prof.name, reg.name, point, routed.md, regc.name, routed.cascade_md,
+        [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
+         f"{'; costs estimated' if routed.estimated else ''})", "", f"Pool verdict: {verdict}", "", line, "",
+         targets_markdown(value), "", "### Router kinds side by side (prompt-only / cascade / combined)", "",
+         ablation_markdown(rv), ""],
+        ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
+         table_markdown(prof.name, table), f"![frontier]({png.name})", ""])
     atomic_write_text(text, reports / "benchmark_report.md")
-    atomic_write_json({"variants": meta, "frontier": table.to_dict("records")}, reports / "benchmark_report.json")
+    atomic_write_json({"variants": routed.meta, "frontier": table.to_dict("records")},
+                      reports / "benchmark_report.json")
     context.log.info("\n" + text)
-    cq = cascade_meta.get("test", {}).get("quality>=0.98")
-    return Output(pd.concat(per_question, ignore_index=True), metadata=rounded({
+    cq = routed.cascade_meta.get("test", {}).get(CASCADE_HEADLINE)
+    return Output(pd.concat(routed.per_question, ignore_index=True), metadata=rounded({
         "best_router": rv["best_router"], "cascade_routed_test_accuracy": cq["accuracy"] if cq else None,
         "cascade_routed_test_cost_per_1k": cq["cost_per_1k"] if cq else None,
         "pool_verdict": verdict or "", "value_line": line,
         "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
         "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),
-        **{f"{v}_accuracy": s["accuracy"] for v, s in meta.items()},
-        "aiq_trained_head": aiq.get("trained head", aiq.get("trained head (score sweep)")),
-        "aiq_prior": aiq.get("prior"),
-        "aiq_individual_hull": aiq.get("individual hull"), "report_dir": str(reports),
+        **{f"{v}_accuracy": s["accuracy"] for v, s in routed.meta.items()},
+        "aiq_trained_head": aiq.get(HEAD, aiq.get(HEAD_SCORE_SWEEP)), "aiq_prior": aiq.get(PRIOR),
+        "aiq_individual_hull": aiq.get(HULL), "report_dir": str(reports),
     }))
 
 

@@ -9,20 +9,17 @@ from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Outp
 from assets.collection import pool_of
 from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
-from pipeline.collect.answers import agreement, answers_matrix
-from pipeline.collect.rewards import to_arrays
+from pipeline.collect.answers import answers_matrix
 from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
-from pipeline.route.cascade import CascadeRouter
-from pipeline.route.cascade_fit import fit_cascades
+from pipeline.route.cascade_fit import fit_cascade_router
 from pipeline.route.embed import EmbeddingCache
-from pipeline.route.fit import fit_router, split_masks
+from pipeline.route.fit import fit_router, reward_arrays
 from pipeline.route.fitted import FittedRouter
-from pipeline.route.targets import REPORT_TARGETS, path_table
-from pipeline.route.train import effective_rewards
+from pipeline.route.targets import path_table
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -88,8 +85,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
     table = pd.DataFrame([{"policy": k, "held_out_reward": m[k],
                            "vs best single (95% paired bootstrap CI)": _gain_text(ci[k]) if k in ci else ""}
                           for k in ("head", "best_single", "knn", "random", "oracle")])
-    companions = {"scorer": fit.scorer, **({"cost_scorer": fit.cost_scorer} if fit.cost_scorer is not None else {})}
-    return Output(FittedRouter(fit.head, summary, companions, fit.guard), metadata=rounded({
+    return Output(fit.to_fitted(summary), metadata=rounded({
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
         "n_test": m["n_test"], "n_params": getattr(fit.head, "n_params", None),
@@ -149,16 +145,11 @@ def _register(context, router, router_head: FittedRouter, preflight: pd.DataFram
     data versions of the frames in `data` and the prompt router's operating points: (entry directory, manifest)."""
     bb = backbone.get_backbone()
     pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
-    models = {a.name: a.model for a in pool.agents()}
-    path = registry.register(
-        storage.path("registry"), router, router_head.guard, router_head["best_single"],
-        backbone={"id": backbone.model, "key": bb.key, "pooling": backbone.pooling,
-                  "max_seq_length": backbone.max_seq_length, "dim": router.d, **bb.registry_fields()},
-        agents=[{"name": a, "model": models.get(a, a)} for a in router.agents],
+    path = registry.register_fitted(
+        storage.path("registry"), router, router_head, backbone=bb.manifest_fields(router.d, backbone.model),
+        models={a.name: a.model for a in pool.agents()},
         training={**training, "pool": pool.pool, "pool_kind": pool.kind},
-        data_hashes={name: frame_version(df) for name, df in data.items()}, metrics=metrics,
-        scorer=router_head.companions.get("scorer"), operating_points=router_head["operating_points"],
-        cost_scorer=router_head.companions.get("cost_scorer"))
+        data_hashes={name: frame_version(df) for name, df in data.items()}, metrics=metrics)
     entry = json.loads((path / registry.MANIFEST).read_text())
     context.log.info(f"registered {entry['name']} at {path}")
     return path, entry
@@ -172,33 +163,27 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
                    prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame,
                    router_head: FittedRouter) -> Output[FittedRouter]:
     rewards = reward_matrix
-    agents, R, B, C = to_arrays(rewards)
+    arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
-    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
-    X = reward_embeddings(prompt_embeddings, rewards)
-    head, scorer = router_head.router, router_head.companions["scorer"]
-    masks = split_masks(training_split(rewards, task_pool).reset_index(drop=True), "test",
-                        rewards["task_id"].astype(str).tolist())
     best = router_head["best_single"]
-    fit = fit_cascades(effective_rewards(R, B), C, E, scorer.scores(X), t["grader"].to_numpy(), masks, best, agents,
-                       REPORT_TARGETS)
-    chosen = fit["variants"][fit["chosen"]]
-    router = CascadeRouter(head, chosen["path"], chosen["order"], agents)
-    summary = {"agents": agents, "best_single": best, **fit}
+    router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
+                                     t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
+                                     router_head.router, router_head.companions["scorer"], best)
+    summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
-    for variant, v in fit["variants"].items():
-        for name, tg in v["targets"].items():
+    for variant, v in fit.variants.items():
+        for name, tg in v.targets.items():
             rows.append({"variant": variant, "target": name, "quality": tg["quality"],
                          "x best quality": tg["quality_ratio"], "x best cost": tg["cost_ratio"],
                          "calls/query": tg["calls_per_query"], "plan": tg["plan"]})
     table = pd.DataFrame(rows)
-    context.log.info(f"cascade: chosen variant {fit['chosen']} (validation AIQ "
-                     + ", ".join(f"{k} {v['aiq_validation']:.4f}" for k, v in fit["variants"].items()) + ")\n"
+    context.log.info(f"cascade: chosen variant {fit.chosen} (validation AIQ "
+                     + ", ".join(f"{k} {v.aiq_validation:.4f}" for k, v in fit.variants.items()) + ")\n"
                      + table.to_markdown(index=False, floatfmt=".3f"))
     return Output(FittedRouter(router, summary), metadata=rounded({
-        "chosen": fit["chosen"], "validation_rows": fit["validation_rows"],
-        **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
-        **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
+        "chosen": fit.chosen, "validation_rows": fit.validation_rows,
+        **{f"aiq_validation_{k}": v.aiq_validation for k, v in fit.variants.items()},
+        **{f"aiq_test_{k}": v.aiq_test for k, v in fit.variants.items()},
         "targets_held_out": md_table(table, floatfmt=".3f"),  # `|` escaped, a plan one line per answer format
     }))
 

@@ -54,13 +54,13 @@ def guard_table(agents, R, C, E, P, g, masks, best) -> list[dict]:
     bq, bc = R[te, best].mean(), C[te, best].mean()
     for z in (0.0, 0.5, 1.0, 2.0):
         fit = fit_cascades(R, C, E, P, g, masks, best, agents, ["quality>=0.98"], guard_z=z)
-        for variant, v in fit["variants"].items():
-            point = resolve("quality>=0.98", v["path"])
-            plan = Plan.from_dict(v["path"]["points"][point["index"]]["plan"], agents)
-            o = run_plan(plan, R[te], C[te], E[te], np.array(v["order"]), None if variant == "cascade" else P[te],
+        for variant, v in fit.variants.items():
+            point = resolve("quality>=0.98", v.path)
+            plan = Plan.from_dict(v.path["points"][point["index"]]["plan"], agents)
+            o = run_plan(plan, R[te], C[te], E[te], np.array(v.order), None if variant == "cascade" else P[te],
                          g[te])
             rows.append({"guard_z": z, "variant": variant,
-                         "validation x quality": point["quality"] / v["path"]["best_single_validation"]["quality"],
+                         "validation x quality": point["quality"] / v.path["best_single_validation"]["quality"],
                          "test x quality": o.reward.mean() / bq, "test x cost": o.cost.mean() / bc})
     return rows
 
@@ -69,7 +69,7 @@ def family_bound(agents, R, C, E, P, g, masks, best, cap: float = 0.55) -> dict:
     """The best test quality any plan of the candidate family reaches at ≤ cap × the best single agent's test cost,
     the policy of each answer format chosen ON THE TEST ROWS (every combination of the formats' Pareto policies, not
     only the λ vertices): an upper bound on what a plan of this family can do here, not a router."""
-    from pipeline.route.cascade_fit import pareto
+    from pipeline.route.frontier import pareto
 
     te = masks["held_out"]
     order = preference(R[masks["train"]])
@@ -80,13 +80,13 @@ def family_bound(agents, R, C, E, P, g, masks, best, cap: float = 0.55) -> dict:
         pool = candidates(R[m], C[m], P[m])
         outs = [run_policy(p, R[m], C[m], E[m], order, P[m]) for p in pool]
         pts = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
-        fronts.append(pts[pareto(pts)])
+        fronts.append(pts[pareto(pts, 1e-12)])
     n, budget = te.sum(), cap * bc * te.sum()
     best_q, best_c = 0.0, None
     combos = np.zeros((1, 2))
     for f in fronts:  # all sums of one Pareto point per format, pruned to the running Pareto front
         combos = (combos[:, None, :] + f[None, :, :]).reshape(-1, 2)
-        combos = combos[pareto(combos)]
+        combos = combos[pareto(combos, 1e-12)]
     ok = combos[combos[:, 0] <= budget]
     if len(ok):
         i = int(np.argmax(ok[:, 1]))

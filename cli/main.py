@@ -137,14 +137,8 @@ def cmd_train(args) -> int:
           + f"\n\n## Held-out value (split {args.held_out_split!r})\n\n" + targets_markdown(fit.value)
           + "\n" + value_line(fit.value, "parity") + "\n\n## Prompt routers (chosen on validation)\n\n"
           + prompt_routers_markdown(fit.extra["kinds"], fit.extra["shipped"]), file=sys.stderr)
-    path = registry.register(
-        out, fit.head, fit.guard, fit.best_single,
-        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1]), **bb.registry_fields()},
-        agents=[{"name": a, "model": a} for a in fit.agents], training=cfg.to_dict(),
-        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
-                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
+    path = registry.register_fitted(out, fit.head, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
+                                    training=cfg.to_dict(), data_hashes=_file_hashes(args), metrics=fit.metrics)
     print(f"registered {path.name} at {path}", file=sys.stderr)
     cascade = _train_cascade(args, rewards, joined, X, fit, bb, out) if "answers" in rewards and \
         "grader" in joined else None
@@ -158,56 +152,48 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _file_hashes(args) -> dict:
+    """The data versions of `train`'s input files (content hashes)."""
+    from pathlib import Path
+
+    from pipeline.route.registry import content_hash
+
+    return {"rewards": content_hash(Path(args.rewards).read_bytes())[:16],
+            "tasks": content_hash(Path(args.tasks).read_bytes())[:16]}
+
+
 def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     """Cascades from the rewards' `answers` and the tasks' `grader` (zero API calls), reported like the head's
     targets and registered as a `cascade` router next to the head."""
-    from pathlib import Path
-
     import pandas as pd
 
-    from pipeline.collect.answers import agreement
-    from pipeline.collect.rewards import to_arrays
     from pipeline.report.value import targets_markdown
     from pipeline.route import registry
-    from pipeline.route.cascade import CascadeRouter
-    from pipeline.route.cascade_fit import fit_cascades
-    from pipeline.route.fit import split_masks
-    from pipeline.route.targets import REPORT_TARGETS
-    from pipeline.route.train import effective_rewards
+    from pipeline.route.cascade_fit import fit_cascade_router
+    from pipeline.route.fit import reward_arrays
 
-    agents, R, B, C = to_arrays(rewards)
-    graders = joined["grader"].to_numpy()
-    E = agreement([list(a) for a in rewards["answers"]], graders.tolist())
-    masks = split_masks(joined["split"].reset_index(drop=True), args.held_out_split,
-                        rewards["task_id"].astype(str).tolist())
-    res = fit_cascades(effective_rewards(R, B), C, E, fit.scorer.scores(X), graders, masks, fit.best_single, agents,
-                       REPORT_TARGETS)
-    chosen = res["variants"][res["chosen"]]
+    arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
+    agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
+    router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
+                                     fit.head, fit.scorer, fit.best_single)
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
-    for variant, v in res["variants"].items():
-        table = {"targets": v["targets"], "best_single": bs, "oracle": fit.value["oracle"], "weak": "n/a",
+    for variant, v in res.variants.items():
+        table = {"targets": v.targets, "best_single": bs, "oracle": fit.value["oracle"], "weak": "n/a",
                  "apgr": None, "cpt50": None, "cpt80": None, "n_test": int(masks["held_out"].sum()),
                  "costs_estimated": fit.value.get("costs_estimated")}
-        print(f"## Cascade ({variant}; validation AIQ {v['aiq_validation']:.4f}, test AIQ {v['aiq_test']:.4f})\n\n"
+        print(f"## Cascade ({variant}; validation AIQ {v.aiq_validation:.4f}, test AIQ {v.aiq_test:.4f})\n\n"
               + targets_markdown(table) + "\n"
-              + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v["targets"].items()]).to_markdown(
+              + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v.targets.items()]).to_markdown(
                   index=False), file=sys.stderr)
-    router = CascadeRouter(fit.head, chosen["path"], chosen["order"], agents)
-    path = registry.register(
-        out, router, fit.guard, fit.best_single,
-        backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
-                  "dim": int(X.shape[1])},
-        agents=[{"name": a, "model": a} for a in agents], training={"variant": res["chosen"]},
-        data_hashes={"rewards": registry.content_hash(Path(args.rewards).read_bytes())[:16],
-                     "tasks": registry.content_hash(Path(args.tasks).read_bytes())[:16]},
-        metrics={k: v["aiq_validation"] for k, v in res["variants"].items()}, scorer=fit.scorer,
-        operating_points=fit.operating_points, cost_scorer=fit.cost_scorer)
+    path = registry.register_fitted(out, router, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
+                                    training={"variant": res.chosen}, data_hashes=_file_hashes(args),
+                                    metrics={k: v.aiq_validation for k, v in res.variants.items()})
     print(f"registered {path.name} at {path}", file=sys.stderr)
-    return {"chosen": res["chosen"], "registered": str(path),
-            "aiq": {k: {"validation": v["aiq_validation"], "test": v["aiq_test"]} for k, v in res["variants"].items()},
+    return {"chosen": res.chosen, "registered": str(path),
+            "aiq": {k: {"validation": v.aiq_validation, "test": v.aiq_test} for k, v in res.variants.items()},
             "targets": {k: {f: t[f] for f in ("quality", "cost_per_1k", "cost_ratio", "quality_ratio", "plan")}
-                        for k, t in chosen["targets"].items()}}
+                        for k, t in res.best.targets.items()}}
 
 
 def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = None):
@@ -234,9 +220,9 @@ def cmd_route(args) -> int:
             raise RouterLiteError(f"prompt {i} ({p[:40]!r}) is not valid text: {bad_text(p)}")
     reg = registry.load(args.head)
     point = reg.resolve_target(args.target)  # a bad target fails before the backbone loads
-    if args.grader is not None and reg.kind != "cascade":
+    if args.grader is not None and not reg.needs_grader:
         raise RouterLiteError(f"--grader applies to cascade routers; {reg.name} is a {reg.kind}")
-    if reg.kind == "cascade":
+    if reg.needs_grader:
         return _route_cascade(reg, args)
     picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
     print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)
@@ -389,7 +375,7 @@ def cmd_serve(args) -> int:
 
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
-    formats = _format_guess(reg, home_of(profile)) if reg.kind == "cascade" else None
+    formats = _format_guess(reg, home_of(profile)) if reg.needs_grader else None
     app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
@@ -438,7 +424,7 @@ def _served_router(args, profile):
                                   f"run --profile {profile.name}` first, or pass --head registry/<name>")
         reg, star = registry.load(entry["path"]), entry.get("star")
     target = args.target or profile.serve.target
-    if not args.target and reg.kind != "cascade" and not reg.operating_points:
+    if not args.target and not reg.needs_grader and not reg.operating_points:
         target = None  # registered before operating points: max-quality only
     v = validation_at(reg, target)
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731

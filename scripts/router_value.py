@@ -66,16 +66,15 @@ def routerbench_data():
 def value_setup(data: str):
     """What the value scripts share: the data, its train/validation/test masks, effective rewards, the ridge-start
     head and the value scorer fitted on train (alpha chosen on validation)."""
-    from pipeline.collect.rewards import to_arrays
-    from pipeline.route.fit import split_masks
-    from pipeline.route.train import effective_rewards, train_head
+    from pipeline.route.fit import reward_arrays
+    from pipeline.route.train import train_head
     from pipeline.route.value import fit_value_scorer
 
     X, rewards, split, labels, name = pipeline_data() if data == "pipeline" else routerbench_data()
-    agents, R, B, C = to_arrays(rewards)
-    m = split_masks(split.reset_index(drop=True), "test", rewards["task_id"].astype(str).tolist())
+    arrays = reward_arrays(rewards, split, "test")
+    agents, R, B, C, m = arrays.agents, arrays.R, arrays.B, arrays.C, arrays.masks
     tr, va, te = m["train"], m["validation"], m["held_out"]
-    Re = effective_rewards(R, B)
+    Re = arrays.R_eff
     head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], TrainConfig(generations=0, log_every=0))
     ridge, info = fit_value_scorer(head, X[tr], Re[tr], X[va], Re[va])
     return dict(X=X, rewards=rewards, labels=labels, name=name, agents=agents, R=R, B=B, C=C, Re=Re,

@@ -139,14 +139,14 @@ def test_fit_learns_a_cascade_per_answer_format():
     R, C, E, g, masks = _synthetic()
     fit = fit_cascades(R, C, E, None, g, masks, 0, ["strong", "cheap1", "cheap2"], ["max-quality", "parity",
                                                                                      "quality>=0.98"])
-    v = fit["variants"]["cascade"]
-    t = v["targets"]["parity"]
+    v = fit.variants["cascade"]
+    t = v.targets["parity"]
     # on integers the cheap pair's agreement is trusted; on math the strong agent answers: quality kept, cost cut
     assert t["quality_ratio"] > 0.97 and t["cost_ratio"] < 0.75, t
     assert "integer: ask cheap1 + cheap2" in t["plan"]
-    mq = v["targets"]["max-quality"]
+    mq = v.targets["max-quality"]
     assert mq["quality"] >= R[masks["held_out"], 0].mean() - 1e-12  # never below the best single agent here
-    assert "combined" not in fit["variants"] and fit["chosen"] == "cascade"  # no prompt predictions given
+    assert "combined" not in fit.variants and fit.chosen == "cascade"  # no prompt predictions given
 
 
 def test_quality_target_guard_demands_a_margin():
@@ -169,12 +169,12 @@ def test_router_kind_round_trips_through_the_registry(tmp_path):
     R, C, E, g, masks = _synthetic(600)
     agents = ["strong", "cheap1", "cheap2"]
     fit = fit_cascades(R, C, E, None, g, masks, 0, agents, ["parity"])
-    v = fit["variants"]["cascade"]
+    v = fit.variants["cascade"]
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 8)).astype(np.float32)
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     head = constant_head(Head(np.zeros((8, 3), np.float32), np.zeros(3, np.float32), agents=agents), 0)
-    router = CascadeRouter(head, v["path"], v["order"], agents)
+    router = CascadeRouter(head, v.path, v.order, agents)
     kw = dict(backbone={"id": "test/bb", "key": "k", "dim": 8}, agents=[{"name": a, "model": a} for a in agents],
               training={}, data_hashes={}, metrics={})
     path = registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw)

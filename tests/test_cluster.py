@@ -10,8 +10,8 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
 from pipeline.route.cluster import ClusterRouter, kmeans
 from pipeline.route.fit import fit_router
+from pipeline.route.kinds import router_class
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import router_class
 from pipeline.route.select import candidate_kinds, select_router
 from pipeline.route.train import TrainConfig, train_head
 

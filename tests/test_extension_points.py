@@ -1,7 +1,7 @@
 """The "How to add ..." recipes of docs/architecture.md, followed through the public registries.
 
-Each test adds a toy extension (a grader, a router type, an agent pool kind, a task source) inside the table's
-`*_restored()` context, uses it where the real ones are used, and leaves the table as it found it.
+Each test adds a toy extension (a grader, a router type, a staged router kind, an agent pool kind, a task source)
+inside the table's `*_restored()` context, uses it where the real ones are used, and leaves the table as it found it.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.profile import AgentPoolSettings, Profile, from_yaml
 from pipeline.report.frontier import baseline_policies, policy_table, router_policies
 from pipeline.route import registry
+from pipeline.route.kinds import router_class, routers_restored
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import ROUTER_TYPES, register_router, router_class, routers_restored
+from pipeline.route.routers import ROUTER_TYPES, register_router
 from pipeline.serve.app import build_app
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
@@ -32,8 +33,8 @@ from pipeline.tasks.sources import (
     SOURCES,
     TASK_COLUMNS,
     SourceSpec,
-    _task,
     load_source,
+    make_task,
     register_source,
     sources_restored,
 )
@@ -217,6 +218,78 @@ def test_the_server_routes_a_registered_toy_router(tmp_path):
     assert body["choices"][0]["message"]["content"] == "reply from m-b" and body["model"] == "m-b"
 
 
+# ------------------------------------------------------------------------------------------------ a staged kind
+def _staged_kind():
+    """A staged router kind (the recipe's "a staged kind"): the cascade's files and stages under another name, so
+    that only its capabilities (`needs_answers`, `needs_grader`, `view`) can make it staged, never its kind's name."""
+    from pipeline.route.cascade import CascadeRouter
+
+    class TwoStep(CascadeRouter):
+        pass
+
+    return register_router("two-step")(TwoStep)
+
+
+def _register_staged(tmp_path, cls, X):
+    from pipeline.route.cascade import Plan, Policy, Stage
+    from pipeline.route.cascade_fit import cascade_path
+    from pipeline.route.head import Head
+
+    rng = np.random.default_rng(0)
+    n = 200
+    R = (rng.random((n, 3)) < [0.6, 0.9, 0.5]).astype(float)
+    C = np.tile([0.02, 1.0, 0.03], (n, 1))
+    E = np.zeros((n, 3, 3), dtype=bool)
+    E[:, [0, 1, 2], [0, 1, 2]] = True
+    E[:, 0, 2] = E[:, 2, 0] = R[:, 0] == R[:, 2]
+    plans = [Plan(Policy((Stage((1,)),))), Plan(Policy((Stage((0, 2), 2), Stage((1,)))))]
+    path = cascade_path(plans, R, C, E, np.array([1, 0, 2]), None, np.array(["integer"] * n, dtype=object), 1,
+                        AGENTS)
+    head = Head(np.zeros((8, 3), np.float32), np.array([0, 1, 0], np.float32), agents=AGENTS)
+    return registry.register(tmp_path, cls(head, path, [1, 0, 2], AGENTS), OODGuard().fit(X, X), 1,
+                             backbone={"id": "toy/hash-embedder", "key": "toy/hash-embedder", "dim": 8},
+                             agents=[{"name": a, "model": f"m-{a}"} for a in AGENTS], training={}, data_hashes={},
+                             metrics={})
+
+
+def test_a_staged_router_kind_is_known_by_its_capabilities(tmp_path):
+    from types import SimpleNamespace
+
+    from pipeline.route.routers import capability
+    from pipeline.serve.app import _request_grader
+
+    X, _, _ = _data()
+    before = dict(ROUTER_TYPES)
+    with routers_restored():
+        cls = _staged_kind()
+        assert capability(cls, "needs_answers") and capability(cls, "needs_grader")
+        path = _register_staged(tmp_path, cls, X)
+        reg = registry.load(path)
+        assert reg.kind == "two-step" and type(reg.router) is cls and reg.needs_grader
+        assert (path / "reference.py").exists()  # it declares reference_code (the cascade's plans)
+        view = reg.cascade_at("max-quality", "integer")  # the registry asks the kind for its view
+        picks, fired = view.route(X)
+        assert view.grader == "integer" and picks.shape == (len(X),) and set(picks[~fired]) <= {-1, 1}
+        state = SimpleNamespace(registered=reg, settings=ServeSettings())
+        assert _request_grader(state, {}, {"router_grader": "integer"}) == "integer"  # the server: stages
+    assert ROUTER_TYPES == before
+
+
+@pytest.mark.slow
+def test_the_server_runs_the_stages_of_a_registered_staged_kind(tmp_path):
+    X, _, _ = _data()
+    with routers_restored():
+        reg = registry.load(_register_staged(tmp_path, _staged_kind(), X))
+        agents = [AgentSpec(n, f"m-{n}", "toy", None, 0.0, 0.0) for n in AGENTS]
+        with serve_in_thread(build_app(reg, HashBackbone(), agents, _echo_client, ServeSettings())) as srv:
+            r = httpx.post(f"{srv.base_url}/chat/completions", timeout=30,
+                           json={"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                                 "router_grader": "integer"})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Router-Grader"] == "integer" and r.json()["router"]["grader"] == "integer"
+    assert r.headers["X-Router-Agents-Called"].split(",")[-1] == r.headers["X-Router-Agent"]
+
+
 # ------------------------------------------------------------------------------------------------ a pool kind
 def test_a_registered_pool_kind_makes_the_clients():
     before = dict(POOL_KINDS)
@@ -253,7 +326,7 @@ def test_a_registered_pool_kind_makes_the_clients():
 
 # ------------------------------------------------------------------------------------------------ a task source
 def norm_capitals(rows, where: str) -> list[dict]:
-    return [_task("capitals", "test", i, f"What is the capital of {r['country']}?", r["capital"], "exact_ci",
+    return [make_task("capitals", "test", i, f"What is the capital of {r['country']}?", r["capital"], "exact_ci",
                   "knowledge", "easy", i) for i, r in enumerate(rows)]
 
 

@@ -140,7 +140,8 @@ def test_a_toy_router_kind_goes_through_router_lite_run(smoke_home_copy, monkeyp
     from pipeline.profile import OVERRIDE_ENV, load_profile
     from pipeline.route import registry
     from pipeline.route.fitted import FittedRouter
-    from pipeline.route.routers import register_router, routers_restored
+    from pipeline.route.kinds import routers_restored
+    from pipeline.route.routers import register_router
     from resources.storage import asset_path
 
     home = smoke_home_copy()

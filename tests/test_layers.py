@@ -1,6 +1,8 @@
 """Imports in pipeline/ run one way (docs/architecture.md, "Layout"): down the stage order core < tasks < collect <
 route < report, serve (report and serve, side by side, do not import each other), with the modules directly in
-pipeline/ (profile.py, standin.py) above every stage; and no import circle joins files of different stages.
+pipeline/ (profile.py, standin.py) above every stage; no import circle joins files of different stages, and none
+joins two modules of pipeline/ at all (`circles`). No function of pipeline/ assets/ cli/ resources/ is longer than
+MAX_FUNCTION_LINES.
 
 Every `import` counts, module level or inside a function: a lazy import is still a dependency."""
 from __future__ import annotations
@@ -104,6 +106,85 @@ def violations(root: Path) -> list[str]:
         if v not in index:
             visit(v)
     return bad
+
+
+def circles(root: Path) -> list[list[str]]:
+    """The import circles between modules of root/pipeline (strongly connected components of more than one module
+    of `graph`: every import counts, lazy ones too), each sorted."""
+    edges, modules = graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in modules:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_modules_of_pipeline():
+    assert circles(ROOT) == []
+
+
+def test_the_circle_check_finds_one_inside_a_stage_through_a_lazy_import(tmp_path):
+    root = _tree(tmp_path, {"pipeline/route/routers.py": "def builtins():\n    import pipeline.route.head\n",
+                            "pipeline/route/head.py": "from pipeline.route.routers import builtins\n",
+                            "pipeline/route/knn.py": "from pipeline.route import routers\n"})
+    assert circles(root) == [["pipeline.route.head", "pipeline.route.routers"]]
+
+
+MAX_FUNCTION_LINES = 60
+# still longer when this test came (issue 27), owned by another change in flight; the lead removes it after merging
+LONG_FUNCTIONS = {"pipeline/route/train.py:train_head"}
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`path:name (lines)` of every function (methods and nested ones too) of pipeline/ assets/ cli/ resources/
+    longer than `limit` lines, decorators and docstring included."""
+    out = []
+    for pkg in ("pipeline", "assets", "cli", "resources"):
+        for f in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    if node.end_lineno - first + 1 > limit:
+                        out.append(f"{f.relative_to(root).as_posix()}:{node.name} ({node.end_lineno - first + 1})")
+    return out
+
+
+def test_no_function_is_longer_than_a_reader_can_hold():
+    long = [f for f in long_functions(ROOT) if f.split(" (")[0] not in LONG_FUNCTIONS]
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_length_check_counts_every_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    root = _tree(tmp_path, {"assets/a.py": f"@decorator\ndef long():\n{body}\n\ndef short():\n    pass\n",
+                            "cli/b.py": f"class C:\n    def method(self):\n{body.replace('    ', '        ')}"})
+    assert long_functions(root) == ["assets/a.py:long (62)", "cli/b.py:method (61)"]
 
 
 def test_pipeline_imports_run_down_the_stages_without_cross_stage_circles():

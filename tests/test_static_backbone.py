@@ -143,3 +143,55 @@ def test_registry_records_it_and_reference_embeds_with_it(tiny_static, tmp_path,
     spec.loader.exec_module(mod)
     prompts = [prompt, "What is the derivative of x squared?"]
     assert np.allclose(mod.embed_static(bb, prompts), Backbone(tiny_static).encode(prompts), atol=1e-6)
+
+
+def test_cascade_trained_on_the_static_alias_records_it_and_routes_from_another_home(tmp_path, monkeypatch, capsys):
+    """`router-lite train --backbone static` with answers and graders: the cascade's manifest records the static
+    backbone (kind, path) like the head's (one fit -> register path), and another home routes with it without
+    distilling again."""
+    from cli.main import main
+    from pipeline.collect.grading import grade
+    from pipeline.tasks.sources import load_source
+    from resources.pool import PoolResource
+
+    monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **TINY})
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
+    pool = PoolResource(kind="replay", pool="demo")
+    agents, store = pool.agents(), pool.store()
+    rng = np.random.default_rng(0)
+    rows, trows = [], []
+    for t in load_source("zeroeval_gsm8k").iloc[:300].itertuples():
+        texts = [store.text_for(a.model, t.prompt) for a in agents]
+        if not all(texts):
+            continue
+        graded = [grade(x, t.gold, t.grader) for x in texts]
+        rows.append({"task_id": t.task_id, "agent_order": [a.name for a in agents],
+                     "mean_reward": [float(c) for _, c in graded], "answers": [a for a, _ in graded],
+                     "mean_cost": [a.cost(len(t.prompt) // 4, len(x) // 4) for a, x in zip(agents, texts)]})
+        trows.append({"task_id": t.task_id, "prompt": t.prompt, "grader": t.grader,
+                      "split": rng.choice(["train", "validation", "test"], p=[0.6, 0.2, 0.2])})
+    pd.DataFrame(rows).to_json(tmp_path / "r.jsonl", orient="records", lines=True)
+    pd.DataFrame(trows).to_parquet(tmp_path / "t.parquet")
+    assert main(["train", "--rewards", str(tmp_path / "r.jsonl"), "--tasks", str(tmp_path / "t.parquet"),
+                 "--generations", "3", "--backbone", "static", "--out", str(tmp_path / "reg")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    built = (tmp_path / "home" / "backbones" / static_backbone.distill_key(bundled_model_path(), **TINY)).resolve()
+    manifests = {k: json.loads(open(f"{d}/manifest.json").read())
+                 for k, d in (("head", out["registered"]), ("cascade", out["cascade"]["registered"]))}
+    assert manifests["cascade"]["router_kind"] == "cascade"
+    for m in manifests.values():
+        assert (m["backbone"]["kind"], m["backbone"]["path"], m["backbone"]["dim"]) == ("static", str(built), 16)
+    assert manifests["cascade"]["backbone"] == manifests["head"]["backbone"]
+
+    import model2vec.distill
+
+    def no_distill(**_):
+        raise AssertionError("another home distilled the static backbone again")
+
+    monkeypatch.setattr(model2vec.distill, "distill", no_distill)
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "other-home"))
+    prompt = trows[0]["prompt"]
+    assert main(["route", "--head", out["cascade"]["registered"], "--grader", "integer", prompt]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("plan[integer]\t") and printed[1].split("\t")[0] in ("stages", "alone")
+    assert not (tmp_path / "other-home" / "backbones").exists()

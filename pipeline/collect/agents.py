@@ -76,10 +76,14 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
         raise RouterLiteError(f"{path}: needs a non-empty `pools:` mapping")
     if prices_path is None:
         prices_path = path.parent / str(raw.get("prices", "prices.yaml"))
-    prices: dict[str, dict] | None = None
+    prices: dict[str, dict] = {}
+
+    def price_of(model: str):  # the prices file, read once and only when an agent needs it
+        if not prices:
+            prices["table"] = load_prices(prices_path)
+        return prices["table"].get(model)
 
     def resolve(name: str, chain: tuple[str, ...]) -> list[AgentSpec]:
-        nonlocal prices
         if name not in pools:
             raise RouterLiteError(f"unknown pool {name!r} in {path}; known pools: {', '.join(sorted(pools))}")
         if name in chain:
@@ -91,37 +95,7 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
         entries = pool.get("agents") or []
         if not isinstance(entries, list):
             raise RouterLiteError(f"{path}: pool {name!r}: `agents` must be a list")
-        for i, a in enumerate(entries):
-            if not isinstance(a, dict) or not a.get("name") or not a.get("model"):
-                raise RouterLiteError(f"{path}: pool {name!r} agent #{i} needs `name` and `model`: {a!r}")
-            provider = a.get("provider", pool.get("provider"))
-            if not provider:
-                raise RouterLiteError(f"{path}: pool {name!r} agent {a['name']!r} has no provider")
-            p_in, p_out = a.get("price_in_per_mtok"), a.get("price_out_per_mtok")
-            hidden = a.get("hidden_reasoning")
-            if p_in is None or p_out is None:
-                if prices is None:
-                    prices = load_prices(prices_path)
-                entry = prices.get(a["model"])
-                if not isinstance(entry, dict) or entry.get("input") is None or entry.get("output") is None:
-                    raise RouterLiteError(f"no price for model {a['model']!r} (pool {name!r}, agent {a['name']!r}) "
-                                          f"in {prices_path}")
-                p_in = entry["input"] if p_in is None else p_in
-                p_out = entry["output"] if p_out is None else p_out
-            if hidden is None:  # the model's price entry says it, when there is one
-                if prices is None and Path(prices_path).exists():
-                    prices = load_prices(prices_path)
-                known = (prices or {}).get(a["model"])
-                hidden = isinstance(known, dict) and bool(known.get("hidden_reasoning"))
-            try:
-                p_in, p_out = float(p_in), float(p_out)
-            except (TypeError, ValueError):
-                raise RouterLiteError(f"{path}: agent {a['name']!r}: prices must be numbers") from None
-            out.append(AgentSpec(name=str(a["name"]), model=str(a["model"]), provider=str(provider),
-                                 base_url=a.get("base_url", pool.get("base_url")), price_in_per_mtok=p_in,
-                                 price_out_per_mtok=p_out, role=str(a.get("role", "")),
-                                 hidden_reasoning=bool(hidden)))
-        return out
+        return out + [_agent_spec(path, name, pool, i, a, price_of, prices_path) for i, a in enumerate(entries)]
 
     agents = resolve(pool_name, ())
     if not agents:
@@ -132,6 +106,34 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
     if only is not None:
         agents = select_agents(agents, only, pool_name)
     return agents
+
+
+def _agent_spec(path: Path, name: str, pool: dict, i: int, a, price_of, prices_path) -> AgentSpec:
+    """Agent #`i` of pool `name` (a mapping of the agents file), its prices from the entry or `price_of(model)`."""
+    if not isinstance(a, dict) or not a.get("name") or not a.get("model"):
+        raise RouterLiteError(f"{path}: pool {name!r} agent #{i} needs `name` and `model`: {a!r}")
+    provider = a.get("provider", pool.get("provider"))
+    if not provider:
+        raise RouterLiteError(f"{path}: pool {name!r} agent {a['name']!r} has no provider")
+    p_in, p_out = a.get("price_in_per_mtok"), a.get("price_out_per_mtok")
+    if p_in is None or p_out is None:
+        entry = price_of(a["model"])
+        if not isinstance(entry, dict) or entry.get("input") is None or entry.get("output") is None:
+            raise RouterLiteError(f"no price for model {a['model']!r} (pool {name!r}, agent {a['name']!r}) "
+                                  f"in {prices_path}")
+        p_in = entry["input"] if p_in is None else p_in
+        p_out = entry["output"] if p_out is None else p_out
+    hidden = a.get("hidden_reasoning")
+    if hidden is None:  # the model's price entry says it, when there is one
+        known = price_of(a["model"]) if Path(prices_path).exists() else None
+        hidden = isinstance(known, dict) and bool(known.get("hidden_reasoning"))
+    try:
+        p_in, p_out = float(p_in), float(p_out)
+    except (TypeError, ValueError):
+        raise RouterLiteError(f"{path}: agent {a['name']!r}: prices must be numbers") from None
+    return AgentSpec(name=str(a["name"]), model=str(a["model"]), provider=str(provider),
+                     base_url=a.get("base_url", pool.get("base_url")), price_in_per_mtok=p_in,
+                     price_out_per_mtok=p_out, role=str(a.get("role", "")), hidden_reasoning=bool(hidden))
 
 
 def select_agents(agents: list[AgentSpec], names: Iterable[str], pool_name: str = "") -> list[AgentSpec]:

@@ -91,14 +91,14 @@ def _classify(exc: BaseException) -> tuple[str, float | None]:
     return "bad_response", None  # APIResponseValidationError, undecodable JSON, unexpected shapes
 
 
-def _usage_int(usage: dict, name: str) -> int | None:
+def usage_int(usage: dict, name: str) -> int | None:
     v = usage.get(name)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
         return None
     return int(v)
 
 
-def _usage_cost(usage: dict) -> float | None:
+def usage_cost(usage: dict) -> float | None:
     v = usage.get("cost")
     if v is None or isinstance(v, bool):
         return None
@@ -109,7 +109,7 @@ def _usage_cost(usage: dict) -> float | None:
     return v if v >= 0 else None
 
 
-def _parse_completion(data: Any) -> dict:
+def parse_completion(data: Any) -> dict:
     """Fields of a chat.completion JSON body; raises ValueError when it is not a usable completion
     (no choices - e.g. OpenRouter's 200 with an `error` object -, no message, non-text content)."""
     if not isinstance(data, dict):
@@ -168,7 +168,7 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
                 finally:
                     await resp.aclose()
             latency_ms = (time.perf_counter() - t0) * 1000.0
-            fields = _parse_completion(json.loads(raw))
+            fields = parse_completion(json.loads(raw))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every provider/transport failure becomes an error row
@@ -209,13 +209,13 @@ def _answered_row(agent: AgentSpec, prompt: str, fields: dict, latency_ms: float
     `usage.cost` (else the agent's prices)."""
     text = fields["text"]
     usage = fields["usage"]
-    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
     source = "provider_estimate" if usage.get("token_count_method") else "provider"  # replay: estimates
     if pt is None or ct is None:
         source = "estimated"
         pt = approx_tokens(prompt) if pt is None else pt
         ct = approx_tokens(text) if ct is None else ct
-    cost = _usage_cost(usage)
+    cost = usage_cost(usage)
     if cost is None:
         cost = agent.cost(pt, ct)
     return {

@@ -122,6 +122,23 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
         if isinstance(value, bool):
             return value
         raise RouterLiteError(f"{key}: expected true or false, got {_what(value)}")
+    if tp is int or tp is float:
+        return _coerce_number(tp, value, key)
+    if tp is str:
+        choices = meta.get("choices")
+        choices = list(choices()) if callable(choices) else choices
+        if isinstance(value, str) and (choices is None or value in choices):
+            return value
+        if isinstance(value, str):
+            raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(choices)}")
+        raise RouterLiteError(f"{key}: expected a string, got {_what(value)}")
+    if tp in (tuple, dict) or origin in (tuple, dict):
+        return _coerce_container(tp, origin, args, value, key, meta)
+    raise TypeError(f"{key}: no YAML reading for type {tp!r}")  # a schema bug, not a user error
+
+
+def _coerce_number(tp: type, value: Any, key: str) -> int | float:
+    """`_coerce` for an int or a float field."""
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -141,14 +158,10 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingP
         if not math.isfinite(number):  # `.nan` / `.inf` reach no JSON body, no optimiser, no timeout
             raise RouterLiteError(f"{key}: expected a finite number, got {_what(value)}")
         return number
-    if tp is str:
-        choices = meta.get("choices")
-        choices = list(choices()) if callable(choices) else choices
-        if isinstance(value, str) and (choices is None or value in choices):
-            return value
-        if isinstance(value, str):
-            raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(choices)}")
-        raise RouterLiteError(f"{key}: expected a string, got {_what(value)}")
+
+
+def _coerce_container(tp: Any, origin: Any, args: tuple, value: Any, key: str, meta: typing.Mapping) -> Any:
+    """`_coerce` for a tuple or a dict field (a dict's `keys` metadata lists the keys it allows)."""
     if tp is tuple or origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise RouterLiteError(f"{key}: expected a list, got {_what(value)}")

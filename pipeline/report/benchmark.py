@@ -17,7 +17,22 @@ import pandas as pd
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import LETTERS, mcq_prompt
+from pipeline.report.frontier import HULL, PRIOR
 from pipeline.tasks.sources import read_table
+
+# The names the benchmark report reads back, in one place. Policies of its frontier table (beside the baselines of
+# pipeline.report.frontier.baseline_policies):
+HEAD_POINTS = "router (operating points)"  # what the registered head does at each stored λ, guard included
+HEAD = "trained head"  # the head's frontier: the better on validation of its score sweep and its λ-trained heads
+HEAD_SCORE_SWEEP = "trained head (score sweep)"  # the other one, shown too
+HEAD_LAMBDA = "trained head (λ-trained)"
+KNN = "kNN router"
+CASCADE_POLICY_NAMES = {"cascade": "cascade (answers)", "combined": "cascade + prompt router"}
+# Targets: the cascade's routed benchmark runs these besides the report's own target; the asset's metadata shows
+# the routed test figures of CASCADE_HEADLINE.
+CASCADE_TARGETS = ("parity", "quality>=0.98")
+CASCADE_HEADLINE = "quality>=0.98"
+VALUE_TARGET = "parity"  # the target of the one-line value summary
 
 
 def load_benchmark(path: str | Path) -> pd.DataFrame:
@@ -120,3 +135,39 @@ def cascade_benchmark(bench: pd.DataFrame, X: np.ndarray, view_of, collect, orde
                         "cost_per_1k": float(1000 * o.cost.mean()), "calls_per_query": float(o.n_calls.mean()),
                         "answered_by": {k: float(v) for k, v in shares.items()},
                         "ood_guard_fired": float(fired.mean())}}
+
+
+# ------------------------------------------------------------------------------------------------ the report text
+def variant_markdown(variant: str, res: dict, cost_basis: str | None = None) -> list[str]:
+    """The routed benchmark of the prompt router on one variant (`score`'s result), as Markdown lines."""
+    s = res["summary"]
+    return ([f"Cost columns (USD): {cost_basis}.", ""] if cost_basis is not None else []) + [
+        f"### {variant}: n={s['n']}, router accuracy {s['accuracy']:.4f}, OOD guard fired on "
+        f"{s['ood_guard_fired']:.1%}, empty {s['empty_responses']}, errors {s['errors']}", "",
+        res["comparison"].to_markdown(index=False, floatfmt=".4f"), "",
+        f"Routing distribution: {s['distribution']}", "",
+        "<details><summary>by group</summary>", "",
+        res["by_group"].to_markdown(index=False, floatfmt=".3f"), "", "</details>", ""]
+
+
+def cascade_line(variant: str, target: str, s: dict) -> str:
+    """One routed-benchmark line of the cascade (`cascade_benchmark`'s summary) at one target."""
+    return (f"- {variant}, target {target}: n={s['n']}, accuracy {s['accuracy']:.4f}, "
+            f"${s['cost_per_1k']:.3f} per 1k, {s['calls_per_query']:.2f} calls per query, answered by "
+            + ", ".join(f"{a} {v:.0%}" for a, v in s["answered_by"].items()))
+
+
+def head_aiq(aiq: dict) -> dict:
+    """The AIQ entries of router_value.json from the frontier table's AIQ by policy name (`head`: the cost–quality
+    policy the head ships, its operating points on test; the trained head without them)."""
+    return {"head": aiq.get(HEAD_POINTS, aiq.get(HEAD)), "prior": aiq.get(PRIOR), "hull": aiq.get(HULL),
+            "knn": aiq.get(KNN)}
+
+
+def report_markdown(profile: str, head: str, point: dict, routed: list[str], cascade: str, cascade_routed: list[str],
+                    value_section: list[str], frontier_section: list[str]) -> str:
+    """benchmark_report.md: the value section, the routed benchmarks (prompt router, then cascade), the frontier."""
+    return "\n".join(value_section + [
+        f"## Routed benchmark ({profile}, head {head}), target {point['target']} (λ {point['lambda']:.4g})", "",
+        *routed, f"## Routed benchmark of the cascade ({cascade}): every stage's calls made through the pool", "",
+        *cascade_routed, ""] + frontier_section)

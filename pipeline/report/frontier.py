@@ -77,6 +77,11 @@ def policy_table(policies: Mapping[str, object], quality, cost, lambdas=None) ->
     return df
 
 
+# the frontier table's policy names that reports read back by name (the baselines here, the routers the benchmark
+# report adds: pipeline/report/benchmark.py)
+HULL, RANDOM, ORACLE, PRIOR = "individual hull", "random", "oracle", "prior"
+
+
 def baseline_policies(quality, cost, quality_train, models: list[str] | None = None) -> dict[str, object]:
     """The seed-002 baselines for `policy_table`: each individual model (a point), the individual hull, the uniform
     random router, the oracle (scores = true quality) and the prior heuristic (train mean quality)."""
@@ -89,10 +94,10 @@ def baseline_policies(quality, cost, quality_train, models: list[str] | None = N
         raise RouterLiteError(f"quality_train has {qt.shape[1]} models, quality has {q.shape[1]}")
     ind = individual_points(q, c)
     policies: dict[str, object] = {name: ind[j] for j, name in enumerate(names)}
-    policies["individual hull"] = PointSet(upper_hull(ind))
-    policies["random"] = random_router_points(q, c)[0]
-    policies["oracle"] = q
-    policies["prior"] = prior_scores(qt, q.shape[0])
+    policies[HULL] = PointSet(upper_hull(ind))
+    policies[RANDOM] = random_router_points(q, c)[0]
+    policies[ORACLE] = q
+    policies[PRIOR] = prior_scores(qt, q.shape[0])
     return policies
 
 

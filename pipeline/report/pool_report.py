@@ -194,7 +194,7 @@ def cascade_pays(R: np.ndarray, C: np.ndarray, E: np.ndarray, graders, split: np
         return None
     best = int(np.argmax(R[masks["train"]].mean(axis=0)))
     fit = fit_cascades(R, C, E, None, graders, masks, best, agents, [target])
-    t = fit["variants"]["cascade"]["targets"][target]
+    t = fit.variants["cascade"].targets[target]
     return {"target": target, "quality_ratio": t["quality_ratio"], "quality_ratio_ci": t["quality_ratio_ci"],
             "cost_ratio": t["cost_ratio"], "best_single": agents[best], "n_test": int(masks["held_out"].sum()),
             "plan": t["plan"],

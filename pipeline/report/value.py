@@ -164,7 +164,7 @@ def validation_at(reg, target=None) -> dict:
     """What a registered router (`pipeline.route.registry.RegisteredRouter`, head or cascade) stands for at a
     target, on validation (where its operating points were chosen): {"target", "quality", "quality_ratio",
     "cost_per_1k", "cost_ratio"}, ratios against the best single agent on validation."""
-    if reg.kind == "cascade":
+    if reg.needs_grader:  # a staged router (the cascade) resolves targets on its own path
         point, path = reg.router.resolve(target), reg.router.path
     else:
         point, path = reg.resolve_target(target), reg.operating_points or {}

@@ -135,6 +135,56 @@ def agreeing_answer(answers: dict[int, str | None], K: int, order: np.ndarray, a
     return int(size[0]), int(rep[0])
 
 
+ALONE, SKIPPED, STAGES = -1, -2, -3  # Outcome.stage of a row a prompt shortcut answered; STAGES: it did not
+
+
+def alone(j: int) -> Policy:
+    """The one-stage policy that asks agent `j` and answers without condition (a single agent)."""
+    return Policy((Stage((int(j),)),))
+
+
+def policy_for(policy: Policy, direct: int) -> Policy:
+    """What one query runs: `policy`, or agent `direct` alone when a prompt shortcut or the OOD guard chose one
+    (`direct` >= 0)."""
+    return alone(direct) if direct >= 0 else policy
+
+
+def shortcuts(policy: Policy, p: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt shortcuts of `policy` per row, from `p` (n,) the prompt router's predicted success of its lead
+    agent: (code, agent) with code ALONE and the lead where p >= accept_above (checked first: it wins where both
+    thresholds hold), SKIPPED and the last agent where p < skip_below, else STAGES and -1 (run the stages)."""
+    if uses_prediction(policy) and p is None:
+        raise RouterLiteError("this cascade uses the prompt router's predictions; none were given")
+    n = 0 if p is None else len(p)
+    code, agent = np.full(n, STAGES, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    if policy.accept_above is not None:
+        code[p >= policy.accept_above] = ALONE
+    if policy.skip_below is not None:
+        code[(code == STAGES) & (p < policy.skip_below)] = SKIPPED
+    agent[code == ALONE], agent[code == SKIPPED] = policy.lead, policy.final
+    return code, agent
+
+
+def uses_prediction(policy: Policy) -> bool:
+    """Whether `policy`'s shortcuts read the prompt router's predicted success."""
+    return policy.skip_below is not None or policy.accept_above is not None
+
+
+def new_agents(stage: Stage, called) -> list[int]:
+    """The agents `stage` asks that were not called at an earlier stage (an agent is never called twice)."""
+    return [j for j in stage.agents if j not in called]
+
+
+def stage_step(stage: Stage, answers: dict[int, str | None], K: int, order: np.ndarray, agree) -> int | None:
+    """One stage's rule on one query, once its new agents answered (`answers`: every agent called so far ->
+    answer or None): the agent whose reply is accepted, None to escalate. The last stage (k = 0) accepts its agent;
+    another accepts the preferred agent of the largest agreeing class when at least k agree."""
+    if stage.k == 0:
+        return stage.agents[0]
+    size, rep = agreeing_answer(answers, K, order, agree)
+    return rep if size >= stage.k else None
+
+
 def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E: np.ndarray, order: np.ndarray,
                P: np.ndarray | None = None) -> Outcome:
     """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first)."""
@@ -144,24 +194,15 @@ def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E: np.ndarray, orde
     reward = np.zeros(n)
     cost = np.zeros(n)
     by = np.full(n, -1, dtype=np.int64)
-    stage_of = np.full(n, -3, dtype=np.int64)
+    stage_of = np.full(n, STAGES, dtype=np.int64)
     called = np.zeros((n, K), dtype=bool)
-    if policy.skip_below is not None or policy.accept_above is not None:
-        if P is None:
-            raise RouterLiteError("this cascade uses the prompt router's predictions; none were given")
-        p = P[:, policy.lead]
-        if policy.accept_above is not None:
-            alone = open_ & (p >= policy.accept_above)
-            reward[alone], cost[alone], by[alone], stage_of[alone] = R[alone, policy.lead], C[alone, policy.lead], \
-                policy.lead, -1
-            called[alone, policy.lead] = True
-            open_ &= ~alone
-        if policy.skip_below is not None:
-            skip = open_ & (p < policy.skip_below)
-            reward[skip], cost[skip], by[skip], stage_of[skip] = R[skip, policy.final], C[skip, policy.final], \
-                policy.final, -2
-            called[skip, policy.final] = True
-            open_ &= ~skip
+    if uses_prediction(policy):
+        code, agent = shortcuts(policy, None if P is None else P[:, policy.lead])
+        for c, j in ((ALONE, policy.lead), (SKIPPED, policy.final)):
+            m = code == c
+            reward[m], cost[m], by[m], stage_of[m] = R[m, j], C[m, j], j, c
+            called[m, j] = True
+        open_ &= code == STAGES
     for t, s in enumerate(policy.stages):
         if not open_.any():
             break
@@ -242,33 +283,59 @@ def execute(policies: list[Policy], direct: np.ndarray, order, ask, agree) -> Ou
     order = np.asarray(order, dtype=np.int64)
     got: list[dict[int, tuple]] = [{} for _ in range(n)]
     reward, cost = np.zeros(n), np.zeros(n)
-    by, stage_of = np.full(n, -1, dtype=np.int64), np.full(n, -3, dtype=np.int64)
+    by, stage_of = np.full(n, -1, dtype=np.int64), np.full(n, STAGES, dtype=np.int64)
     open_ = set(range(n))
-    stages = [[Stage((int(direct[i]),))] if direct[i] >= 0 else list(policies[i].stages) for i in range(n)]
+    stages = [policy_for(policies[i], int(direct[i])).stages for i in range(n)]
     t = 0
     while open_:
         wants: dict[int, list[int]] = {}
         for i in open_:
-            for j in stages[i][t].agents:
-                if j not in got[i]:
-                    wants.setdefault(j, []).append(i)
+            for j in new_agents(stages[i][t], got[i]):
+                wants.setdefault(j, []).append(i)
         for j, rows in wants.items():
             for i, res in ask(j, rows).items():
                 got[i][j] = res
                 cost[i] += res[2]
         for i in list(open_):
-            st = stages[i][t]
-            if st.k == 0:
-                j = st.agents[0]
-            else:
-                size, j = agreeing_answer({a: r[0] for a, r in got[i].items()}, K, order,
-                                          lambda x, y, i=i: agree(i, x, y))
-                if size < st.k:
-                    continue
-            reward[i], by[i], stage_of[i] = got[i][j][1], j, (-1 if direct[i] >= 0 else t)
+            j = stage_step(stages[i][t], {a: r[0] for a, r in got[i].items()}, K, order,
+                           lambda x, y, i=i: agree(i, x, y))
+            if j is None:
+                continue
+            reward[i], by[i], stage_of[i] = got[i][j][1], j, (ALONE if direct[i] >= 0 else t)
             open_.discard(i)
         t += 1
     return Outcome(reward, cost, by, np.array([len(g) for g in got], dtype=np.int64), stage_of)
+
+
+@dataclass
+class CascadeView:
+    """A registered cascade at one operating point for requests of one answer format (`CascadeRouter.view`):
+    `route(X)` -> (per row -1 = run the policy's stages, j >= 0 = ask agent j alone: a prompt shortcut, a one-stage
+    policy or the OOD guard's best single agent; mask where the guard fired). `registered` is the registry entry
+    (its `scorer` gives the predicted success the shortcuts read, its `guard` and `best_single` the OOD guard)."""
+
+    registered: object  # pipeline.route.registry.RegisteredRouter
+    point: dict  # the cascade path point (target, lambda = path index, validation stats, plan)
+    policy: Policy  # the policy of this view's grader
+    grader: str
+
+    @property
+    def name(self) -> str:
+        return self.registered.name
+
+    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        reg, pol = self.registered, self.policy
+        p = None
+        if uses_prediction(pol):
+            if reg.scorer is None:
+                raise RouterLiteError(f"cascade {reg.name} uses predicted success but has no value scorer")
+            p = reg.scorer.scores(X)[:, pol.lead]
+        picks = shortcuts(pol, p)[1] if p is not None else np.full(len(X), -1, dtype=np.int64)
+        if len(pol.stages) == 1:  # a single agent: asked alone
+            picks[:] = pol.final
+        fired = reg.guard.fires(X)
+        picks[fired] = reg.best_single
+        return picks, fired
 
 
 # ---------------------------------------------------------------------------------------------------- router kind
@@ -287,6 +354,9 @@ class CascadeRouter:
     router's predicted success that the policy's thresholds read (the registry's value scorer)."""
 
     kind = "cascade"
+    needs_answers = True  # fitted from the agents' recorded answers (pipeline.route.routers.CAPABILITIES)
+    needs_grader = True  # a request names its answer format; `view` routes one (target, grader)
+    reference_code = True  # reference.py reads its plans
 
     def __init__(self, fallback, path: dict, order, agents: list[str]):
         self.fallback = fallback  # a Head (the shipped prompt router at max-quality)
@@ -325,6 +395,14 @@ class CascadeRouter:
     def policy(self, target=None, grader: str | None = None) -> Policy:
         """The policy a request of answer format `grader` runs at `target`."""
         return self.plan(target).for_grader(grader)
+
+    def view(self, registered, target, grader: str) -> CascadeView:
+        """This cascade, registered as `registered`, at one operating point for requests of answer format `grader`
+        (an unknown grader: one error naming the known ones)."""
+        from pipeline.collect.grading import grader_spec
+
+        grader_spec(grader)
+        return CascadeView(registered, self.resolve(target), self.plan(target).for_grader(grader), grader)
 
     def save_files(self, directory: str | Path) -> dict:
         from pipeline.core.io import atomic_write_json
@@ -368,10 +446,10 @@ class CascadeRouter:
 
         check_cascade_doc(doc, f, names, Path(directory))  # one line naming the file and the field
         if isinstance(doc.get("fallback"), dict):  # a prompt router of another kind than head
-            from pipeline.route.routers import router_class
+            from pipeline.route.routers import ROUTER_TYPES  # the kinds are loaded: a registry or fitted loads us
 
             fb = doc["fallback"]
-            fallback = router_class(fb.get("kind")).from_files(directory, {**fb, "dim": manifest["dim"],
+            fallback = ROUTER_TYPES.lookup(fb.get("kind")).from_files(directory, {**fb, "dim": manifest["dim"],
                                                                            "agents": manifest["agents"]})
         else:
             fallback = Head.load(Path(directory) / files.get("weights", FALLBACK_FILE), d=int(manifest["dim"]),

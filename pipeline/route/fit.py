@@ -17,6 +17,7 @@ import pandas as pd
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
+from pipeline.route.fitted import FittedRouter
 from pipeline.route.head import Head
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
@@ -50,6 +51,40 @@ class RouterFit:
     operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.route.targets)
     value: dict = field(default_factory=dict)  # held-out value report (pipeline.route.value.held_out_value)
     knn: Router | None = None  # the fitted kNN baseline (registrable like the head: kind "knn")
+
+    def to_fitted(self, summary: dict | None = None) -> FittedRouter:
+        """The shipped router with its scorers and guard as it travels along the lineage and into the registry
+        (`registry.register_fitted`); `summary` holds at least best_single and operating_points."""
+        summary = dict(summary or {})
+        summary.setdefault("best_single", self.best_single)
+        summary.setdefault("operating_points", self.operating_points)
+        companions = {"scorer": self.scorer, **({"cost_scorer": self.cost_scorer} if self.cost_scorer is not None
+                                                 else {})}
+        return FittedRouter(self.head, summary, companions, self.guard)
+
+
+@dataclass(frozen=True)
+class RewardArrays:
+    """A reward frame as arrays (pipeline.collect.rewards.to_arrays) with its split masks (`split_masks`): what
+    fitting a router, a cascade or a value scorer starts from."""
+
+    agents: list[str]
+    R: np.ndarray  # (n, K) rewards
+    B: np.ndarray  # (n, K) best-agent mask
+    C: np.ndarray  # (n, K) costs
+    masks: dict[str, np.ndarray]  # train / validation / held_out
+
+    @property
+    def R_eff(self) -> np.ndarray:
+        """Rewards the router is fitted on (pipeline.route.train.effective_rewards)."""
+        return effective_rewards(self.R, self.B)
+
+
+def reward_arrays(rewards: pd.DataFrame, split: pd.Series, held_out: str = "test") -> RewardArrays:
+    """`rewards` (one row per task) as arrays, with the masks of `split` (one entry per reward row)."""
+    agents, R, B, C = to_arrays(rewards)
+    return RewardArrays(agents, R, B, C, split_masks(split.reset_index(drop=True), held_out,
+                                                     rewards["task_id"].astype(str).tolist()))
 
 
 def validation_slice(ids: list[str], fraction: float = 0.2) -> np.ndarray:
@@ -108,10 +143,10 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
     (optional) the domain a user knows for it (the per-domain label router's input). `frontier`: also measure the
     head's own cost–quality frontier (`extra["head_sweep"]`: one λ-trained head per point, ~9 more trainings)."""
-    agents, R, B, C = to_arrays(rewards)
+    arrays = reward_arrays(rewards, split, held_out)
+    agents, R, B, C, m = arrays.agents, arrays.R, arrays.B, arrays.C, arrays.masks
     if len(X) != len(R):
         raise RouterLiteError(f"{len(X)} embeddings for {len(R)} reward rows")
-    m = split_masks(split.reset_index(drop=True), held_out, rewards["task_id"].astype(str).tolist())
     tr, va, te = m["train"], m["validation"], m["held_out"]
     has_val = bool(va.any())
     cfg = cfg or TrainConfig()

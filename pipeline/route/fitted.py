@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json
+from pipeline.route.kinds import router_class
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import Router, router_class
+from pipeline.route.routers import Router
 
 INDEX = "fitted.json"
 GUARD_FILE = "guard.npz"

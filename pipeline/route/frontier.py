@@ -137,21 +137,27 @@ def route_points(scores, quality, cost, lambdas=None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ hull / AIQ
-def upper_hull(points) -> np.ndarray:
-    """Non-decreasing upper convex hull (M, 2), sorted by cost.
-
-    Keeps a point only if no cheaper-or-equal point has at least its quality (dominated points go) and it lies on
-    the upper concave envelope (points under a chord, or on it, go).
-    """
+def pareto(points, tol: float = 0.0) -> np.ndarray:
+    """Indices of the non-dominated (cost, quality) points, cheapest first: a point stays when its quality beats
+    every cheaper-or-equal point's by more than `tol`."""
     p = _points("points", points)
     order = np.lexsort((-p[:, 1], p[:, 0]))  # cost ascending, quality descending within a cost
-    p = p[order]
-    front = []
-    best = -np.inf
-    for x, y in p:
-        if y > best:  # strictly better than every cheaper-or-equal point
-            front.append((x, y))
-            best = y
+    keep, best = [], -np.inf
+    for i in order:
+        if p[i, 1] > best + tol:  # strictly better than every cheaper-or-equal point
+            keep.append(int(i))
+            best = p[i, 1]
+    return np.array(keep, dtype=np.int64)
+
+
+def upper_hull(points, tol: float = 0.0) -> np.ndarray:
+    """Non-decreasing upper convex hull (M, 2), sorted by cost.
+
+    Keeps a point only if no cheaper-or-equal point has at least its quality (dominated points go; `pareto`'s
+    `tol`) and it lies on the upper concave envelope (points under a chord, or on it, go).
+    """
+    p = _points("points", points)
+    front = [(x, y) for x, y in p[pareto(p, tol)]]
     hull: list[tuple[float, float]] = []
     for x, y in front:
         while len(hull) >= 2:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -53,6 +54,8 @@ def _act(name: str, a: np.ndarray) -> np.ndarray:
 @dataclass
 class Head:
     """Linear head (W2 is None) or one-hidden-layer head; see the module docstring."""
+
+    reference_code: ClassVar[bool] = True  # its entry gets reference.py (pipeline.route.routers.CAPABILITIES)
 
     W1: np.ndarray
     b1: np.ndarray

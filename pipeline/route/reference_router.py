@@ -43,9 +43,9 @@ def read_safetensors(path):
 
 def load(directory=HERE):
     manifest = json.loads((Path(directory) / "manifest.json").read_text())
-    if manifest.get("router_kind", "head") not in ("head", "cascade"):
+    if "weights" not in manifest.get("files", {}):  # head weights: a head, or a cascade falling back on one
         raise SystemExit(f"reference.py applies head and cascade entries only; this entry is a "
-                         f"{manifest['router_kind']!r} router")
+                         f"{manifest.get('router_kind')!r} router")
     weights = read_safetensors(Path(directory) / manifest["files"]["weights"])
     with np.load(Path(directory) / manifest["files"]["guard"], allow_pickle=False) as z:
         guard = {"X": z["X"].astype(np.float32), "threshold": float(z["threshold"]), "k": int(z["k"])}
@@ -120,12 +120,13 @@ def cascade_first(manifest, guard, policy, X, directory=HERE):
     names = [a["name"] for a in manifest["agents"]]
     out = np.full(len(X), -1)
     if policy.get("skip_below") is not None or policy.get("accept_above") is not None:
+        # pipeline.route.cascade.shortcuts: accept-alone is checked first and wins where both thresholds hold
         p = scores(read_safetensors(Path(directory) / manifest["files"]["scorer"]), X)
         p = p[:, names.index(policy["stages"][0]["agents"][0])]
-        if policy.get("skip_below") is not None:
-            out[p < policy["skip_below"]] = names.index(policy["stages"][-1]["agents"][0])
         if policy.get("accept_above") is not None:
             out[p >= policy["accept_above"]] = names.index(policy["stages"][0]["agents"][0])
+        if policy.get("skip_below") is not None:
+            out[(out < 0) & (p < policy["skip_below"])] = names.index(policy["stages"][-1]["agents"][0])
     if len(policy["stages"]) == 1:
         out[:] = names.index(policy["stages"][0]["agents"][0])
     out[far(guard, X)] = names.index(manifest["best_single"])
@@ -140,7 +141,7 @@ if __name__ == "__main__":
         args = args[2:]
     manifest, weights, guard = load()
     X = embed(manifest, args or [sys.stdin.read()])
-    if manifest.get("router_kind") == "cascade" and "grader" in opts:
+    if "cascade" in manifest["files"] and "grader" in opts:  # a cascade entry's plans
         policy, _ = cascade_policy(manifest, opts["grader"], opts.get("target", "max-quality"))
         stages = "; ".join(f"ask {'+'.join(s['agents'])}" + (f", accept if {s['k']} agree" if s["k"] else "")
                            for s in policy["stages"])

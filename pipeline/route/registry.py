@@ -29,8 +29,9 @@ import numpy as np
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json
 from pipeline.route.head import Head
+from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.ood import OODGuard
-from pipeline.route.routers import ROUTER_TYPES, Router, router_class, router_kinds
+from pipeline.route.routers import ROUTER_TYPES, Router, capability
 
 MANIFEST = "manifest.json"
 WEIGHTS = "head.safetensors"
@@ -38,7 +39,6 @@ GUARD = "guard.npz"
 SCORER = "scorer.safetensors"  # value scorer (predicted rewards) behind the cost-aware operating points
 COST_SCORER = "cost_scorer.safetensors"  # predicted cost per query and agent (the λ·cost term)
 REFERENCE_SRC = Path(__file__).with_name("reference_router.py")
-REFERENCE_KINDS = ("head", "cascade")
 
 
 def _slug(backbone_id: str) -> str:
@@ -96,16 +96,18 @@ class RegisteredRouter:
         DecisionBatcher uses)."""
         return TargetedRouter(self, self.resolve_target(target))
 
-    def cascade_at(self, target, grader: str) -> CascadeView:
-        """A cascade entry at one operating point for requests of answer format `grader` (`route(X)`: -1 = run the
-        stages, j >= 0 = ask agent j alone: the prompt shortcuts, or the OOD guard's best single agent)."""
-        if self.kind != "cascade":
-            raise RouterLiteError(f"router {self.name} is a {self.kind}, not a cascade")
-        from pipeline.collect.grading import grader_spec
+    @property
+    def needs_grader(self) -> bool:
+        """Whether requests name an answer format to be routed by this router (`cascade_at`)."""
+        return capability(self.router, "needs_grader")
 
-        grader_spec(grader)  # an unknown grader: one error naming the known ones
-        point = self.router.resolve(target)
-        return CascadeView(self, point, self.router.plan(target).for_grader(grader), grader)
+    def cascade_at(self, target, grader: str):
+        """This router at one operating point for requests of answer format `grader`, for a kind that
+        `needs_grader` (a cascade: pipeline.route.cascade.CascadeView; `route(X)`: -1 = run the stages, j >= 0 =
+        ask agent j alone: the prompt shortcuts, or the OOD guard's best single agent)."""
+        if not self.needs_grader:
+            raise RouterLiteError(f"router {self.name} is a {self.kind}, not a cascade")
+        return self.router.view(self, target, grader)
 
     def route(self, X: np.ndarray, target=None) -> tuple[np.ndarray, np.ndarray]:
         """(picked agent index per row after the OOD guard, mask where the guard fired) at a target
@@ -140,35 +142,6 @@ class TargetedRouter:
 
     def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.registered.route_at(X, self.point)
-
-
-@dataclass
-class CascadeView:
-    registered: RegisteredRouter
-    point: dict  # the cascade path point (target, lambda = path index, validation stats, plan)
-    policy: object  # pipeline.route.cascade.Policy for this view's grader
-    grader: str
-
-    @property
-    def name(self) -> str:
-        return self.registered.name
-
-    def route(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        reg, pol = self.registered, self.policy
-        picks = np.full(len(X), -1, dtype=np.int64)
-        if pol.accept_above is not None or pol.skip_below is not None:
-            if reg.scorer is None:
-                raise RouterLiteError(f"cascade {reg.name} uses predicted success but has no value scorer")
-            p = reg.scorer.scores(X)[:, pol.lead]
-            if pol.skip_below is not None:
-                picks[p < pol.skip_below] = pol.final
-            if pol.accept_above is not None:
-                picks[p >= pol.accept_above] = pol.lead
-        if len(pol.stages) == 1:  # a single agent
-            picks[:] = pol.final
-        fired = reg.guard.fires(X)
-        picks[fired] = reg.best_single
-        return picks, fired
 
 
 def save_guard(guard: OODGuard, path: Path) -> None:
@@ -218,6 +191,19 @@ def latest_path(root: Path) -> Path | None:
     return Path(entry["path"]) if entry else None
 
 
+def _digest(router: Router, guard: OODGuard, scorer: Head | None, cost_scorer: Head | None,
+            operating_points: dict | None, settings_after: list) -> str:
+    """The entry's content hash: array contents, not file bytes (zip (npz) entries carry write times)."""
+    arrays, settings = router.fingerprint()
+    return content_hash(*arrays,
+                        guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
+                        b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
+                        b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
+                                                                            np.float32).tobytes(),
+                        json.dumps(operating_points, sort_keys=True, default=str),
+                        json.dumps([*settings, *settings_after], sort_keys=True, default=str))
+
+
 def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
              training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
              operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
@@ -246,16 +232,8 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
             scorer.save(tmp / SCORER)
         if cost_scorer is not None:
             cost_scorer.save(tmp / COST_SCORER)
-        # hash array contents, not file bytes: zip (npz) entries carry write times
-        arrays, settings = router.fingerprint()
-        digest = content_hash(*arrays,
-                              guard.X.astype(np.float16).tobytes(), repr((guard.threshold, guard.k, guard.quantile)),
-                              b"" if scorer is None else np.ascontiguousarray(scorer.to_vector(), np.float32).tobytes(),
-                              b"" if cost_scorer is None else np.ascontiguousarray(cost_scorer.to_vector(),
-                                                                                  np.float32).tobytes(),
-                              json.dumps(operating_points, sort_keys=True, default=str),
-                              json.dumps([*settings, agents, backbone, training, data_hashes],
-                                         sort_keys=True, default=str))
+        digest = _digest(router, guard, scorer, cost_scorer, operating_points,
+                         [agents, backbone, training, data_hashes])
         name = f"{kind}-{_slug(backbone['id'])}-{digest[:10]}"
         manifest = {
             "name": name, "format_version": 1, "router_kind": kind, "backbone": backbone, "dim": router.d, **fields,
@@ -264,14 +242,14 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
                           "n_reference": int(len(guard.X))},
             "training": training, "data_hashes": data_hashes, "metrics": metrics,
             "files": {**router_files, "guard": GUARD,
-                      **({"reference": "reference.py"} if kind in REFERENCE_KINDS else {}),
+                      **({"reference": "reference.py"} if capability(router, "reference_code") else {}),
                       **({"scorer": SCORER} if scorer is not None else {}),
                       **({"cost_scorer": COST_SCORER} if cost_scorer is not None else {})},
         }
         if operating_points is not None:
             manifest["operating_points"] = operating_points
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        if kind in REFERENCE_KINDS:  # the reference code applies head weights and reads cascade plans only
+        if capability(router, "reference_code"):  # it applies head weights and reads cascade plans only
             shutil.copyfile(REFERENCE_SRC, tmp / "reference.py")
         for f in tmp.iterdir():
             f.chmod(0o644)
@@ -285,6 +263,19 @@ def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, b
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def register_fitted(root: Path, router: Router, fitted, *, backbone: dict, training: dict, data_hashes: dict,
+                    metrics: dict, models: dict[str, str] | None = None) -> Path:
+    """The one fit -> register path (the lineage's assets and `router-lite train`): `router` (the shipped prompt
+    router, or a cascade over it) registered with what the prompt router's fit `fitted` (a
+    pipeline.route.fitted.FittedRouter) carries: OOD guard, best single agent, value and cost scorers, operating
+    points. `backbone`: `Backbone.manifest_fields`; `models`: agent name -> model it calls (default: the name)."""
+    models = models or {}
+    return register(root, router, fitted.guard, fitted["best_single"], backbone=backbone,
+                    agents=[{"name": a, "model": models.get(a, a)} for a in router.agents], training=training,
+                    data_hashes=data_hashes, metrics=metrics, scorer=fitted.companions.get("scorer"),
+                    operating_points=fitted["operating_points"], cost_scorer=fitted.companions.get("cost_scorer"))
 
 
 def _check_manifest(mf: Path, m) -> None:

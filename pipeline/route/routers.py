@@ -6,7 +6,8 @@ pipeline/report/replication.py), the frontier (`pipeline.report.frontier.router_
 (pipeline/route/registry.py) and the server (pipeline/serve/app.py, through the registry's `route`) use only this
 protocol, so a trained head (`pipeline.route.head.Head`, kind ``head``) and the kNN baseline
 (`pipeline.route.knn.KnnRouter`, kind ``knn``) are interchangeable, and a new type needs one class and one
-``@register_router("name")`` line (docs/architecture.md, "How to add a router type").
+``@register_router("name")`` line (docs/architecture.md, "How to add a router type"). Looking a kind up by name
+(`router_class`, `router_kinds`, `routers_restored`) is pipeline/route/kinds.py's, which loads the built-in kinds.
 
 Files: ``save_files(directory)`` writes the router's files into a directory and returns the manifest fields that
 describe them (at least ``files``: role -> file name, directly inside the directory); the classmethod
@@ -14,11 +15,14 @@ describe them (at least ``files``: role -> file name, directly inside the direct
 ``agents`` (the registry's manifest). The names differ from `Head.save` / `Head.load`, which keep their one-file
 signatures (the value scorers are saved with them). ``fingerprint()`` returns (array bytes, JSON-able settings)
 that determine the picks: the registry's content hash, so the same router registers under the same name.
+
+Capabilities (`CAPABILITIES`, read with `capability(router, name)`): what a kind needs beyond the protocol, declared
+as class attributes (``needs_answers = True`` on the cascade), so that no code outside a kind's module compares a
+kind's name.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -51,14 +55,9 @@ class Router(Protocol):
     def fingerprint(self) -> tuple[list[bytes], list]: ...
 
 
-def _builtins() -> None:
-    import pipeline.route.cascade  # noqa: F401 - registers "cascade"
-    import pipeline.route.cluster  # noqa: F401 - registers "cluster"
-    import pipeline.route.head  # noqa: F401 - registers "head"
-    import pipeline.route.knn  # noqa: F401 - registers "knn"
-
-
-ROUTER_TYPES: Table[type] = Table("router kind", builtins=_builtins)  # the built-ins register on import
+# Built-in kinds register on import of pipeline/route/kinds.py (which `router_class` lives in): this module imports
+# no kind, so no import circle joins the table and the kinds' modules.
+ROUTER_TYPES: Table[type] = Table("router kind")
 
 
 def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
@@ -76,18 +75,21 @@ def register_router(kind: str, replace: bool = False) -> Callable[[type], type]:
     return add
 
 
-def router_class(kind: str) -> type:
-    """The class registered under `kind`; an unknown kind -> one error listing the known ones."""
-    return ROUTER_TYPES.lookup(kind)
+# What a router kind needs or offers beyond the protocol: class attributes, False when a class does not set them.
+# Code outside a kind's module asks these (`capability`), never the kind's name.
+CAPABILITIES = {
+    "needs_answers": "fitted from the agents' recorded answers (their agreement), not from the rewards alone",
+    "needs_grader": "a request names its answer format (grader) to be routed by it; `view(registered, target, "
+                    "grader)` gives the routing of one (target, grader)",
+    "reference_code": "its registry entry gets the standalone reference.py (it reads head weights / cascade plans)",
+}
 
 
-def router_kinds() -> list[str]:
-    return sorted(ROUTER_TYPES)
-
-
-def routers_restored() -> AbstractContextManager[Table[type]]:
-    """The router table as it was on entry, restored on exit (tests that register toy router types)."""
-    return ROUTER_TYPES.restored()
+def capability(router, name: str) -> bool:
+    """Whether `router` (an instance or a class) declares capability `name` (CAPABILITIES)."""
+    if name not in CAPABILITIES:
+        raise RouterLiteError(f"unknown router capability {name!r}; known: {', '.join(CAPABILITIES)}")
+    return bool(getattr(router if isinstance(router, type) else type(router), name, False))
 
 
 def check_scores(router, X: np.ndarray) -> np.ndarray:

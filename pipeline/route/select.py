@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.routers import Router, router_class, router_kinds
+from pipeline.route.kinds import router_class, router_kinds
+from pipeline.route.routers import Router
 
 AUTO = "auto"
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.route.model_files import bundled_model_path, file_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,8 @@ def _model2vec_version() -> str:
 
 def distill_key(source_dir: str | os.PathLike, **settings: Any) -> str:
     """``static-<source slug>-pca<N>-<12 hex>``: the source model's files, the settings and the model2vec version."""
-    from pipeline.route.embed import _file_fingerprint
-
     params = {**DISTILL_DEFAULTS, **settings}
-    ident = {"source": _file_fingerprint(Path(source_dir)), "settings": params,
+    ident = {"source": file_fingerprint(Path(source_dir)), "settings": params,
              "model2vec": ".".join(_model2vec_version().split(".")[:2])}
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"static-{Path(source_dir).name}-pca{params['pca_dims']}-{digest}"
@@ -115,7 +114,6 @@ def resolve_static(model: str | os.PathLike, export_dir: str | os.PathLike | Non
                    **settings: Any) -> tuple[str, Path]:
     """``(model_id, directory)`` of a static backbone; an alias is built from the bundled MiniLM when missing."""
     if is_alias(model):
-        from pipeline.route.embed import bundled_model_path
 
         source = bundled_model_path()
         if source is None:

@@ -151,10 +151,10 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     # for all
     state.views = collections.OrderedDict({default_point["target"]: (batcher.registered, default_point)})
     state.cascade_views = {}
-    if settings.default_grader is not None and getattr(registered, "kind", "head") == "cascade":
+    if settings.default_grader is not None and getattr(registered, "needs_grader", False):
         registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
     state.router_name = registered.name
-    is_cascade = getattr(registered, "kind", "head") == "cascade"
+    is_cascade = getattr(registered, "needs_grader", False)  # answer formats select a cascade's plan
     state.formats = formats if is_cascade and formats is not None and formats.d == int(
         registered.manifest.get("dim", registered.router.d)) else None
     state.auto_views, state.log_prompts = {}, bool(log_prompts)
@@ -193,9 +193,9 @@ def _view_for(state, target: str | None):
 
 def _request_grader(state, headers, body: dict) -> str | None:
     """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
-    server's default) when the served router is a cascade; None: prompt-only routing. Field and header both given
-    and different (an empty field included) -> 400 naming both."""
-    if getattr(state.registered, "kind", "head") != "cascade":
+    server's default) when the served router is a cascade (it `needs_grader`); None: prompt-only routing. Field and
+    header both given and different (an empty field included) -> 400 naming both."""
+    if not getattr(state.registered, "needs_grader", False):
         return None
     value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
     if value is not None and not isinstance(value, str):
@@ -264,12 +264,13 @@ class _AutoFormatView:
         return code, fired
 
     def resolved(self, decision):
+        """(decision, view, point) the handler runs: a guessed format's cascade view, else the head's view."""
         g, pick = decision.index // (self.K + 1) - 1, decision.index % (self.K + 1) - 1
         decision = dataclasses.replace(decision, index=pick)
         if g < 0:
-            return decision, self.point
+            return decision, self.head_view, self.point
         view, point = self.cascades[g]
-        return decision, {**point, "cascade": view, "guessed": True}
+        return decision, view, {**point, "guessed": True}
 
 
 def _auto_view_for(state, target: str | None) -> _AutoFormatView:
@@ -372,7 +373,8 @@ async def _model_one(request):
 
 
 async def _route(request, state):
-    """(request, decision, point, t0) for a chat request, or the error response to send instead."""
+    """(request, decision, view, point, t0) for a chat request, or the error response to send instead (`view`: the
+    router view that decided; a cascade's view when the request named an answer format)."""
     batcher = state.batcher
     settings = state.settings
     t0 = time.perf_counter()
@@ -390,10 +392,9 @@ async def _route(request, state):
             grader = _request_grader(state, request.headers, req.body)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
                 view, point = _cascade_view_for(state, target, grader)
-                point = {**point, "cascade": view}
             elif state.formats is not None:  # a cascade, no format named: guessed from the nearest training prompts
                 view = _auto_view_for(state, target)
-                point = {**view.point, "auto": view}
+                point = view.point
             else:
                 try:
                     view, point = _view_for(state, target)
@@ -413,7 +414,7 @@ async def _route(request, state):
         log.exception("routing failed")
         return error_response(RequestError(500, f"routing failed: {type(exc).__name__}", "router_error",
                                            type_="server_error"))
-    return req, decision, point, t0
+    return req, decision, view, point, t0
 
 
 async def _chat(request):
@@ -434,11 +435,11 @@ async def _answer(request):
     routed = await _route(request, state)
     if not isinstance(routed, tuple):
         return routed
-    req, decision, point, t0 = routed
-    if "auto" in point:  # the guessed format's cascade view, or prompt-only when no format was guessed
-        decision, point = point["auto"].resolved(decision)
-    if "cascade" in point:  # a cascade's view: run its stages, or the agent a prompt shortcut chose, alone
-        return await _cascade_chat(state, req, decision, point, t0, request)
+    req, decision, view, point, t0 = routed
+    if isinstance(view, _AutoFormatView):  # the guessed format's cascade view, or prompt-only when none was guessed
+        decision, view, point = view.resolved(decision)
+    if getattr(view, "grader", None) is not None:  # a cascade's view: its stages, or the agent a shortcut chose, alone
+        return await _cascade_chat(state, req, decision, view, point, t0, request)
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
@@ -475,19 +476,17 @@ def _gone():
                                        "client_disconnected"))
 
 
-async def _cascade_chat(state, req, decision, point, t0, request):
+async def _cascade_chat(state, req, decision, view, point, t0, request):
     """A cascade request: the stages of the view's policy (or one agent, when a prompt shortcut or the OOD guard
     chose it); headers list every agent called and the summed cost; the accepted reply is returned (streamed as
     SSE when the request streams)."""
     from starlette.responses import Response
 
-    from pipeline.route.cascade import Policy, Stage
+    from pipeline.route.cascade import policy_for
     from pipeline.serve.cascade_calls import run_cascade, sse_of
 
-    reg, view = state.registered, point["cascade"]
-    policy, grader = view.policy, view.grader
-    if decision.index >= 0:  # one agent, without a check
-        policy = Policy((Stage((decision.index,)),))
+    reg, grader = state.registered, view.grader
+    policy = policy_for(view.policy, decision.index)  # one agent without a check, when a shortcut chose one
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     result = await unless_disconnected(request, run_cascade(policy, reg.router.order, state.specs, state.clients,
                                                             req.upstream, state.upstream_opts, grader))

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.collect.agents import AgentSpec
-from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
+from pipeline.collect.client import parse_completion, usage_cost, usage_int
 from pipeline.collect.grading import extract_answer, grader_spec
 from pipeline.collect.replay import approx_tokens
-from pipeline.route.cascade import Policy, agreeing_answer
+from pipeline.route.cascade import Policy, new_agents, stage_step
 
 
 @dataclasses.dataclass
@@ -54,10 +54,10 @@ class CascadeResult:
 
 def _cost(spec: AgentSpec, upstream: dict, data: dict, text: str | None) -> float:
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    cost = _usage_cost(usage)
+    cost = usage_cost(usage)
     if cost is not None and math.isfinite(cost):
         return cost
-    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
     prompt = " ".join(str(m.get("content", "")) for m in upstream.get("messages", []) if isinstance(m, dict))
     pt = approx_tokens(prompt) if pt is None else pt
     return float(spec.cost(pt, approx_tokens(text or "") if ct is None else ct))
@@ -79,7 +79,7 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
 
     try:
         data = await asyncio.wait_for(call(), float(options.get("timeout") or 180.0))  # the whole call
-        fields = _parse_completion(data)
+        fields = parse_completion(data)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
@@ -95,7 +95,7 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
 
 
 def _finite_cost(v) -> bool:
-    c = _usage_cost({"cost": v})
+    c = usage_cost({"cost": v})
     return c is not None and math.isfinite(c)
 
 
@@ -110,18 +110,16 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
     done: list[Reply] = []
     walls: list[float] = []
     for t, stage in enumerate(policy.stages[start:], start):
-        new = [j for j in stage.agents if j not in replies]
+        new = new_agents(stage, replies)
         t0 = time.perf_counter()
         got = await asyncio.gather(*(ask(j, specs[j], clients[j], upstream, options, grader) for j in new))
         walls.append((time.perf_counter() - t0) * 1000.0)
         for r in got:
             replies[r.agent] = r
             done.append(r)
-        if stage.k == 0:
-            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls)
-        size, rep = agreeing_answer({a: r.answer for a, r in replies.items()}, K, order, spec.agree)
-        if size >= stage.k:
-            return CascadeResult(replies[rep], done, t, walls)
+        j = stage_step(stage, {a: r.answer for a, r in replies.items()}, K, order, spec.agree)
+        if j is not None:  # an agreeing class's reply has an answer; the last agent's may have failed
+            return CascadeResult(replies[j] if replies[j].data else None, done, t, walls)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
 
 
