@@ -35,7 +35,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
                        costs_estimated=costs_are_estimated(rewards))
-    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
+    grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
+    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist(), stats=grading)
     rep["cascade"] = cascade_pays(R, C, E, t["grader"].to_numpy(), split, agents)
     md = report_markdown(rep)
     atomic_write_text(md, storage.path("reports") / "pool_report.md")
@@ -50,7 +51,7 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
             index=False, floatfmt=".3f")),
         "label_router_cv_gain": h.get("label_router", {}).get("gain"),
         "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
-        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)",
+        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)", **grading,
     })
 
 

@@ -172,7 +172,8 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     rewards = reward_matrix
     agents, R, B, C = to_arrays(rewards)
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
-    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
+    grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
+    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist(), stats=grading)
     X = reward_embeddings(prompt_embeddings, rewards)
     head, scorer = router_head.router, router_head.companions["scorer"]
     masks = split_masks(training_split(rewards, task_pool).reset_index(drop=True), "test",
@@ -194,7 +195,7 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
                      + ", ".join(f"{k} {v['aiq_validation']:.4f}" for k, v in fit["variants"].items()) + ")\n"
                      + table.to_markdown(index=False, floatfmt=".3f"))
     return Output(FittedRouter(router, summary), metadata=rounded({
-        "chosen": fit["chosen"], "validation_rows": fit["validation_rows"],
+        "chosen": fit["chosen"], "validation_rows": fit["validation_rows"], **grading,
         **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
         **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
         "targets_held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),

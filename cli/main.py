@@ -164,7 +164,7 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
 
     agents, R, B, C = to_arrays(rewards)
     graders = joined["grader"].to_numpy()
-    E = agreement([list(a) for a in rewards["answers"]], graders.tolist())
+    E = agreement([list(a) for a in rewards["answers"]], graders.tolist(), _grading_budget(args.grading_budget_ms))
     masks = split_masks(joined["split"].reset_index(drop=True), args.held_out_split,
                         rewards["task_id"].astype(str).tolist())
     res = fit_cascades(effective_rewards(R, B), C, E, fit.scorer.scores(X), graders, masks, fit.best_single, agents,
@@ -276,8 +276,9 @@ def cmd_regrade(args) -> int:
     root = Path(default_home()).resolve()
     pool = pd.read_parquet(asset_path(root, "task_pool"))
     changed = total = 0
+    budget = _grading_budget(args.grading_budget_ms)
     for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file
-        calls, n = regrade(pd.read_parquet(f), pool)
+        calls, n = regrade(pd.read_parquet(f), pool, budget)
         atomic_write_parquet(calls, f)
         changed, total = changed + n, total + int((calls["status"] != "error").sum())
     print(json.dumps({"regraded": total, "changed": changed}))
@@ -356,6 +357,11 @@ def cmd_serve(args) -> int:
     if args.workers < 1:
         raise RouterLiteError(f"--workers {args.workers} must be >= 1")
     profile = load_profile(args.profile)
+    from pipeline.collect import bounded
+
+    bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
+    if args.workers == 1 or args.fd is not None:  # this process serves: its grading worker starts with it
+        bounded.warm_up()
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
     pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
@@ -487,6 +493,18 @@ def _add_run_command(sub) -> None:
     p.set_defaults(fn=cmd_run)
 
 
+GRADING_BUDGET_HELP = ("wall time in ms one sympy evaluation of a reply may take before the reply counts as "
+                       "unanswered (default: the profile's collection.grading_budget_ms, 250)")
+
+
+def _grading_budget(ms, settings=None):
+    """The grading budget of a command: --grading-budget-ms over the profile's collection settings."""
+    from pipeline.collect.bounded import Budget
+
+    base = Budget.of(settings) if settings is not None else Budget()
+    return base if ms is None else Budget(float(ms), base.max_chars)
+
+
 def _add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
     p.add_argument("--rewards", required=True,
@@ -499,6 +517,7 @@ def _add_train_command(sub) -> None:
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.set_defaults(fn=cmd_train)
 
 
@@ -537,6 +556,7 @@ def _add_route_command(sub) -> None:
 
 def _add_regrade_command(sub) -> None:
     p = sub.add_parser("regrade", help="recompute grades of stored calls from their completions (zero calls)")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.set_defaults(fn=cmd_regrade)
 
 
@@ -582,6 +602,7 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help=f"server processes behind the one port, each with its own backbone and batcher (default "
                         f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 

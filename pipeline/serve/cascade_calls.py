@@ -3,6 +3,10 @@ parallel, their answers extracted and compared with the request's grader, and th
 holds returns the reply of its preferred agreeing agent. A failed or empty call never agrees, so it escalates; only
 a failure of the last agent is the caller's error. Cost is every call made (the provider's `usage.cost`, else the
 agent's prices × tokens, estimated from characters when usage is missing).
+
+Extraction and comparison of the replies run under the grading budget, off the event loop
+(pipeline/collect/bounded.py): a reply whose grading overruns the budget or raises has no answer (so it escalates),
+and `CascadeResult.grading_overruns` counts them (the `X-Router-Grading-Overruns` header).
 """
 from __future__ import annotations
 
@@ -15,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
-from pipeline.collect.grading import extract_answer, grader_spec
 from pipeline.collect.replay import approx_tokens
 from pipeline.route.cascade import Policy, agreeing_answer
 
@@ -30,6 +34,7 @@ class Reply:
     cost: float
     latency_ms: float
     error: BaseException | None = None
+    grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
 
 
 @dataclasses.dataclass
@@ -38,6 +43,7 @@ class CascadeResult:
     replies: list[Reply]  # every call made, in the order they finished stage by stage
     stage: int  # the stage that answered
     stage_ms: list[float] = dataclasses.field(default_factory=list)  # wall of each stage run (its calls in parallel)
+    grading_overruns: int = 0  # extractions and comparisons without a verdict (budget overrun or error)
 
     @property
     def cost(self) -> float:
@@ -77,20 +83,21 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
     text = fields["text"]
-    answer = extract_answer(text, grader) if text and text.strip() else None
-    return Reply(j, data, answer, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0)
+    got = await bounded.extract_async(text, grader) if text and text.strip() else bounded.Outcome(None, "ok")
+    return Reply(j, data, got.value, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0,
+                 grading=got.status)
 
 
 async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[AgentSpec], clients: Sequence[Any],
                       upstream: dict, options: dict, grader: str, start: int = 0) -> CascadeResult:
     """Run `policy`'s stages from `start` (the prompt shortcuts were applied by the caller)."""
     upstream = {k: v for k, v in upstream.items() if k not in ("stream", "stream_options")}
-    spec = grader_spec(grader)
     K = len(specs)
     order = np.asarray(order, dtype=np.int64)
     replies: dict[int, Reply] = {}
     done: list[Reply] = []
     walls: list[float] = []
+    bad = 0  # gradings without a verdict
     for t, stage in enumerate(policy.stages[start:], start):
         new = [j for j in stage.agents if j not in replies]
         t0 = time.perf_counter()
@@ -99,11 +106,17 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
         for r in got:
             replies[r.agent] = r
             done.append(r)
+            bad += r.grading != "ok"
         if stage.k == 0:
-            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls)
-        size, rep = agreeing_answer({a: r.answer for a, r in replies.items()}, K, order, spec.agree)
+            return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls,
+                                 bad)
+        answers = {a: r.answer for a, r in replies.items()}
+        table, n_bad = await bounded.agree_table_async(answers.values(), grader)  # in a thread, bounded
+        bad += n_bad
+        size, rep = agreeing_answer(answers, K, order,
+                                    lambda x, y, tb=table: tb.get((str(x), str(y)), str(x) == str(y)))
         if size >= stage.k:
-            return CascadeResult(replies[rep], done, t, walls)
+            return CascadeResult(replies[rep], done, t, walls, bad)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
 
 
