@@ -327,21 +327,37 @@ async def extract_async(text: str | None, grader: str, budget: Budget | None = N
     return await asyncio.to_thread(extract, text, grader, budget)
 
 
+def agree_table(answers: Iterable[str | None], grader: str,
+                budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
+    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed)."""
+    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
+    out, bad = {}, 0
+    for i, a in enumerate(distinct):
+        for b in distinct[i + 1:]:
+            o = agree_outcome(a, b, grader, budget)
+            bad += o.status != "ok"
+            out[(a, b)] = out[(b, a)] = bool(o.value)
+    return out, bad
+
+
 async def agree_table_async(answers: Iterable[str | None], grader: str,
                             budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed),
-    computed in a thread (serve's cascade: its agreement rule then reads the table)."""
-    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
+    """`agree_table` in a thread (serve's cascade: its agreement rule then reads the table)."""
+    answers = list(answers)
+    return await asyncio.to_thread(agree_table, answers, grader, budget)
 
-    def table() -> tuple[dict[tuple[str, str], bool], int]:
-        out, bad = {}, 0
-        for i, a in enumerate(distinct):
-            for b in distinct[i + 1:]:
-                o = agree_outcome(a, b, grader, budget)
-                bad += o.status != "ok"
-                out[(a, b)] = out[(b, a)] = bool(o.value)
-        return out, bad
 
-    if len(distinct) < 2:
-        return {}, 0
-    return await asyncio.to_thread(table)
+def grade_stage(texts: dict[Any, str | None], known: dict[Any, str | None], grader: str, budget: Budget | None = None
+                ) -> tuple[dict[Any, Outcome], dict[tuple[str, str], bool], int]:
+    """One cascade stage's grading at once: the new replies' `texts` extracted (key -> Outcome), then the table of
+    `agree_table` over those answers and the `known` ones; the count of extractions and comparisons without a
+    verdict."""
+    got = {k: extract(t, grader, budget) if t and t.strip() else Outcome(None, "ok") for k, t in texts.items()}
+    table, bad = agree_table([*known.values(), *(o.value for o in got.values())], grader, budget)
+    return got, table, bad + sum(o.status != "ok" for o in got.values())
+
+
+async def grade_stage_async(texts: dict[Any, str | None], known: dict[Any, str | None], grader: str,
+                            budget: Budget | None = None):
+    """`grade_stage` in one thread hop: an event loop never runs grading (serve)."""
+    return await asyncio.to_thread(grade_stage, texts, known, grader, budget)

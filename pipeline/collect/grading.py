@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 import sympy
 
@@ -304,8 +305,13 @@ def _integer(candidate: str) -> str | None:
     number = _canonical_number(norm)
     if number is not None:
         return number
-    value = _sympy_value(norm)  # "\frac{36}{2}" -> 18
-    if value is not None and value.is_Integer:
+    exact = _rational_value(norm)  # "\frac{36}{2}" -> 18, without sympy
+    if exact is not None:
+        value = exact.numerator if exact.denominator == 1 else None
+    else:
+        value = _sympy_value(norm)
+        value = value if value is not None and value.is_Integer else None
+    if value is not None:
         return str(value)
     m = _NUMBER_RE.search(_strip_markup(candidate).replace(",", ""))  # "18 apples (since ...)"
     return _canonical_number(m.group(0)) if m else None
@@ -537,11 +543,59 @@ def _sympy_value(latex: str):
         return None
 
 
+_RATIONAL_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div,
+                   ast.USub, ast.UAdd)
+
+
+def _rational_value(latex: str) -> Fraction | None:
+    """The exact value of a number-only expression (numbers, + - * /, signs: what `_build` makes a sympy Rational
+    of), as a Fraction, in process and in bounded time; None when sympy must decide (anything else, a constant
+    `_build` refuses, a division by zero)."""
+    try:
+        if len(latex) > _MAX_SYMPY_CHARS:
+            return None
+        tree = ast.parse(_explicit_products(_latex_to_py(latex)), mode="eval")
+        if not all(isinstance(n, _RATIONAL_NODES) for n in ast.walk(tree)):
+            return None
+
+        def ev(node) -> Fraction:
+            if isinstance(node, ast.Constant):
+                text = str(node.value)
+                if not isinstance(node.value, (int, float)) or isinstance(node.value, bool) or len(text) > _MAX_DIGITS:
+                    raise ValueError(text)
+                return Fraction(text)
+            if isinstance(node, ast.UnaryOp):
+                return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+
+        return ev(tree.body)
+    except Exception:  # noqa: BLE001 - undecided here: sympy's path says what it says
+        return None
+
+
+def _rational_equal(a: str, b: str) -> bool | None:
+    """`_sympy_equal` for two number-only expressions, exactly as sympy decides it (equal values, else floats within
+    the relative tolerance), without sympy; None when it does not apply."""
+    fa, fb = _rational_value(a), _rational_value(b)
+    if fa is None or fb is None:
+        return None
+    if fa == fb:
+        return True
+    try:
+        va, vb = float(fa), float(fb)
+    except OverflowError:
+        return None
+    return not abs(va - vb) > _REL_TOL * max(1.0, abs(vb))
+
+
 def _numeric(expr, subs: dict) -> complex:
     return complex(expr.evalf(30, subs=subs))
 
 
 def _sympy_equal(a: str, b: str) -> bool:
+    exact = _rational_equal(a, b)  # plain numbers (most answers) need no sympy, nor a grading worker
+    if exact is not None:
+        return exact
     ea, eb = _sympy_value(a), _sympy_value(b)
     if ea is None or eb is None:
         return False

@@ -35,6 +35,7 @@ class Reply:
     latency_ms: float
     error: BaseException | None = None
     grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
+    text: str | None = None  # the reply's text, until it is graded
 
 
 @dataclasses.dataclass
@@ -82,10 +83,8 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
-    text = fields["text"]
-    got = await bounded.extract_async(text, grader) if text and text.strip() else bounded.Outcome(None, "ok")
-    return Reply(j, data, got.value, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0,
-                 grading=got.status)
+    text = fields["text"]  # graded with the stage's other replies (run_cascade: one thread hop, bounded)
+    return Reply(j, data, None, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0, text=text)
 
 
 async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[AgentSpec], clients: Sequence[Any],
@@ -106,13 +105,15 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
         for r in got:
             replies[r.agent] = r
             done.append(r)
-            bad += r.grading != "ok"
         if stage.k == 0:
             return CascadeResult(replies[stage.agents[0]] if replies[stage.agents[0]].data else None, done, t, walls,
                                  bad)
-        answers = {a: r.answer for a, r in replies.items()}
-        table, n_bad = await bounded.agree_table_async(answers.values(), grader)  # in a thread, bounded
+        known = {a: r.answer for a, r in replies.items() if r not in got}
+        graded, table, n_bad = await bounded.grade_stage_async({r.agent: r.text for r in got}, known, grader)
+        for r in got:
+            r.answer, r.grading, r.text = graded[r.agent].value, graded[r.agent].status, None
         bad += n_bad
+        answers = {a: r.answer for a, r in replies.items()}
         size, rep = agreeing_answer(answers, K, order,
                                     lambda x, y, tb=table: tb.get((str(x), str(y)), str(x) == str(y)))
         if size >= stage.k:
