@@ -28,7 +28,7 @@ from pipeline.report.frontier import (
 )
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
-from pipeline.report.value import ablation_markdown, router_value, targets_markdown, value_line
+from pipeline.report.value import ablation_markdown, router_value, star_latest, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.embed import EmbeddingCache
@@ -233,6 +233,9 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(backbone.get_backbone()))
     atomic_write_json(rv, reports / "router_value.json")
+    # the registry's latest entry names the ★ router (best validation AIQ) at the serving target, the head beside it
+    registry.mark_latest(storage.path("registry"),
+                         **star_latest(rv, registered_head, registered_cascade, prof.serve.target))
     models = {a["name"]: a["model"] for a in reg.agents}
     line = value_line(value, "parity", models)
     md = [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"

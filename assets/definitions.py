@@ -14,11 +14,13 @@ from dagster import (
     definitions,
     load_asset_checks_from_package_module,
     load_assets_from_package_module,
+    map_asset_specs,
 )
 
 import assets
 from assets import benchmark, collection, tasks
 from assets.automation import with_refresh_automation
+from assets.metadata import ui_text
 from assets.ops import build_ops
 from assets.partitions import collection_partitions_for, source_partitions_for
 from pipeline.profile import Profile, as_profile
@@ -70,7 +72,9 @@ def build_assets(profile: Profile | str = "") -> list:
     there is picked up, docs/architecture.md "How to add a report") and `profile_assets`."""
     prof = as_profile(profile)
     found = load_assets_from_package_module(assets)  # every module of assets/: a new report module is found
-    return with_refresh_automation(found + profile_assets(prof), prof.pool.kind)  # eager refresh: automation.py
+    shown = map_asset_specs(lambda spec: spec.replace_attributes(description=ui_text(spec.description))
+                            if spec.description else spec, found + profile_assets(prof))  # `<kind>` stays visible
+    return with_refresh_automation(shown, prof.pool.kind)  # eager refresh: automation.py
 
 
 def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 from dagster import FloatMetadataValue, MetadataValue, TableColumn, TableRecord, TableSchema
@@ -30,3 +31,44 @@ def rounded(metadata: dict) -> dict:
             v = MetadataValue.float(_round(v.value))
         out[k] = _round(v)
     return out
+
+
+def cell(value) -> str:
+    """A Markdown table cell: `|` escaped (it would end the cell), line breaks as <br>."""
+    return str(value).replace("|", "\\|").replace("\r\n", "\n").replace("\n", "<br>")
+
+
+# the answer formats of a cascade plan as Plan.describe joins them: "integer: ... | other formats: ..."
+_PLAN_PART = re.compile(r" \| (?=(?:[A-Za-z_][\w.-]*|other formats): )")
+
+
+def plan_cell(plan: str) -> str:
+    """A cascade plan as one table cell: one line per answer format."""
+    return "<br>".join(cell(part) for part in _PLAN_PART.split(str(plan)))
+
+
+def md_table(df: pd.DataFrame, plans: tuple[str, ...] = ("plan",), **to_markdown) -> MetadataValue:
+    """A DataFrame as a Markdown entry whose text cells cannot break the table (`cell`), the columns in `plans`
+    one line per answer format (`plan_cell`)."""
+    shown = df.copy()
+    for c in shown.columns:
+        if c in plans:
+            shown[c] = shown[c].map(plan_cell)
+        elif shown[c].dtype == object:
+            shown[c] = shown[c].map(lambda v: v if v is None or not isinstance(v, str) else cell(v))
+    return MetadataValue.md(shown.to_markdown(index=False, **to_markdown))
+
+
+_PLACEHOLDER = re.compile(r"(`[^`]*`)|([\w./-]*(?:<[^<>\s]+>[\w./-]*)+)")
+
+
+def ui_text(text: str) -> str:
+    """Text the UI renders as Markdown (asset descriptions): a word with `<placeholder>`s goes in backticks, so the
+    UI shows it instead of taking it for an HTML tag."""
+    def quoted(m) -> str:
+        if m.group(1):
+            return m.group(1)
+        word = m.group(2).rstrip(".")
+        return f"`{word}`" + m.group(2)[len(word):]
+
+    return _PLACEHOLDER.sub(quoted, text)

@@ -7,7 +7,7 @@ import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
 from assets.collection import pool_of
-from assets.metadata import rounded
+from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import to_arrays
@@ -198,7 +198,7 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
         "chosen": fit["chosen"], "validation_rows": fit["validation_rows"], **grading,
         **{f"aiq_validation_{k}": v["aiq_validation"] for k, v in fit["variants"].items()},
         **{f"aiq_test_{k}": v["aiq_test"] for k, v in fit["variants"].items()},
-        "targets_held_out": MetadataValue.md(table.to_markdown(index=False, floatfmt=".3f")),
+        "targets_held_out": md_table(table, floatfmt=".3f"),  # `|` escaped, a plan one line per answer format
     }))
 
 

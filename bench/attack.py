@@ -36,7 +36,7 @@ from pipeline.core.errors import RouterLiteError  # noqa: E402
 @dataclass(frozen=True)
 class Row:
     number: int
-    item: str  # issue 20 item (1..13, "n") or "12.x" for issue 12's
+    item: str  # issue 20 item (1..13, "n"), or "12.x" / "25.x" for issues 12 and 25
     name: str
     fast: bool
     fn: Callable[[Path], str]
@@ -452,9 +452,12 @@ def connection_full_is_503(tmp: Path) -> str:
 
 
 def _closed(s: socket.socket) -> bool:
+    """The server ended its side (a refusal it answered first, e.g. 429, is read through to the end)."""
     s.settimeout(0.05)
     try:
-        return s.recv(1) == b""
+        while s.recv(65536):
+            pass
+        return True
     except (ConnectionResetError, BrokenPipeError):
         return True
     except TimeoutError:
@@ -582,6 +585,367 @@ def manifest_paths(tmp: Path) -> str:
     _edit_manifest(head, lambda m: m.pop("backbone"))
     refused(lambda: registry.load(head), "'backbone' is missing")
     return "one line each"
+
+
+# ------------------------------------------------------------------------ issue 25: deadlines, bursts, LOW rows
+def _fault_server(**kw):
+    """tests/fault_server.py's local OpenAI-protocol agent pool (counts every call per model)."""
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))
+    from fault_server import FaultServer
+
+    return FaultServer(**kw)
+
+
+def _fault_client_for(fs, timeout_s: float = 30.0):
+    import openai
+
+    return lambda agent: openai.AsyncOpenAI(api_key="k", base_url=fs.base_url, max_retries=0, timeout=timeout_s)
+
+
+@functools.lru_cache(maxsize=1)
+def _cascade_files() -> Path:
+    """A registered cascade over the synthetic world: agents expensive (big-model) and cheap (small-model); at
+    target quality>=0.5 the plan asks cheap first and accepts its reply when it has an answer, else expensive."""
+    import numpy as np
+
+    from pipeline.route import registry
+    from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
+    from pipeline.route.fit import constant_head
+    from pipeline.route.head import Head
+    from pipeline.route.ood import OODGuard
+
+    X = np.load(_world_files().parent.parent / "X.npy")
+    names = ["expensive", "cheap"]
+
+    def point(plan, quality, cost):
+        return {"plan": plan.to_dict(names), "quality": quality, "ci_low": quality, "ci_high": quality,
+                "cost_per_1k": cost, "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0,
+                "shares": {a: 0.0 for a in names}, "lambda": 0.0}
+
+    path = {"kind": "cascade", "agents": names, "best_single": "expensive", "guard_z": 0.0,
+            "best_single_validation": {"quality": 0.8, "ci_low": 0.8, "ci_high": 0.8, "cost_per_1k": 1.0},
+            "n_validation": 100, "points": [point(Plan(Policy((Stage((0,)),))), 0.8, 1.0),
+                                            point(Plan(Policy((Stage((1,), 1), Stage((0,))))), 0.7, 0.3)]}
+    head = constant_head(Head(np.zeros((X.shape[1], 2), np.float32), np.zeros(2, np.float32), agents=names), 0)
+    root = Path(tempfile.mkdtemp(prefix="attack-cascade-"))
+    return registry.register(root / "registry", CascadeRouter(head, path, [0, 1], names), OODGuard().fit(X, X), 0,
+                             backbone={"id": "synthetic", "key": "synthetic", "dim": int(X.shape[1])},
+                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
+                             metrics={})
+
+
+@contextlib.contextmanager
+def cascade_server(fs, **settings):
+    """The cascade entry served over the fault server's agents (requests name the grader: a cascade runs)."""
+    import numpy as np
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
+
+    X = np.load(_world_files().parent.parent / "X.npy")
+    specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
+             AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+    app = build_app(registry.load(_cascade_files()), _Backbone(X), specs, _fault_client_for(fs),
+                    ServeSettings(**settings))
+    with serve_in_thread(app) as srv:
+        yield srv
+
+
+def _graded(c, text: str = "row 3", **kw):
+    headers = {"X-Router-Grader": "mcq_letter", "X-Router-Target": "quality>=0.5", **kw.pop("headers", {})}
+    return _chat(c, text, headers=headers, **kw)
+
+
+@row("25.2", "serve: an agent sends its headers then 1 byte/s: upstream_timeout at timeout_s (head, stream, cascade)")
+def per_call_deadline(tmp: Path) -> str:
+    import httpx
+    import numpy as np
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
+
+    took = {}
+    with _fault_server(drip_s=1.0) as fs:
+        fs.always("drip")
+        specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
+                 AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+        X = np.load(_world_files().parent.parent / "X.npy")
+        app = build_app(registry.load(_world_files()), _Backbone(X), specs, _fault_client_for(fs),
+                        ServeSettings(upstream_timeout_s=2.0))
+        with serve_in_thread(app) as srv, httpx.Client(base_url=srv.base_url, timeout=8) as c:
+            for mode, body in (("head", {}), ("stream", {"stream": True})):
+                t = time.perf_counter()
+                r = _chat(c, body=body)
+                took[mode] = time.perf_counter() - t
+                assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_timeout", (mode, r.text[:200])
+                assert took[mode] < 4.0, (mode, took[mode])
+        fs.always(None)
+        fs.always("drip", model="small-model")  # the cheap stage drips: it times out and escalates
+        with cascade_server(fs, upstream_timeout_s=2.0) as srv, httpx.Client(base_url=srv.base_url, timeout=8) as c:
+            t = time.perf_counter()
+            r = _graded(c)
+            took["cascade"] = time.perf_counter() - t
+            assert r.status_code == 200 and r.headers["x-router-agents-called"] == "cheap,expensive", \
+                (r.status_code, r.text[:200])
+            assert took["cascade"] < 4.0, took
+    return "timeout_s 2: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()) + \
+        " (502 upstream_timeout; the cascade escalated)"
+
+
+@row("25.2", "serve: a client that disconnects mid-stage cancels its cascade: the expensive agent is never called")
+def disconnect_cancels_cascade(tmp: Path) -> str:
+    import httpx
+
+    def answer(model, prompt):
+        return "I am not sure." if model == "small-model" else "The answer is (A)."
+
+    with _fault_server(answer=answer, hang_s=1.5) as fs:
+        fs.always("timeout", model="small-model")  # the cheap stage takes 1.5 s and has no answer: it escalates
+        with cascade_server(fs) as srv:
+            body = json.dumps({"messages": [{"role": "user", "content": "row 3"}]}).encode()
+            s = socket.create_connection((srv.host, srv.port), timeout=5)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Router-Grader: mcq_letter\r\n"
+                      b"X-Router-Target: quality>=0.5\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                      b"\r\n\r\n" + body)
+            time.sleep(0.5)  # the cheap call is in flight
+            s.close()
+            time.sleep(2.5)  # it would have answered, and the expensive agent been called, by now
+            gone = fs.hit_counts()
+            with httpx.Client(base_url=srv.base_url, timeout=10) as c:  # the same request, waited for: escalates
+                r = _graded(c)
+    by_model = {m: n for (m, _), n in gone.items()}
+    assert by_model.get("small-model") == 1 and not by_model.get("big-model"), by_model
+    assert r.status_code == 200 and r.headers["x-router-agents-called"] == "cheap,expensive", r.text[:200]
+    return f"calls after the disconnect: {by_model} (a client that waits: cheap,expensive)"
+
+
+def _burst(host: str, port: int, n: int, grader: str = "mcq_letter", limit_s: float = 60.0) -> list:
+    """`n` simultaneous cascade requests, each on its own connection: the status line of each (None: none came)
+    with its Retry-After when refused."""
+    import asyncio
+
+    body = json.dumps({"messages": [{"role": "user", "content": "row 3"}]}).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Router-Grader: {grader}\r\n"
+           f"X-Router-Target: quality>=0.5\r\nContent-Type: "
+           f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+    async def one(go: asyncio.Event):
+        await go.wait()
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            return None
+        try:
+            writer.write(req)  # a client sends its request as soon as it is connected
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            retry = next((ln.split(b":", 1)[1].strip().decode() for ln in head.split(b"\r\n")
+                          if ln.lower().startswith(b"retry-after:")), None)
+            return status, retry
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            return None
+        finally:
+            writer.close()
+
+    async def main():
+        go = asyncio.Event()
+        tasks = [asyncio.ensure_future(one(go)) for _ in range(n)]
+        await asyncio.sleep(0.05)
+        go.set()
+        return await asyncio.wait_for(asyncio.gather(*tasks), limit_s)
+
+    return asyncio.run(main())
+
+
+def _bursts(rounds: int, n: int, **settings) -> str:
+    import collections
+
+    with _fault_server() as fs, cascade_server(fs, **settings) as srv:
+        seen = collections.Counter()
+        for _ in range(rounds):
+            got = _burst(srv.host, srv.port, n)
+            silent = sum(g is None for g in got)
+            assert not silent, f"{silent} of {n} requests got no status line ({collections.Counter(got)})"
+            for status, retry in got:
+                assert status == 200 or (status in (429, 503) and retry), (status, retry)
+                seen[status] += 1
+    return f"{rounds} x {n}: every request answered: " + ", ".join(f"{k}: {v}" for k, v in sorted(seen.items()))
+
+
+@row("25.3", "serve: a burst of 120 simultaneous cascade requests from one address (idle cap 32): all answered")
+def burst_small(tmp: Path) -> str:
+    return _bursts(1, 120, max_idle_per_client=32)
+
+
+@row("25.3", "serve: a burst of 120 over max_connections 48: every request a status (200, or 503/429 + Retry-After)")
+def burst_over_limit(tmp: Path) -> str:
+    return _bursts(1, 120, max_connections=48, max_idle_per_client=16, reserved_connections=8)
+
+
+@row("25.3", "serve: 3 bursts of 250 simultaneous cascade requests from one address (default caps)", fast=False)
+def burst_full(tmp: Path) -> str:
+    return _bursts(3, 250)
+
+
+@row("25.4", "serve: router_grader '' in the body vs the X-Router-Grader header -> 400 naming both")
+def grader_conflict(tmp: Path) -> str:
+    import httpx
+
+    with _fault_server() as fs, cascade_server(fs) as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for field in ("", "integer"):
+            r = _graded(c, body={"router_grader": field})
+            msg = r.json()["error"]["message"]
+            assert r.status_code == 400 and "router_grader" in msg and "X-Router-Grader" in msg, (field, r.text[:300])
+        same = _graded(c, body={"router_grader": "mcq_letter"})
+        assert same.status_code == 200, same.text[:200]
+    return msg[:100]
+
+
+@row("25.4", "serve: an agent's usage.cost Infinity / \"inf\" -> finite cost header, strict JSON, flagged")
+def non_finite_cost(tmp: Path) -> str:
+    import math
+
+    import httpx
+
+    def strict(c):
+        raise ValueError(f"{c} in the reply")
+
+    with _fault_server() as fs, cascade_server(fs) as srv, httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        for fault in ("cost_inf", "cost_inf_str"):
+            fs.always(fault, model="small-model")
+            r = _graded(c)
+            assert r.status_code == 200, r.text[:200]
+            cost = float(r.headers["x-router-cost-usd"])
+            data = json.loads(r.content, parse_constant=strict)
+            assert math.isfinite(cost) and r.headers.get("x-router-cost-invalid") == "cheap", dict(r.headers)
+            assert data["router"]["cost_invalid"] == ["cheap"] and math.isfinite(data["router"]["cost_usd"])
+    return f"X-Router-Cost-Usd {cost} (estimated from prices x tokens), X-Router-Cost-Invalid: cheap"
+
+
+@row("25.4", "serve: a taken port -> one line, exit 2 (--workers 1 and --workers 2)")
+def bind_error_one_line(tmp: Path) -> str:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        for workers in ("1", "2"):
+            err = _one_line(*cli("serve", "--head", str(_world_files()), "--profile", "demo", "--port", str(port),
+                                 "--workers", workers), f"127.0.0.1:{port}", "in use")
+    finally:
+        busy.close()
+    return err[:120]
+
+
+@row("25.4", "serve --workers: a worker dies with its parent (SIGKILL of the parent: no orphan on the port)")
+def workers_die_with_parent(tmp: Path) -> str:
+    import signal
+    import subprocess
+
+    script = ("import sys, time\n"
+              "from pipeline.serve.server import spawn_worker\n"  # what `serve --workers N` starts its workers with
+              "p = spawn_worker([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(p.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        child = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 5 and _alive(child):
+            time.sleep(0.05)
+        alive = _alive(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, f"worker {child} outlived its parent by 5 s"
+    return f"the worker got SIGTERM and exited {time.perf_counter() - t:.2f}s after the parent's SIGKILL"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in f.read().lower()
+    except OSError:
+        return False
+
+
+@row("25.4", "stand-in: max_tokens Infinity / 1e30, JSON 100,000 deep, a 200 MB body -> 4xx, no traceback")
+def standin_bounds(tmp: Path) -> str:
+    import httpx
+
+    from pipeline.collect.standin import OpenRouterStandIn, StandInServer
+
+    bodies = [b'{"model": "m", "max_tokens": Infinity, "messages": [{"role": "user", "content": "hi"}]}',
+              b'{"model": "m", "max_tokens": 1e30, "messages": [{"role": "user", "content": "hi"}]}',
+              b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
+    with StandInServer(OpenRouterStandIn(["m"])) as srv, httpx.Client(timeout=10) as c:
+        codes = [c.post(srv.base_url + "/chat/completions", content=b,
+                        headers={"content-type": "application/json"}).status_code for b in bodies]
+        assert codes == [400, 400, 400], codes
+        host, port = srv.host_port.split(":")
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 209715200\r\n\r\n" + b" " * 65536)
+        reply = _read_all(s)
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        ok = c.post(srv.base_url + "/chat/completions",
+                    json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200, ok.text[:200]
+    return "400 x3, 413 for the 200 MB body (refused from its Content-Length); then 200"
+
+
+def _cascade_copy(tmp: Path, edit) -> Path:
+    dst = tmp / "cascade"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(_cascade_files(), dst)
+    doc = json.loads((dst / "cascade.json").read_text())
+    edit(doc, dst)
+    (dst / "cascade.json").write_text(json.dumps(doc))
+    return dst
+
+
+def _point_policy(doc, i: int = 1) -> dict:
+    return doc["path"]["points"][i]["plan"]["default"]
+
+
+@row("25.4", "registry: cascade.json tampered (k > stage, thresholds, duplicate/unknown agent, self fallback, "
+             "fallback file outside) -> one line at load, route, serve")
+def cascade_json_tampered(tmp: Path) -> str:
+    from pipeline.route import registry
+
+    (tmp / "outside.safetensors").write_bytes(b"x")
+    edits = {
+        "k": lambda d, _: _point_policy(d)["stages"][0].__setitem__("k", 2),
+        "skip_below": lambda d, _: _point_policy(d).__setitem__("skip_below", -0.5),
+        "accept_above": lambda d, _: _point_policy(d).__setitem__("accept_above", 1.5),
+        "agents": lambda d, _: _point_policy(d)["stages"][0].__setitem__("agents", ["cheap", "cheap"]),
+        ".agents": lambda d, _: _point_policy(d)["stages"][0].__setitem__("agents", ["nobody"]),
+        "fallback.kind": lambda d, _: d.__setitem__("fallback", {"kind": "cascade", "files": {}}),
+        "fallback.files.weights": lambda d, _: d.__setitem__("fallback", {"kind": "head", "files": {
+            "weights": "../outside.safetensors"}}),
+    }
+    for field, edit in edits.items():
+        head = _cascade_copy(tmp, edit)
+        refused(lambda head=head: registry.load(head), "cascade.json", field)
+        _one_line(*cli("route", "--head", str(head), "row 3"), "cascade.json", field)
+        _one_line(*cli("serve", "--head", str(head), "--profile", "demo", "--port", "0"), "cascade.json", field)
+    return f"{len(edits)} tamperings: one RouterLiteError line naming cascade.json and the field (load, route, serve)"
 
 
 # ------------------------------------------------------------------------------- issue 25: reply texts (grading)

@@ -53,9 +53,11 @@ def cmd_run(args) -> int:
     if args.wait_for_collection or args.quarantine_bad_log_lines:
         config["graded_calls"] = {"wait_for_collection": "true" if args.wait_for_collection else "",
                                   "quarantine_bad_log_lines": bool(args.quarantine_bad_log_lines)}
+    from pathlib import Path
+
     from assets.definitions import build_definitions
     from cli.run import run_lineage, stages_of
-    from cli.summary import print_summary
+    from cli.summary import print_summary, star_headline, what_next
     from pipeline.profile import load_profile
     from resources.storage import default_home
 
@@ -66,6 +68,8 @@ def cmd_run(args) -> int:
                         asset_config=config)
     print_summary(default_home(), [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
     print_stage_times(times, default_home())
+    if star_headline(Path(default_home()).resolve()):  # a run that reached the ★ router: three lines of what next
+        print(what_next(profile.name))
     return 0
 
 
@@ -308,8 +312,12 @@ def cmd_replicate(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    """Push the tasks and rewards datasets and the registered head to the Hub (`--dry-run`: list the commits)."""
+    """Push the tasks and rewards datasets and a registered router to the Hub (`--dry-run`: list the commits); the
+    router: `--head`, else the ★ router of the latest run (registry/latest.json; the head beside it is named)."""
+    from pathlib import Path
+
     from pipeline.report.hub_release import build_release, check_repo_id, latest_head
+    from pipeline.route.registry import latest_entry
     from resources.hub import HF_TOKEN_ENV, push_release, require_token
     from resources.storage import StorageResource, default_home
 
@@ -318,8 +326,13 @@ def cmd_publish(args) -> int:
     if not args.dry_run:  # before any work: the one thing the user has to provide
         require_token(token)
     storage = StorageResource(home=default_home())
-    releases = build_release(args.repo_id, storage.root() / "datasets",
-                             args.head or latest_head(storage.root() / "registry"))
+    router_dir = args.head or latest_head(storage.root() / "registry")
+    entry = None if args.head else latest_entry(storage.root() / "registry")
+    star = (entry or {}).get("star")
+    releases = build_release(args.repo_id, storage.root() / "datasets", router_dir)
+    if entry:
+        print(f"router: {entry['name']}" + (f" (the ★ router: {star['label']}, best validation AIQ)" if star else "")
+              + f"; the head beside it: {entry['head']['name']}", file=sys.stderr)
     plan = [r.describe() for r in releases]
     for r in plan:
         print(f"{r['repo_type']} {r['repo_id']}: create_repo(exist_ok=True), create_commit with "
@@ -327,35 +340,29 @@ def cmd_publish(args) -> int:
         for o in r["operations"]:
             print(f"  CommitOperationAdd(path_in_repo={o['path_in_repo']!r})  {o['bytes']} bytes", file=sys.stderr)
     urls = [] if args.dry_run else push_release(releases, token)
-    print(json.dumps({"dry_run": args.dry_run, "repos": plan, "commits": urls}))
+    print(json.dumps({"dry_run": args.dry_run, "router": entry["name"] if entry else Path(router_dir).name,
+                      "star": (star or {}).get("router"), "head": entry["head"]["name"] if entry else None,
+                      "repos": plan, "commits": urls}))
     return 0
 
 
 def cmd_serve(args) -> int:
-    """OpenAI-compatible router endpoint (pipeline/serve/app.py) for a registered head over a profile's pool."""
+    """OpenAI-compatible router endpoint (pipeline/serve/app.py) over a profile's pool: the ★ router of the profile's
+    latest run (registry/latest.json) at the profile's `serve.target`, or the router of `--head` / `--target`."""
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import dataclasses
+    import socket
 
     import uvicorn
 
     from pipeline.profile import load_profile
-    from pipeline.route import registry
     from pipeline.serve.app import build_app
-    from pipeline.serve.server import return_big_buffers_to_the_os
-    from pipeline.serve.settings import ServeSettings
+    from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
     from resources.pool import PoolResource
 
-    if not 0 <= args.port <= 65535:
-        raise RouterLiteError(f"--port {args.port} is not a TCP port (0-65535)")
-    if args.threads < 0:
-        raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
+    _check_serve_args(args)
     _use_override(args)
-    if args.workers is None:  # measured on 2 cores (docs/serving.md): 2 processes > 1 with the batcher
-        args.workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
-    if args.workers < 1:
-        raise RouterLiteError(f"--workers {args.workers} must be >= 1")
     profile = load_profile(args.profile)
     from pipeline.collect import bounded
 
@@ -365,42 +372,131 @@ def cmd_serve(args) -> int:
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
     pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
-    reg = registry.load(args.head)
-    reg.resolve_target(args.target)  # a bad default target fails before serving
+    reg, target, stands_for = _served_router(args, profile)  # a bad target fails before serving
     agents = pool.agents()
     pool.check(agents, needed_by="serve")
-    if args.workers > 1 and args.fd is None:  # the head, target, profile and pool are checked: start the workers
+    settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
+    if args.workers > 1 and args.fd is None:  # the router, target, profile and pool are checked: start the workers
         return _serve_workers(args)
-    settings = ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
-                                             max_messages=args.max_messages, max_batch=args.max_batch,
-                                             batch_wait_ms=args.batch_wait_ms)
-    if args.target:
-        settings = dataclasses.replace(settings, default_target=args.target)
+    # bind before the backbone loads: a taken port is one line at once (a worker serves its parent's socket)
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else bind_listener(args.host, args.port)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
-    app = build_app(reg, bb, agents, pool.client_for, settings)
+    formats = _format_guess(reg) if reg.kind == "cascade" else None
+    app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
-    if not args.verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream call otherwise
+    _serve_logging(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"router-lite serve: warning: binding {args.host}: the endpoint has no authentication",
               file=sys.stderr)
-    print(f"router-lite serve: head {reg.name} ({len(agents)} agents of pool {pool.pool!r}, {pool.kind}) on "
-          f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})", file=sys.stderr, flush=True)
-    if args.fd is not None:  # one worker of `--workers N`: serve the socket the parent bound
-        import socket
-
-        sock = socket.socket(fileno=args.fd)
-        config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
-                                **settings.uvicorn_options())
-        uvicorn.Server(config).run(sockets=[sock])
-        return 0
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                access_log=bool(args.verbose), **settings.uvicorn_options())
+    print(f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
+          f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})"
+          + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
+             f"prompts ({', '.join(formats.graders)})" if formats is not None else ""), file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
+                            **settings.uvicorn_options())
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _check_serve_args(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise RouterLiteError(f"--port {args.port} is not a TCP port (0-65535)")
+    if args.threads < 0:
+        raise RouterLiteError(f"--threads {args.threads} must be >= 0 (0: torch's default)")
+    if args.workers is None:  # measured on 2 cores (docs/serving.md): 2 processes > 1 with the batcher
+        args.workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
+    if args.workers < 1:
+        raise RouterLiteError(f"--workers {args.workers} must be >= 1")
+
+
+def _served_router(args, profile):
+    """(registered router, default target, the startup line's description): `--head`, else the ★ router of
+    registry/latest.json (the best router by validation AIQ of the profile's latest run); the target: `--target`,
+    else the profile's `serve.target` (max-quality for a head registered before operating points)."""
+    from pathlib import Path
+
+    from pipeline.report.value import validation_at
+    from pipeline.route import registry
+    from resources.storage import default_home
+
+    star = None
+    if args.head:
+        reg = registry.load(args.head)
+    else:
+        root = Path(default_home()) / "registry"
+        entry = registry.latest_entry(root)
+        if entry is None:
+            raise RouterLiteError(f"no registered router under {root} ({registry.LATEST} missing): run `router-lite "
+                                  f"run --profile {profile.name}` first, or pass --head registry/<name>")
+        reg, star = registry.load(entry["path"]), entry.get("star")
+    target = args.target or profile.serve.target
+    if not args.target and reg.kind != "cascade" and not reg.operating_points:
+        target = None  # registered before operating points: max-quality only
+    v = validation_at(reg, target)
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+    what = (f"★ router {star['label']}: " if star else "") + f"{reg.kind} {reg.name} at target {v['target']} " \
+        f"(validation: {pct(v['quality_ratio'])} of the best single agent's quality at {pct(v['cost_ratio'])} of " \
+        "its cost"
+    held = (star or {}).get("held_out") or {}
+    if star and star.get("target") == v["target"] and held.get("cost_ratio") is not None:
+        what += f"; held-out test: {pct(held['quality_ratio'])} at {pct(held['cost_ratio'])}"
+    return reg, v["target"], what + ")"
+
+
+def _format_guess(reg):
+    """A cascade's answer-format guess for requests that name none (pipeline/serve/formats.py): the training prompts
+    of the home's task pool with their graders, embedded as the router was trained (the manifest's
+    prompt_embeddings version must match the home's); None when the home does not hold them."""
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.core.io import frame_version
+    from pipeline.serve.formats import FormatGuess
+    from resources.storage import asset_path, default_home
+
+    pool_f, emb_f = asset_path(default_home(), "task_pool"), asset_path(default_home(), "prompt_embeddings")
+    want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
+    if not want or not pool_f.exists() or not emb_f.exists():
+        return None
+    emb = pd.read_parquet(emb_f)
+    if frame_version(emb) != want:
+        return None
+    pool = pd.read_parquet(pool_f, columns=["task_id", "grader", "split", "ood"])
+    train = pool[(pool["split"] == "train") & ~pool["ood"].astype(bool)].merge(emb, on="task_id")
+    return FormatGuess(np.stack(train["embedding"].to_numpy()), train["grader"].tolist()) if len(train) else None
+
+
+def _serve_logging(args) -> None:
+    """The access log (logger router_lite.access, one JSON line per request) to stderr or `--access-log FILE`
+    (`--access-log off`: none); httpx's line per upstream call only with --verbose."""
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    access = logging.getLogger("router_lite.access")
+    access.propagate = False
+    if args.access_log == "off":
+        access.disabled = True
+        return
+    handler = logging.StreamHandler(sys.stderr) if args.access_log in (None, "-") else \
+        logging.FileHandler(args.access_log, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+
+
+def _serve_settings(args, profile, target: str | None = None):
+    """The endpoint's ServeSettings from the profile's collection settings and the command's options."""
+    from pipeline.serve.settings import ServeSettings
+
+    return ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
+                                         max_messages=args.max_messages, max_batch=args.max_batch,
+                                         batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
+                                         max_idle_per_client=args.max_idle_per_client,
+                                         reserved_connections=args.reserved_connections,
+                                         default_target=target)
 
 
 def _serve_workers(args) -> int:
@@ -408,19 +504,18 @@ def _serve_workers(args) -> int:
     accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
     exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
     import signal
-    import socket
     import subprocess
 
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)
+    from pipeline.serve.server import bind_listener, spawn_worker
+
+    sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
     sock.set_inheritable(True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     # the same command; the later --workers / --threads win, --fd hands over the socket
     cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
            "--threads", str(threads)]
-    procs = [subprocess.Popen(cmd, pass_fds=(sock.fileno(),)) for _ in range(args.workers)]
+    # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port
+    procs = [spawn_worker(cmd, sock.fileno()) for _ in range(args.workers)]
     print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
           f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
           flush=True)
@@ -574,15 +669,17 @@ def _add_publish_command(sub) -> None:
                                        "Hugging Face Hub (token: env HF_TOKEN)")
     p.add_argument("--repo-id", required=True, help="OWNER/NAME: datasets OWNER/NAME-tasks and OWNER/NAME-rewards, "
                                                     "model OWNER/NAME")
-    p.add_argument("--head", default=None, help="registry/<name> directory (default: the latest registered head)")
+    p.add_argument("--head", default=None, help="registry/<name> directory (default: the ★ router of the latest run, "
+                                                "registry/latest.json)")
     p.add_argument("--dry-run", action="store_true", help="build the cards and list every file and commit "
                                                           "operation; push nothing (no token needed)")
     p.set_defaults(fn=cmd_publish)
 
 
 def _add_serve_command(sub) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible router endpoint for a registered head (docs/serving.md)")
-    p.add_argument("--head", required=True, help="registry/<name> directory")
+    p = sub.add_parser("serve", help="OpenAI-compatible router endpoint for a registered router (docs/serving.md)")
+    p.add_argument("--head", default=None, help="registry/<name> directory of any router kind (default: the ★ "
+                                                "router of the profile's latest run, registry/latest.json)")
     p.add_argument("--profile", default=None, help="profile whose pool and collection settings are used "
                                                    "(default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--override", default=None, metavar="FILE",
@@ -594,14 +691,27 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--max-messages", type=int, default=64)
-    p.add_argument("--target", default=None, help=TARGET_HELP + " when a request names none (header "
-                                                   "X-Router-Target or body field router_target)")
+    p.add_argument("--target", default=None, help=TARGET_HELP.replace("max-quality (default)", "max-quality")
+                   + " when a request names none (header X-Router-Target or body field router_target; default: the "
+                     "profile's serve.target, quality>=0.98 in the shipped profiles)")
+    p.add_argument("--access-log", default=None, metavar="FILE",
+                   help="one JSON line per request (request id, router, target, agents called, cost, latency, "
+                        "status) to FILE; default: stderr; `off`: none")
+    p.add_argument("--log-prompts", action="store_true", help="the access log carries each request's prompt text")
     p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a new prompt waits for others to batch with (0: no wait)")
     p.add_argument("--workers", type=int, default=None,
                    help=f"server processes behind the one port, each with its own backbone and batcher (default "
                         f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="connections open at once; beyond, the oldest idle one is answered 429, else 503 with "
+                        "Retry-After (docs/serving.md, Limits)")
+    p.add_argument("--max-idle-per-client", type=int, default=128,
+                   help="connections waiting for a request per client address (raise it behind a proxy: every "
+                        "client then has the proxy's address)")
+    p.add_argument("--reserved-connections", type=int, default=64,
+                   help="slots idle connections never take: kept for requests with a complete head")
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)

@@ -11,9 +11,40 @@ def _table(counts: dict) -> str:
     return "  ".join(f"{k}={v}" for k, v in counts.items())
 
 
+def star_headline(root: Path) -> str | None:
+    """The ★ router (registry/latest.json, named by the value report: best validation AIQ) in two lines: its kind
+    and name, and what it gives at the serving target on the held-out test split and on validation."""
+    from pipeline.route.registry import latest_entry
+
+    entry = latest_entry(root / "registry")
+    star = (entry or {}).get("star")
+    if not star:
+        return None
+    held, val = star.get("held_out") or {}, star["validation"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+    aiq = "" if star.get("aiq_validation") is None else f" {star['aiq_validation']:.4f}"
+    return (f"★ Router (best validation AIQ{aiq}): {star['label']} — {star['kind']} {entry['name']}\n"
+            f"  at {star['target']}: {pct(held.get('quality_ratio'))} of the best single agent's quality at "
+            f"{pct(held.get('cost_ratio'))} of its cost on held-out test (validation: {pct(val['quality_ratio'])} at "
+            f"{pct(val['cost_ratio'])})")
+
+
+def what_next(profile: str) -> str:
+    """The printout's last three lines: serve the ★ router, look at the run in the UI, go on to your own pool/data."""
+    flag = "" if profile == "demo" else f" --profile {profile}"
+    return ("\nWhat next:\n"
+            f"  router-lite serve{flag}    # the ★ router above as an OpenAI-compatible endpoint (docs/serving.md)\n"
+            "  make ui    # the asset graph, its checks and these reports in the Dagster UI on http://127.0.0.1:3000\n"
+            "  docs/tutorial.md    # your own agents (an override file), your own data (router-lite train), serving")
+
+
 def print_summary(home: str, assets: list[str]) -> None:
-    """What the run left under `home`; `assets`: the run's assets in stage order (whose reports are printed)."""
+    """What the run left under `home`; `assets`: the run's assets in stage order (whose reports are printed); the ★
+    router first."""
     root = Path(home).resolve()
+    headline = star_headline(root)
+    if headline:
+        print("\n" + headline)
     verdict_file = root / "reports" / "pool_report.json"
     if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
         from pipeline.report.pool_report import WARNING
@@ -68,3 +99,4 @@ def print_summary(home: str, assets: list[str]) -> None:
             print(f"\n{f.read_text()}")
     if (root / "reports").exists():
         print(f"\nReports: {root / 'reports'}")
+

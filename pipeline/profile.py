@@ -15,6 +15,7 @@ meaning; pycma style):
     backbone    `BackboneSettings`                the frozen embedding model (`resources.backbone.BackboneResource`)
     train       `pipeline.route.train.TrainConfig`      the router head's CMA-ES training
     benchmark   `BenchmarkSettings`               the routed benchmark and the replication suites
+    serve       `ServeProfileSettings`            what `router-lite serve` serves when no --head / --target is given
 
 `load_profile` validates the whole file once (`from_yaml`: the dataclass fields and their type hints are the
 schema): an unknown key, a value of the wrong type or outside its choices anywhere is one `RouterLiteError` naming
@@ -218,6 +219,27 @@ class BenchmarkSettings:
 
 
 @dataclass(frozen=True)
+class ServeProfileSettings:
+    """What `router-lite serve` serves by default (`serve:`; docs/serving.md).
+
+    target = "quality>=0.98"
+        The operating point the ★ router (the best router by validation AIQ of the profile's latest run,
+        reports/router_value.json) is served at when `serve` is given neither `--head` nor `--target`; the
+        README's headline target.
+    """
+
+    target: str = "quality>=0.98"
+
+    def __post_init__(self) -> None:
+        from pipeline.route.targets import parse_target
+
+        try:
+            parse_target(self.target)
+        except RouterLiteError as exc:
+            raise RouterLiteError(f"serve.target: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Profile:
     """One profile file (config/profiles/<name>.yaml): its sections, each typed and validated by `load_profile`.
 
@@ -239,6 +261,8 @@ class Profile:
         The router head's training (`pipeline.route.train.TrainConfig`).
     benchmark = BenchmarkSettings()
         The routed benchmark and replication suites.
+    serve = ServeProfileSettings()
+        What `router-lite serve` serves by default.
     """
 
     name: str = ""
@@ -251,6 +275,7 @@ class Profile:
     backbone: BackboneSettings = field(default_factory=BackboneSettings)
     train: TrainConfig = field(default_factory=TrainConfig)
     benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    serve: ServeProfileSettings = field(default_factory=ServeProfileSettings)
     path: str = field(default="", metadata={"yaml": False})  # the file it was read from, not a key
     override: str = field(default="", metadata={"yaml": False})  # the override file merged over it ("" = none)
 
@@ -264,7 +289,8 @@ class Profile:
 
 
 SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, BackboneSettings, BenchmarkSettings,
-            Profile, TaskPoolConfig, CollectionSettings, TrainConfig)  # every dataclass a profile is read into
+            ServeProfileSettings, Profile, TaskPoolConfig, CollectionSettings,
+            TrainConfig)  # every dataclass a profile is read into
 
 
 def _ood_form(raw: dict) -> dict:
@@ -296,7 +322,8 @@ def load_profile(name: str | None = None) -> Profile:
             extra = config._read_yaml(over)
             if not isinstance(extra, dict):
                 raise RouterLiteError(f"override {over}: expected a mapping, got {config._what(extra)}")
-            raw = merged(raw, extra)
+            # `agents:` adds agent pools (pipeline.collect.agents reads it); the rest is the profile's
+            raw = merged(raw, {k: v for k, v in extra.items() if k != config.OVERRIDE_AGENTS})
         profile = from_yaml(Profile, _ood_form(raw) if isinstance(raw, dict) else raw)
     except RouterLiteError as exc:
         raise RouterLiteError(f"{where}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--price-factor", type=float, default=1.0, help="reported cost = list price x tokens x this")
+    ap.add_argument("--override", default=None, metavar="FILE",
+                    help="an override file whose `agents: {pools: ...}` adds pools (e.g. --pool my_pool); "
+                         "--write-override then writes it merged with the endpoint")
     ap.add_argument("--write-override", default=None, metavar="FILE",
                     help="write the profile override pointing at this server to FILE")
     args = ap.parse_args(argv)
@@ -49,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"standin: error: --port {args.port} is not a TCP port", file=sys.stderr)
         return 2
     try:
+        if args.override:  # read wherever a profile or agent pool is loaded in this process
+            from pipeline.core.config import OVERRIDE_ENV, override_path
+
+            os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
+            override_path()  # a missing file: one error
         faults = None
         if args.faults:
             import yaml
@@ -65,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_override:
         import yaml
 
-        Path(args.write_override).write_text(yaml.safe_dump(override, sort_keys=False))
+        from pipeline.core.config import merged
+
+        base = yaml.safe_load(Path(args.override).read_text()) if args.override else {}
+        Path(args.write_override).write_text(yaml.safe_dump(merged(base or {}, override), sort_keys=False))
     print(f"listening {server.base_url} ({len(standin.models)} models of pool {args.pool!r}, "
           f"{len(standin.tasks)} known tasks); profile override:\n{json.dumps(override)}", flush=True)
     try:

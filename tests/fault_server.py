@@ -12,6 +12,8 @@ Faults:
   malformed        200 with a truncated JSON body                   no_usage         no `usage` object
   cost             usage.cost = 0.0123 (OpenRouter style)           not_found        404 JSON error
   auth_echo        401 whose message echoes the Authorization header (a provider leaking the key back)
+  drip             the headers at once, then the body one byte every `drip_s` (per-read timeouts never fire)
+  cost_inf         usage.cost Infinity (the JSON literal)       cost_inf_str     usage.cost "inf"
 
 In-process:  `with FaultServer(latency_s=0.05) as srv: srv.script("rate_limit", times=2); ... srv.base_url`
 As a process: `python tests/fault_server.py --latency-ms 100` prints `listening <base_url>` and serves until killed.
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable
 
 FAULTS = ("rate_limit", "rate_limit_date", "server_error", "timeout", "reset", "empty", "null_content", "length",
-          "malformed", "no_usage", "cost", "not_found", "auth_echo")
+          "malformed", "no_usage", "cost", "not_found", "auth_echo", "drip", "cost_inf", "cost_inf_str")
 DEFAULT_ANSWER = "Let me think. The answer is (A)."
 
 
@@ -42,11 +44,13 @@ def phash(prompt: str) -> str:
 
 class FaultServer:
     def __init__(self, latency_s: float = 0.0, answer: str | Callable[[str, str], str] = DEFAULT_ANSWER,
-                 retry_after: str = "0.1", hang_s: float = 3.0, host: str = "127.0.0.1", port: int = 0):
+                 retry_after: str = "0.1", hang_s: float = 3.0, host: str = "127.0.0.1", port: int = 0,
+                 drip_s: float = 1.0):
         self.latency_s = latency_s
         self.answer = answer
         self.retry_after = retry_after
         self.hang_s = hang_s
+        self.drip_s = drip_s
         self.host, self.port = host, port
         self.hits: collections.Counter = collections.Counter()
         self.faults_served: collections.Counter = collections.Counter()
@@ -196,12 +200,25 @@ class FaultServer:
                 resp["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
                 if fault == "cost":
                     resp["usage"]["cost"] = 0.0123
+                elif fault in ("cost_inf", "cost_inf_str"):
+                    resp["usage"]["cost"] = float("inf") if fault == "cost_inf" else "inf"
+            if fault == "drip":
+                return await self._drip(writer, json.dumps(resp).encode())
             self._send(writer, 200, json.dumps(resp).encode())
         try:
             await writer.drain()
         except ConnectionError:
             return False
         return True
+
+    async def _drip(self, writer, body: bytes) -> bool:
+        writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                     "connection: close\r\n\r\n".encode())
+        for i in range(len(body)):
+            writer.write(body[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(self.drip_s)
+        return False
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     async def _start(self) -> None:

@@ -38,7 +38,7 @@ def test_collection_made_every_call_once_with_no_errors(smoke_home):
 def test_registered_head_loads_and_routes_like_the_asset(smoke_home):
     home, _ = smoke_home
     latest = json.loads((home / "registry" / "latest.json").read_text())
-    reg = registry.load(latest["path"])
+    reg = registry.load(latest["head"]["path"])  # the head beside the ★ router latest.json names
     assert reg.name.startswith("head-all-minilm-l6-v2-") and len(reg.name.split("-")[-1]) == 10
     assert [a["name"] for a in reg.agents] == ["frontier_a", "frontier_b", "frontier_c", "open_mid",
                                               "open_cheap_reasoning"]
@@ -77,5 +77,12 @@ def test_router_value_and_pool_report(smoke_home):
     assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
     rep = json.loads((home / "reports" / "pool_report.json").read_text())
     assert rep["verdict"]["text"] == rv["pool_verdict"]
-    manifest = registry.load(json.loads((home / "registry" / "latest.json").read_text())["path"]).manifest
+    latest = json.loads((home / "registry" / "latest.json").read_text())
+    manifest = registry.load(latest["head"]["path"]).manifest
     assert manifest["operating_points"]["points"][0]["lambda"] == 0
+    # latest.json names the ★ router (best validation AIQ) at the profile's serving target, the head beside it
+    star = latest["star"]
+    assert star["router"] == rv["best_router"] and star["target"] == "quality>=0.98"
+    assert registry.load(latest["path"]).kind == ("head" if rv["best_router"] == "head" else "cascade")
+    assert star["held_out"]["cost_ratio"] == rv["routers"][rv["best_router"]]["targets"]["quality>=0.98"]["cost_ratio"]
+    assert 0 < star["validation"]["quality_ratio"] and star["validation"]["cost_ratio"] > 0

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -36,17 +37,26 @@ def test_dry_run_lists_the_exact_files_and_commit_operations(published, capsys):
         "me/router-lite-tasks": "dataset", "me/router-lite-rewards": "dataset", "me/router-lite": "model"}
     assert [o["path_in_repo"] for o in plan["me/router-lite-tasks"]["operations"]] == TASK_FILES
     assert [o["path_in_repo"] for o in plan["me/router-lite-rewards"]["operations"]] == TASK_FILES
-    assert [o["path_in_repo"] for o in plan["me/router-lite"]["operations"]] == HEAD_FILES
+    # the model repo is the ★ router of latest.json (best validation AIQ): every file of its entry, and its card;
+    # the printout names the head beside it
+    latest = json.loads((published / "registry" / "latest.json").read_text())
+    head_dir = latest_head(published / "registry")
+    assert head_dir == Path(latest["path"]) and json.loads(out)["router"] == latest["name"]
+    assert json.loads(out)["head"] == latest["head"]["name"] and latest["head"]["name"] in err
+    files = sorted(["README.md", *(f.name for f in head_dir.iterdir() if f.is_file())])
+    assert [o["path_in_repo"] for o in plan["me/router-lite"]["operations"]] == files
+    if latest["name"] == latest["head"]["name"]:
+        assert files == HEAD_FILES
     assert "CommitOperationAdd(path_in_repo='data/train.parquet')" in err
     # the operations are huggingface_hub's own, over the very files on disk
-    head_dir = latest_head(published / "registry")
     releases = build_release("me/router-lite", published / "datasets", head_dir)
     ops = releases[2].operations()
     assert all(isinstance(o, CommitOperationAdd) for o in ops)
-    weights = next(o for o in ops if o.path_in_repo == "head.safetensors")
-    assert weights.upload_info.sha256.hex() == hashlib.sha256((head_dir / "head.safetensors").read_bytes()).hexdigest()
+    name = json.loads((head_dir / "manifest.json").read_text())["files"].get("weights", "head.safetensors")
+    weights = next(o for o in ops if o.path_in_repo == name)
+    assert weights.upload_info.sha256.hex() == hashlib.sha256((head_dir / name).read_bytes()).hexdigest()
     listed = {o["path_in_repo"]: o["sha256"] for o in plan["me/router-lite"]["operations"]}
-    assert listed["head.safetensors"] == weights.upload_info.sha256.hex()
+    assert listed[name] == weights.upload_info.sha256.hex()
     train = next(o for o in plan["me/router-lite-tasks"]["operations"] if o["path_in_repo"] == "data/train.parquet")
     assert train["bytes"] == (published / "datasets" / "tasks" / "train.parquet").stat().st_size
 

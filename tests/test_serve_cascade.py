@@ -142,3 +142,100 @@ def test_stream_mode_streams_the_accepted_reply(world):
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert text == pool.store().text_for(agents[c1].model, agree) and r.text.rstrip().endswith("data: [DONE]")
     assert events[0]["router"]["agent"] == agents[c1].name
+
+
+def test_a_cascade_reply_counts_what_every_call_paid_and_logs_one_line(world, caplog):
+    import logging
+
+    reg, _, agents, pool, (strong, c1, c2), _, differ = world
+    with caplog.at_level(logging.INFO, logger="router_lite.access"), _serve(world) as srv:
+        r = _ask(srv, differ, router_grader="mcq_letter", router_target="quality>=0.5")
+        one = _ask(srv, differ, router_grader="mcq_letter", router_target="max-quality")
+    assert r.status_code == 200, r.text
+    usage, cost = r.json()["usage"], float(r.headers["x-router-cost-usd"])
+    assert usage["cost"] == cost > float(one.headers["x-router-cost-usd"]) > 0  # three calls cost more than one
+    assert usage["calls"] == 3 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["completion_tokens"] > one.json()["usage"]["completion_tokens"]  # every call's tokens, summed
+    lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "router_lite.access"]
+    (line,) = [x for x in lines if x["request_id"] == r.headers["x-request-id"]]
+    assert line["router"] == reg.name and line["target"] == "quality>=0.5" and line["status"] == 200
+    assert line["agents_called"] == r.headers["x-router-agents-called"].split(",") and line["cost_usd"] == cost
+    assert line["latency_ms"] > 0 and "prompt" not in line and differ not in json.dumps(lines)
+
+
+def test_a_prompt_only_reply_carries_its_cost_too(world):
+    with _serve(world) as srv:
+        plain = _ask(srv, world[5])
+    assert plain.status_code == 200, plain.text
+    assert plain.json()["usage"]["cost"] == float(plain.headers["x-router-cost-usd"]) > 0
+
+
+def test_a_request_without_format_takes_the_guessed_one(world):
+    from pipeline.serve.formats import FormatGuess
+
+    reg, bb, agents, pool, (strong, c1, c2), agree, _ = world
+    X = bb.encode([agree, "Write a haiku about the sea."])
+    guess = FormatGuess(np.concatenate([np.repeat(X[:1], 10, axis=0), np.repeat(X[1:], 10, axis=0)]),
+                        ["mcq_letter"] * 10 + ["python_literal"] * 10)
+    app = build_app(reg, bb, agents, pool.client_for, ServeSettings(), formats=guess)
+    with serve_in_thread(app) as srv:
+        r = _ask(srv, agree, router_target="quality>=0.5")  # no format named: mcq_letter, from the nearest prompts
+    assert r.status_code == 200, r.text
+    assert r.headers["x-router-grader"] == "mcq_letter" and r.headers["x-router-grader-source"] == "guessed"
+    assert sorted(r.headers["x-router-agents-called"].split(",")) == sorted([agents[c1].name, agents[c2].name])
+    assert r.json()["router"]["grader_guessed"] is True
+
+
+@pytest.mark.timeout(600)
+def test_serve_without_head_serves_the_star_router_of_the_latest_run(smoke_home, tmp_path):
+    """`router-lite serve --profile smoke` (no --head) after the lineage: the ★ router of registry/latest.json at the
+    profile's serve.target, named with its validation figures on the startup line, answers plain held-out prompts."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    home, dagster_home = smoke_home
+    latest = json.loads((home / "registry" / "latest.json").read_text())
+    star = latest["star"]
+    assert star["held_out"]["cost_ratio"] < 1  # the target serves below the best single agent's cost
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ROUTER_LITE_HOME": str(home), "DAGSTER_HOME": str(dagster_home),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    err = open(tmp_path / "serve.err", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", "smoke", "--port", str(port),
+                             "--workers", "1", "--access-log", str(tmp_path / "access.log")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.err").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        tests = pd.read_parquet(home / "datasets" / "tasks" / "test.parquet")
+        replies = [httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+                              json={"messages": [{"role": "user", "content": p}]}) for p in tests["prompt"].iloc[:3]]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        err.close()
+    startup = next(line for line in (tmp_path / "serve.err").read_text().splitlines() if "router-lite serve:" in line)
+    assert f"★ router {star['label']}" in startup and latest["name"] in startup and "quality>=0.98" in startup
+    assert "validation:" in startup and "held-out test:" in startup
+    for r in replies:
+        assert r.status_code == 200, r.text
+        assert r.json()["router"]["head"] == latest["name"] and r.headers["x-router-target"] == "quality>=0.98"
+        assert r.json()["usage"]["cost"] == float(r.headers["x-router-cost-usd"]) > 0
+        if star["kind"] == "cascade":  # the format of MMLU-Pro's neighbours: the cascade's stages ran
+            assert r.headers["x-router-grader"] == "mcq_letter" and "x-router-agents-called" in r.headers
+    log = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    assert [x["request_id"] for x in log] == [r.headers["x-request-id"] for r in replies]

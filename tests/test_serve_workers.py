@@ -1,5 +1,6 @@
 """`router-lite serve --workers 2`: two processes behind one port answer, with the Server-Timing header, and stop
-together. The head reads a tiny static backbone (distilled in seconds) so the workers load fast."""
+together; after a SIGKILL of the parent the workers stop too (PDEATHSIG) and the port can be served again. The head
+reads a tiny static backbone (distilled in seconds) so the workers load fast."""
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def test_two_workers_behind_one_port(tmp_path):
+def _head_dir(tmp_path):
     src = bundled_model_path()
     static = static_backbone.build_static(src, tmp_path / "static", **TINY)
     bb = Backbone(static, log_every=10**9)
@@ -52,22 +53,33 @@ def test_two_workers_behind_one_port(tmp_path):
         backbone={"id": bb.model_id, "key": bb.key, "pooling": "mean", "max_seq_length": 256, "dim": bb.dim,
                   **bb.registry_fields()},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    return head_dir, prompts
+
+
+def _start(head_dir, tmp_path, port: int | None = None):
+    if port is None:
+        with __import__("socket").socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
                              "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # read as it comes
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
+        assert proc.poll() is None, "".join(lines)
+        if sum("router-lite serve: head " in ln for ln in lines) == 2:
+            break
+        time.sleep(0.3)
+    return proc, port, lines
+
+
+def test_two_workers_behind_one_port(tmp_path):
+    head_dir, prompts = _head_dir(tmp_path)
+    proc, port, lines = _start(head_dir, tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
-            assert proc.poll() is None, "".join(lines)
-            if sum("router-lite serve: head " in ln for ln in lines) == 2:
-                break
-            time.sleep(0.3)
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
         workers = _children(proc.pid)
         assert len(workers) == 2
@@ -88,3 +100,27 @@ def test_two_workers_behind_one_port(tmp_path):
         proc.wait()
     out = "".join(lines)
     assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
+
+
+def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path):
+    head_dir, _ = _head_dir(tmp_path)
+    proc, port, lines = _start(head_dir, tmp_path)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        proc.kill()  # SIGKILL: the parent cannot stop them itself
+        proc.wait()
+        t = time.monotonic()
+        while time.monotonic() - t < 30 and any(Path(f"/proc/{w}").exists() for w in workers):
+            time.sleep(0.2)
+        assert not any(Path(f"/proc/{w}").exists() for w in workers), "orphan workers"
+        again, port2, lines2 = _start(head_dir, tmp_path, port)
+        try:
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+        finally:
+            again.send_signal(signal.SIGTERM)
+            again.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.config import config_dir, override_pools
 from pipeline.core.errors import RouterLiteError
 
 
@@ -60,6 +61,8 @@ def load_agents(path: str | Path, pool_name: str, prices_path: str | Path | None
     path = Path(path)
     raw = _read_yaml(path, "agents")
     pools = raw.get("pools")
+    if isinstance(pools, dict) and path.resolve() == (config_dir() / "agents.yaml").resolve():
+        pools = {**pools, **override_pools()}  # an override file's `agents: {pools: ...}` (docs/usage.md)
     if not isinstance(pools, dict) or not pools:
         raise RouterLiteError(f"{path}: needs a non-empty `pools:` mapping")
     if prices_path is None:

@@ -45,6 +45,10 @@ Faults per model id (`faults={model: {...}}`, or a YAML/JSON file `--faults FILE
 `stats()` counts requests, answers, empties, errors and 429s per model, whether each Retry-After was honoured (the
 next request for the same model and prompt came no earlier), and the requests without the expected key;
 `intended(model, prompt)` says whether a reply was meant to be right. Loopback only (127.0.0.1).
+
+It bounds its inputs like a provider: a body over MAX_BODY_BYTES (4 MiB, by Content-Length or as read) is a 413, JSON
+that is not JSON (NaN / Infinity included) or nested deeper than MAX_JSON_DEPTH, and a `max_tokens` that is not an
+integer in [1, MAX_TOKENS_LIMIT], are a 400; never a 500 with a traceback.
 """
 from __future__ import annotations
 
@@ -64,6 +68,9 @@ from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import LETTERS, prompt_hash
 
 API_PREFIX = "/api/v1"
+MAX_BODY_BYTES = 4 << 20  # a request body over this -> 413 (read no further)
+MAX_JSON_DEPTH = 32  # a request body nested deeper -> 400
+MAX_TOKENS_LIMIT = 10**7  # max_tokens must be an integer in [1, this]
 DOMAINS = ("math", "knowledge", "reasoning")
 DIFFICULTY_PENALTY = {"easy": 0.0, "medium": 0.12, "hard": 0.25}
 FAULT_KEYS = ("overshoot_max_tokens", "no_usage", "empty_rate", "error_rate", "error_body_rate", "rate_limit_storm",
@@ -231,8 +238,10 @@ class OpenRouterStandIn:
     def _chat(self, headers: dict, body: bytes) -> tuple[int, dict, bytes | list[bytes]]:
         auth = headers.get("authorization", "")
         authorized = self.key is None or auth == f"Bearer {self.key}"
+        req, problem = load_request(body)
+        if problem is not None:
+            return self._json(400, _error(400, f"Invalid request: {problem}"))
         try:
-            req = json.loads(body or b"{}")
             model = req["model"]
             messages = req["messages"]
             prompt = next(m.get("content") for m in reversed(messages) if m.get("role") == "user")
@@ -241,6 +250,11 @@ class OpenRouterStandIn:
         except (ValueError, KeyError, TypeError, StopIteration, AttributeError):
             return self._json(400, _error(400, "Invalid request: expected a JSON body with `model` and `messages` "
                                                "holding a user message"))
+        for name in ("max_tokens", "max_completion_tokens"):
+            v = req.get(name)
+            if v is not None and (type(v) is not int or not 1 <= v <= MAX_TOKENS_LIMIT):
+                return self._json(400, _error(400, f"Invalid request: `{name}` must be an integer in "
+                                                   f"[1, {MAX_TOKENS_LIMIT}], got {str(v)[:40]}"))
         h = prompt_hash(prompt)
         with self._lock:
             if not authorized:
@@ -350,6 +364,37 @@ class OpenRouterStandIn:
         return float(fault.get("latency_ms", self.latency_ms)) / 1000.0
 
 
+def load_request(body: bytes) -> tuple[Any, str | None]:
+    """(the parsed JSON body, None) or (None, why it is refused): not JSON (NaN / Infinity included), nested deeper
+    than MAX_JSON_DEPTH, or holding text that is not valid (a lone surrogate)."""
+    from pipeline.core.text_guard import json_problem
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        req = json.loads(body or b"{}", parse_constant=constant)
+    except RecursionError:
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"the body is not JSON ({str(exc)[:80]})"
+    problem = json_problem(req, MAX_JSON_DEPTH)
+    return (None, f"{problem[0][:80]}: {problem[1]}") if problem is not None else (req, None)
+
+
+async def _bounded_body(request, limit: int) -> bytes | None:
+    """The request's body, or None when it is (declared or read) over `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            return None
+    return bytes(buf)
+
+
 # ------------------------------------------------------------------------------------------------- the server
 def standin_app(standin: OpenRouterStandIn):
     """The stand-in as a Starlette ASGI app."""
@@ -359,12 +404,13 @@ def standin_app(standin: OpenRouterStandIn):
     from starlette.routing import Route
 
     async def endpoint(request: Request):
-        body = await request.body()
+        body = await _bounded_body(request, MAX_BODY_BYTES)
+        if body is None:
+            return Response(json.dumps(_error(413, f"Request body over {MAX_BODY_BYTES} bytes")), status_code=413,
+                            media_type="application/json", headers={"connection": "close"})
         if request.method == "POST":
-            try:
-                model = json.loads(body or b"{}").get("model", "")
-            except (ValueError, AttributeError):
-                model = ""
+            req, _ = load_request(body)
+            model = req.get("model", "") if isinstance(req, dict) else ""
             delay = standin.latency_for(model if isinstance(model, str) else "")
             if delay > 0:
                 await asyncio.sleep(delay)

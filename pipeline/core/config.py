@@ -256,6 +256,29 @@ def override_path() -> Path | None:
     return path
 
 
+OVERRIDE_AGENTS = "agents"  # the override file's section of agent pools (merged over config/agents.yaml's `pools`)
+
+
+def override_pools() -> dict:
+    """The agent pools an override file adds or replaces (`agents: {pools: {NAME: {...}}}`, the shape of
+    config/agents.yaml), {} when there is no override or it has no `agents:`; a malformed section is one error naming
+    the file."""
+    path = override_path()
+    if path is None:
+        return {}
+    raw = _read_yaml(path)
+    section = raw.get(OVERRIDE_AGENTS) if isinstance(raw, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or set(section) - {"pools"} or not isinstance(section.get("pools"), dict):
+        raise RouterLiteError(f"override {path}: `agents:` must be a mapping with one key, `pools:` (pool name -> "
+                              "{provider, base_url, extends?, agents: [{name, model, ...}]}, as in config/agents.yaml)")
+    for name, pool in section["pools"].items():
+        if not isinstance(pool, dict):
+            raise RouterLiteError(f"override {path}: agents.pools.{name} must be a mapping, got {_what(pool)}")
+    return dict(section["pools"])
+
+
 def merged(base: Any, over: Any) -> Any:
     """`over` merged over `base`: mappings key by key (recursively), anything else replaced by `over`."""
     if isinstance(base, dict) and isinstance(over, dict):

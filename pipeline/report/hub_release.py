@@ -138,9 +138,9 @@ def head_model_card(manifest: dict, repo_id: str) -> ModelCard:
                                                               "headroom_captured", "n_train", "n_test") if k in m)
     body = f"""# {manifest['name']}
 
-A BenchGen Router Lite head: it embeds a query with the frozen backbone `{manifest['backbone']['id']}` and picks one
-agent of the pool below (trained with separable CMA-ES on the rewards dataset `{repo_id}-rewards`; tasks in
-`{repo_id}-tasks`). {manifest.get('n_params', '?')} parameters.
+A BenchGen Router Lite router (kind `{manifest.get('router_kind', 'head')}`): it embeds a query with the frozen
+backbone `{manifest['backbone']['id']}` and picks one agent of the pool below (trained with separable CMA-ES on the
+rewards dataset `{repo_id}-rewards`; tasks in `{repo_id}-tasks`). {manifest.get('n_params', '?')} parameters.
 
 ## Agents
 

@@ -129,3 +129,48 @@ def ablation_markdown(rv: dict, targets=REPORT_TARGETS) -> str:
             f"of its cost; ★ = best validation AIQ. Baselines' test AIQ: prior {a['prior']:.4f}, individual hull "
             f"{a['hull']:.4f}, kNN {a['knn']:.4f}.\n\n"
             + pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f") + "\n")
+
+
+def validation_at(reg, target=None) -> dict:
+    """What a registered router (`pipeline.route.registry.RegisteredRouter`, head or cascade) stands for at a
+    target, on validation (where its operating points were chosen): {"target", "quality", "quality_ratio",
+    "cost_per_1k", "cost_ratio"}, ratios against the best single agent on validation."""
+    if reg.kind == "cascade":
+        point, path = reg.router.resolve(target), reg.router.path
+    else:
+        point, path = reg.resolve_target(target), reg.operating_points or {}
+    bs = path.get("best_single_validation") or {}
+    out = {"target": point["target"], "quality": point.get("quality"), "cost_per_1k": point.get("cost_per_1k")}
+    out["quality_ratio"] = out["quality"] / bs["quality"] if out["quality"] is not None and bs.get("quality") else None
+    out["cost_ratio"] = (out["cost_per_1k"] / bs["cost_per_1k"]
+                         if out["cost_per_1k"] is not None and bs.get("cost_per_1k") else None)
+    return out
+
+
+def star_latest(rv: dict, head: dict, cascade: dict | None, target: str | None) -> dict:
+    """registry/latest.json's fields once the value report (`rv`, reports/router_value.json) has chosen the ★ router:
+    `name` / `path` of the ★ (the registered cascade when a cascade variant has the best validation AIQ, else the
+    head), `head` beside it, and `star`: its kind, the variant, the serving target and what it stands for there on
+    validation and on the held-out test split. `head` / `cascade`: the registered routers ({"name", "path"})."""
+    from pipeline.route import registry
+
+    best = rv["best_router"]
+    entry = head if best == "head" or cascade is None else cascade
+    reg = registry.load(entry["path"])
+    val = validation_at(reg, target)
+    held = (rv["routers"].get(best) or {}).get("targets", {}).get(val["target"]) or {}
+    return {"name": entry["name"], "path": str(entry["path"]),
+            "head": {"name": head["name"], "path": str(head["path"])},
+            "star": {"router": best, "label": ROUTER_LABELS.get(best, best), "kind": reg.kind,
+                     "aiq_validation": rv["routers"].get(best, {}).get("aiq_validation"), "target": val["target"],
+                     "validation": val,
+                     "held_out": {k: held.get(k) for k in ("quality", "quality_ratio", "cost_per_1k", "cost_ratio")}}}
+
+
+def star_line(star: dict, name: str) -> str:
+    """'the ★ router: combined (cascade + prompt router), cascade cascade-…, at quality>=0.98: validation 99.1 % of
+    the best single agent's quality at 61 % of its cost' (latest.json's `star`)."""
+    v = star["validation"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+    return (f"{star['label']} ★, {star['kind']} {name}, target {star['target']}: validation {pct(v['quality_ratio'])} "
+            f"of the best single agent's quality at {pct(v['cost_ratio'])} of its cost")

@@ -364,11 +364,9 @@ class CascadeRouter:
             raise RouterLiteError(f"cascade file {f} does not exist") from None
         except ValueError as exc:
             raise RouterLiteError(f"cascade file {f} is corrupt: {exc}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("path"), dict) or \
-                not isinstance(doc["path"].get("points"), list) or not doc["path"]["points"]:
-            raise RouterLiteError(f"cascade file {f}: expected an object with a non-empty path.points list")
-        if doc.get("agents") != names:
-            raise RouterLiteError(f"cascade file {f} was fitted for agents {doc.get('agents')}, not {names}")
+        from pipeline.route.cascade_check import check_cascade_doc
+
+        check_cascade_doc(doc, f, names, Path(directory))  # one line naming the file and the field
         if isinstance(doc.get("fallback"), dict):  # a prompt router of another kind than head
             from pipeline.route.routers import router_class
 

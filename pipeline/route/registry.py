@@ -191,17 +191,31 @@ def load_guard(path: Path) -> OODGuard:
     return guard
 
 
-LATEST = "latest.json"  # {"name", "path"} of the prompt router registered last (serve and publish default to it)
+LATEST = "latest.json"  # the router to serve and publish: {"name", "path"} of the ★ router, "head": {"name", "path"}
+# of the prompt router registered last, and once the value report chose it, "star": its kind and validation figures
 
 
-def mark_latest(root: Path, name: str, path: Path) -> None:
-    atomic_write_json({"name": name, "path": str(path)}, Path(root) / LATEST)
+def mark_latest(root: Path, name: str, path: Path, **fields) -> None:
+    """Point latest.json at `name` / `path`; `fields` (e.g. head={...}, star={...}) are stored beside them."""
+    atomic_write_json({"name": name, "path": str(path), **fields}, Path(root) / LATEST)
+
+
+def latest_entry(root: Path) -> dict | None:
+    """latest.json under `root` (None when no router is registered); an entry written before the ★ router was named
+    gets "head" = itself."""
+    f = Path(root) / LATEST
+    if not f.exists():
+        return None
+    entry = json.loads(f.read_text())
+    entry.setdefault("head", {"name": entry["name"], "path": entry["path"]})
+    return entry
 
 
 def latest_path(root: Path) -> Path | None:
-    """The directory of the router registered last under `root`, None when none is."""
-    f = Path(root) / LATEST
-    return Path(json.loads(f.read_text())["path"]) if f.exists() else None
+    """The directory of the ★ router (the prompt router registered last until a value report named one) under
+    `root`, None when none is."""
+    entry = latest_entry(root)
+    return Path(entry["path"]) if entry else None
 
 
 def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],

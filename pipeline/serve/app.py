@@ -15,6 +15,11 @@
   `stream=true`, -> its headers).
   `stream=true` passes the agent's SSE stream through byte for byte, except that the first JSON chunk gets the
   same `"router"` key; the headers carry the pick too.
+  Every 200 reply's `usage` carries `cost` (USD, OpenRouter's field) equal to the header `X-Router-Cost-Usd`; a
+  cascade's `usage` sums the tokens of every call it made. A request that names no answer format, served by a cascade
+  built with `formats`, takes the format its nearest training prompts have (`_AutoFormatView`). One JSON access-log
+  line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
+  `X-Request-Id` naming it.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
 - `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}`.
 
@@ -56,9 +61,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,11 +73,21 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
 from pipeline.serve.batching import DecisionBatcher
-from pipeline.serve.relay import relay, upstream_error, upstream_timing, whole_reply
+from pipeline.serve.relay import (
+    DISCONNECTED,
+    deadline_of,
+    relay,
+    unless_disconnected,
+    upstream_error,
+    upstream_timing,
+    whole_reply,
+    within,
+)
 from pipeline.serve.requests import RequestError, error_response, parse_chat_request, read_body, show
 from pipeline.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("router_lite.access")  # one JSON line per chat request (`_log_access`)
 
 MODEL_OWNER = "router-lite"
 MAX_TARGETS = 16  # target names whose router view is kept (LRU; the server's default is never evicted)
@@ -97,12 +114,16 @@ def resolve_agents(registered, agents: Sequence[AgentSpec]) -> list[AgentSpec]:
 
 
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
-              settings: ServeSettings | None = None):
+              settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False):
     """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredRouter`) with `backbone` (a
     `pipeline.route.embed.Backbone` of the router's model, pooling and max_seq_length), calling the pool `agents`
     through `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before
     serving; the clients are closed when the app shuts down). The handlers below are module-level and read what they
-    serve from `request.app.state`."""
+    serve from `request.app.state`.
+
+    `formats` (a `pipeline.serve.formats.FormatGuess` over the router's training prompts): a cascade guesses the
+    answer format of a request that names none from it (else such a request is routed prompt-only).
+    `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -133,6 +154,10 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     if settings.default_grader is not None and getattr(registered, "kind", "head") == "cascade":
         registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
     state.router_name = registered.name
+    is_cascade = getattr(registered, "kind", "head") == "cascade"
+    state.formats = formats if is_cascade and formats is not None and formats.d == int(
+        registered.manifest.get("dim", registered.router.d)) else None
+    state.auto_views, state.log_prompts = {}, bool(log_prompts)
     state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
     state.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
     return app
@@ -168,15 +193,21 @@ def _view_for(state, target: str | None):
 
 def _request_grader(state, headers, body: dict) -> str | None:
     """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
-    server's default) when the served router is a cascade; None: prompt-only routing."""
+    server's default) when the served router is a cascade; None: prompt-only routing. Field and header both given
+    and different (an empty field included) -> 400 naming both."""
     if getattr(state.registered, "kind", "head") != "cascade":
         return None
     value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
     if value is not None and not isinstance(value, str):
         raise RequestError(400, f"'{GRADER_FIELD}' must be a string, got {type(value).__name__}", "invalid_grader",
                            GRADER_FIELD)
+    header = headers.get(GRADER_HEADER) if headers is not None else None
+    if value is not None and header is not None and value != header:  # neither silently wins
+        raise RequestError(400, f"the body's '{GRADER_FIELD}' {show(value)} and the {GRADER_HEADER} header "
+                                f"{show(header)} disagree: send one, or the same in both", "conflicting_grader",
+                           GRADER_FIELD)
     if value is None:
-        value = headers.get(GRADER_HEADER) if headers is not None else None
+        value = header
     value = value if value and str(value).strip() else state.settings.default_grader
     if value is None:
         return None
@@ -202,6 +233,117 @@ def _cascade_view_for(state, target: str | None, grader: str):
         if len(state.cascade_views) < MAX_CASCADE_VIEWS:
             state.cascade_views[key] = hit
     return hit
+
+
+class _AutoFormatView:
+    """A cascade's view at one target for requests that name no answer format: per prompt, the format the nearest
+    training prompts have (`FormatGuess`) selects that format's cascade view; a prompt without a guess is routed
+    prompt-only (the head's view). One embedding serves the guess and the pick: `route` encodes (format, pick) in
+    one index, `resolved` decodes it into the (decision, point) the handler runs."""
+
+    def __init__(self, state, target: str | None):
+        self.cascades = [_cascade_view_for(state, target, g) for g in state.formats.graders]
+        try:
+            self.head_view, self.point = _view_for(state, target)
+        except RouterLiteError:  # a fallback head without operating points: its max-quality pick
+            self.head_view, self.point = _view_for(state, "max-quality")
+        self.formats, self.K = state.formats, len(state.specs)
+        self.name, self.tag = state.router_name, f"auto|{self.cascades[0][1]['target']}"
+
+    def route(self, X):
+        import numpy as np
+
+        guessed = self.formats.predict(X)
+        picks, fired = self.head_view.route(X)
+        code, fired = np.asarray(picks, dtype=np.int64) + 1, np.asarray(fired, dtype=bool).copy()
+        for g, (view, _) in enumerate(self.cascades):
+            rows = guessed == g
+            if rows.any():
+                p, f = view.route(X[rows])
+                code[rows], fired[rows] = (g + 1) * (self.K + 1) + np.asarray(p) + 1, f
+        return code, fired
+
+    def resolved(self, decision):
+        g, pick = decision.index // (self.K + 1) - 1, decision.index % (self.K + 1) - 1
+        decision = dataclasses.replace(decision, index=pick)
+        if g < 0:
+            return decision, self.point
+        view, point = self.cascades[g]
+        return decision, {**point, "cascade": view, "guessed": True}
+
+
+def _auto_view_for(state, target: str | None) -> _AutoFormatView:
+    key = target or state.default_point["target"]
+    view = state.auto_views.get(key)
+    if view is None:
+        try:
+            view = _AutoFormatView(state, target)
+        except RouterLiteError as exc:
+            raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+        if len(state.auto_views) < MAX_TARGETS:
+            state.auto_views[key] = view
+    return view
+
+
+def _paid(spec: AgentSpec, upstream: dict, data: dict) -> dict:
+    """The tokens and cost of one agent reply: its `usage` (OpenRouter's `cost` when present), else the agent's
+    list prices x tokens, the tokens estimated from characters when usage lacks them (as cascade_calls counts)."""
+    from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
+    from pipeline.collect.replay import approx_tokens
+
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    if pt is None:
+        pt = approx_tokens(" ".join(str(m.get("content", "")) for m in upstream.get("messages", [])
+                                    if isinstance(m, dict)))
+    if ct is None:
+        try:
+            ct = approx_tokens(_parse_completion(data)["text"] or "")
+        except ValueError:
+            ct = 0
+    cost = _usage_cost(usage)
+    return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(spec.cost(pt, ct) if cost is None else cost)}
+
+
+def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> None:
+    """A prompt-only reply: `usage.cost` (OpenRouter's field; estimated when the agent did not report it) and the
+    header `X-Router-Cost-Usd` with the same value."""
+    paid = _paid(spec, upstream, data)
+    headers["X-Router-Cost-Usd"] = f"{paid['cost']:.8f}"
+    usage = dict(data["usage"]) if isinstance(data.get("usage"), dict) else {}
+    usage["prompt_tokens"], usage["completion_tokens"] = paid["prompt_tokens"], paid["completion_tokens"]
+    if not isinstance(usage.get("total_tokens"), int) or isinstance(usage.get("total_tokens"), bool):
+        usage["total_tokens"] = paid["prompt_tokens"] + paid["completion_tokens"]
+    usage["cost"] = float(headers["X-Router-Cost-Usd"])
+    data["usage"] = usage
+
+
+def _summed_usage(result, specs, upstream: dict, cost_header: str) -> dict:
+    """A cascade reply's `usage`: the tokens of every call it made, summed, and `cost` = `X-Router-Cost-Usd`."""
+    paid = [_paid(specs[r.agent], upstream, r.data) for r in result.replies if r.data is not None]
+    pt, ct = sum(p["prompt_tokens"] for p in paid), sum(p["completion_tokens"] for p in paid)
+    return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct, "cost": float(cost_header),
+            "calls": len(result.replies)}
+
+
+def _log_access(request, resp, rid: str, t_start: float) -> None:
+    """One JSON line (logger `router_lite.access`): request id, router, target, answer format, agents called, the
+    agent that answered, cost, latency (to the response headers, for a stream), status; the prompt only when the
+    server was started with `log_prompts`."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    h, state = resp.headers, request.app.state
+    called = h.get("X-Router-Agents-Called") or h.get("X-Router-Agent")
+    cost = h.get("X-Router-Cost-Usd")
+    line = {"request_id": rid, "router": state.router_name, "target": h.get(TARGET_HEADER),
+            "grader": h.get(GRADER_HEADER), "agents_called": called.split(",") if called else [],
+            "agent": h.get("X-Router-Agent"), "cost_usd": float(cost) if cost else None,
+            "latency_ms": round((time.perf_counter() - t_start) * 1000.0, 3), "status": resp.status_code,
+            "ood": h.get("X-Router-OOD") == "true" if h.get("X-Router-OOD") else None,
+            "stream": resp.media_type == "text/event-stream"}
+    if state.log_prompts:
+        line["prompt"] = getattr(request.state, "prompt", None)
+    access_log.info(json.dumps(line, ensure_ascii=False))
 
 
 async def _healthz(request):
@@ -244,10 +386,14 @@ async def _route(request, state):
                 target = request_target(request.headers, req.body, settings.default_target)
             except RouterLiteError as exc:
                 raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+            request.state.prompt = req.text
             grader = _request_grader(state, request.headers, req.body)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
                 view, point = _cascade_view_for(state, target, grader)
                 point = {**point, "cascade": view}
+            elif state.formats is not None:  # a cascade, no format named: guessed from the nearest training prompts
+                view = _auto_view_for(state, target)
+                point = {**view.point, "auto": view}
             else:
                 try:
                     view, point = _view_for(state, target)
@@ -255,7 +401,8 @@ async def _route(request, state):
                     raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
         finally:
             batcher.arriving -= 1
-        tag = point["target"] if getattr(view, "grader", None) is None else f"cascade|{point['target']}|{view.grader}"
+        tag = getattr(view, "tag", None) or (point["target"] if getattr(view, "grader", None) is None
+                                              else f"cascade|{point['target']}|{view.grader}")
         decision = await batcher.decide(req.text, view, tag)
     except RequestError as err:
         return error_response(err)
@@ -270,6 +417,16 @@ async def _route(request, state):
 
 
 async def _chat(request):
+    """A chat request: routed and answered by `_answer`, then one JSON line in the access log."""
+    t_start = time.perf_counter()
+    rid = uuid.uuid4().hex
+    resp = await _answer(request)
+    resp.headers["X-Request-Id"] = rid
+    _log_access(request, resp, rid, t_start)
+    return resp
+
+
+async def _answer(request):
     import httpx
     from starlette.responses import StreamingResponse
 
@@ -278,8 +435,10 @@ async def _chat(request):
     if not isinstance(routed, tuple):
         return routed
     req, decision, point, t0 = routed
+    if "auto" in point:  # the guessed format's cascade view, or prompt-only when no format was guessed
+        decision, point = point["auto"].resolved(decision)
     if "cascade" in point:  # a cascade's view: run its stages, or the agent a prompt shortcut chose, alone
-        return await _cascade_chat(state, req, decision, point, t0)
+        return await _cascade_chat(state, req, decision, point, t0, request)
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
@@ -289,23 +448,34 @@ async def _chat(request):
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
     payload = {"model": spec.model, **req.upstream}
-    t_up = time.perf_counter()
+    t_up, deadline = time.perf_counter(), deadline_of(state.upstream_opts)  # the whole call: head and body
     try:
-        resp = await client.post("/chat/completions", body=payload, cast_to=httpx.Response,
-                                 options=state.upstream_opts, stream=True)
+        resp = await within(deadline, client.post("/chat/completions", body=payload, cast_to=httpx.Response,
+                                                  options=state.upstream_opts, stream=True))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
         return error_response(upstream_error(spec, client, exc), upstream_timing(headers, t_up, "failed"))
     ctype = resp.headers.get("content-type", "")
     if req.stream and ctype.startswith("text/event-stream"):  # the headers go out before the stream: time to them
-        return StreamingResponse(relay(resp, spec, client, info), status_code=200,
+        return StreamingResponse(relay(resp, spec, client, info, deadline), status_code=200,
                                  headers={**upstream_timing(headers, t_up, "headers"), "Cache-Control": "no-cache"},
                                  media_type="text/event-stream")
-    return await whole_reply(resp, spec, client, info, headers, t_up)
+    reply = await unless_disconnected(request, whole_reply(
+        resp, spec, client, info, headers, t_up, deadline,
+        finish=lambda data, hdrs: _count_paid(data, hdrs, spec, req.upstream)))
+    if reply is None:
+        await resp.aclose()
+    return _gone() if reply is None else reply
 
 
-async def _cascade_chat(state, req, decision, point, t0):
+def _gone():
+    """The answer to a request whose client disconnected (its upstream calls were cancelled; nobody reads it)."""
+    return error_response(RequestError(DISCONNECTED, "the client disconnected; the request's calls were cancelled",
+                                       "client_disconnected"))
+
+
+async def _cascade_chat(state, req, decision, point, t0, request):
     """A cascade request: the stages of the view's policy (or one agent, when a prompt shortcut or the OOD guard
     chose it); headers list every agent called and the summed cost; the accepted reply is returned (streamed as
     SSE when the request streams)."""
@@ -319,8 +489,10 @@ async def _cascade_chat(state, req, decision, point, t0):
     if decision.index >= 0:  # one agent, without a check
         policy = Policy((Stage((decision.index,)),))
     overhead_ms = (time.perf_counter() - t0) * 1000.0
-    result = await run_cascade(policy, reg.router.order, state.specs, state.clients, req.upstream, state.upstream_opts,
-                               grader)
+    result = await unless_disconnected(request, run_cascade(policy, reg.router.order, state.specs, state.clients,
+                                                            req.upstream, state.upstream_opts, grader))
+    if result is None:  # the client left: its stage calls were cancelled and no escalation started
+        return _gone()
     names = [state.specs[j].name for j in result.called]
     name = state.router_name
     headers = {"X-Router-Head": name, "X-Router-Agents-Called": ",".join(names),
@@ -331,6 +503,11 @@ async def _cascade_chat(state, req, decision, point, t0):
                "X-Router-Grading-Overruns": str(result.grading_overruns),  # replies graded as "no answer"
                "Server-Timing": f"router;dur={overhead_ms:.3f}, "
                                 + ", ".join(f"stage{i};dur={w:.1f}" for i, w in enumerate(result.stage_ms))}
+    if point.get("guessed"):
+        headers["X-Router-Grader-Source"] = "guessed"
+    invalid = [state.specs[r.agent].name for r in result.replies if r.cost_invalid]
+    if invalid:  # their usage.cost was not a finite number >= 0: estimated from prices x tokens instead
+        headers["X-Router-Cost-Invalid"] = ",".join(invalid)
     if result.accepted is None:
         last = result.replies[-1]
         spec = state.specs[last.agent]
@@ -339,9 +516,11 @@ async def _cascade_chat(state, req, decision, point, t0):
     spec = state.specs[result.accepted.agent]
     headers.update({"X-Router-Agent": spec.name, "X-Router-Model": spec.model})
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
-            "target": point["target"], "grader": grader, "agents_called": names, "cost_usd": result.cost,
-            "stage": result.stage}
+            "target": point["target"], "grader": grader, "grader_guessed": bool(point.get("guessed")),
+            "agents_called": names, "cost_usd": result.cost, "stage": result.stage,
+            **({"cost_invalid": invalid} if invalid else {})}
     data = dict(result.accepted.data)
+    data["usage"] = _summed_usage(result, state.specs, req.upstream, headers["X-Router-Cost-Usd"])
     if req.stream:
         return Response(sse_of(data, info), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
                         media_type="text/event-stream")

@@ -2,7 +2,9 @@
 parallel, their answers extracted and compared with the request's grader, and the first stage whose agreement rule
 holds returns the reply of its preferred agreeing agent. A failed or empty call never agrees, so it escalates; only
 a failure of the last agent is the caller's error. Cost is every call made (the provider's `usage.cost`, else the
-agent's prices × tokens, estimated from characters when usage is missing).
+agent's prices × tokens, estimated from characters when usage is missing; a non-finite or negative `usage.cost`
+is no cost: the estimate replaces it and the reply is flagged `cost_invalid`). Each call is bounded as a whole by
+`options["timeout"]` (headers and body: an agent trickling bytes is a timeout at the deadline, not per read).
 
 Extraction and comparison of the replies run under the grading budget, off the event loop
 (pipeline/collect/bounded.py): a reply whose grading overruns the budget or raises has no answer (so it escalates),
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +39,7 @@ class Reply:
     error: BaseException | None = None
     grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
     text: str | None = None  # the reply's text, until it is graded
+    cost_invalid: bool = False  # the agent reported a usage.cost that is not a finite number >= 0 (estimated)
 
 
 @dataclasses.dataclass
@@ -58,7 +62,7 @@ class CascadeResult:
 def _cost(spec: AgentSpec, upstream: dict, data: dict, text: str | None) -> float:
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     cost = _usage_cost(usage)
-    if cost is not None:
+    if cost is not None and math.isfinite(cost):
         return cost
     pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
     prompt = " ".join(str(m.get("content", "")) for m in upstream.get("messages", []) if isinstance(m, dict))
@@ -71,20 +75,34 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
     import httpx
 
     t0 = time.perf_counter()
-    try:
+
+    async def call() -> dict:
         resp = await client.post("/chat/completions", body={"model": spec.model, **upstream, "stream": False},
                                  cast_to=httpx.Response, options=options)
         try:
-            data = json.loads(await resp.aread())
+            return json.loads(await resp.aread(), parse_constant=str)  # NaN / Infinity: strings, never relayed
         finally:
             await resp.aclose()
+
+    try:
+        data = await asyncio.wait_for(call(), float(options.get("timeout") or 180.0))  # the whole call
         fields = _parse_completion(data)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
     text = fields["text"]  # graded with the stage's other replies (run_cascade: one thread hop, bounded)
-    return Reply(j, data, None, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0, text=text)
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    invalid = usage.get("cost") is not None and not _finite_cost(usage.get("cost"))
+    if invalid and isinstance(data.get("usage"), dict):
+        data["usage"] = {**usage, "cost": None}  # relayed to the client: never "inf"
+    return Reply(j, data, None, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0, text=text,
+                 cost_invalid=invalid)
+
+
+def _finite_cost(v) -> bool:
+    c = _usage_cost({"cost": v})
+    return c is not None and math.isfinite(c)
 
 
 async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[AgentSpec], clients: Sequence[Any],

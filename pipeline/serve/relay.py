@@ -1,7 +1,9 @@
 """The picked agent's reply, relayed to the client: the JSON body with the `router` key added (`whole_reply`), or
 its SSE stream byte for byte with `router` added to the first JSON event (`relay`); an agent's failure as the 502
 the client gets (`upstream_error`, its message scrubbed of the client's key), and the upstream call's time in
-`Server-Timing` (`upstream_timing`)."""
+`Server-Timing` (`upstream_timing`). Every upstream call is bounded as a whole (`within`: headers and body together,
+not per read: an agent trickling a byte a second is an `upstream_timeout` at the deadline), and a request whose
+client disconnected cancels its upstream calls (`unless_disconnected`)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +17,46 @@ from pipeline.collect.client import scrub
 from pipeline.serve.requests import RequestError, error_response
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+DISCONNECTED = 499  # the status logged for a request whose client left before its answer (nobody reads it)
+
+
+def deadline_of(options: dict) -> float:
+    """The `time.monotonic()` by which an upstream call started now must be over (`options["timeout"]` seconds)."""
+    return time.monotonic() + float(options.get("timeout") or 180.0)
+
+
+async def within(deadline: float, aw):
+    """`aw` awaited until `deadline` (`time.monotonic()`); past it, cancelled and `asyncio.TimeoutError` (which
+    `upstream_error` answers as `upstream_timeout`)."""
+    return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
+
+
+async def unless_disconnected(request, aw):
+    """The result of coroutine `aw`, run as a task while the client's connection is watched; when the client
+    disconnects first the task is cancelled (with it its in-flight upstream calls, and no later stage starts) and
+    the result is None. The request body must have been read already."""
+    task = asyncio.ensure_future(aw)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():  # the client left (or this handler was cancelled): stop the calls
+            task.cancel()
+        watch.cancel()
+    if task.cancelled() or not task.done():
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return None
+    return task.result()
 
 
 def upstream_error(spec: AgentSpec, client: Any, exc: BaseException) -> RequestError:
@@ -44,11 +86,18 @@ def upstream_timing(headers: dict, t_up: float, desc: str | None = None) -> dict
     return {**headers, "Server-Timing": f"{headers['Server-Timing']}, {up}"}
 
 
-async def relay(resp, spec: AgentSpec, client: Any, info: dict):
-    """The agent's SSE stream byte for byte, with `router` added to the first JSON event."""
+async def relay(resp, spec: AgentSpec, client: Any, info: dict, deadline: float | None = None):
+    """The agent's SSE stream byte for byte, with `router` added to the first JSON event; a stream still running at
+    `deadline` ends with an `upstream_timeout` error event."""
     buf, injected = b"", False
+    chunks = resp.aiter_bytes().__aiter__()
     try:
-        async for chunk in resp.aiter_bytes():
+        while True:
+            try:
+                nxt = chunks.__anext__()
+                chunk = await (nxt if deadline is None else within(deadline, nxt))
+            except StopAsyncIteration:
+                break
             if injected:
                 yield chunk
                 continue
@@ -73,12 +122,15 @@ async def relay(resp, spec: AgentSpec, client: Any, info: dict):
         await resp.aclose()
 
 
-async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None):
-    """The agent's JSON reply with `router` added, or a 502 when it cannot be read or has no choices."""
+async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: dict, t_up: float | None = None,
+                      deadline: float | None = None, finish=None):
+    """The agent's JSON reply with `router` added, or a 502 when it cannot be read (by `deadline`) or has no
+    choices; `finish(data, headers)`, when given, completes the body and headers first (the app adds what was
+    paid)."""
     from starlette.responses import Response
 
     try:
-        raw = await resp.aread()
+        raw = await (resp.aread() if deadline is None else within(deadline, resp.aread()))
     except Exception as exc:  # noqa: BLE001
         return error_response(upstream_error(spec, client, exc), headers)
     finally:
@@ -86,15 +138,22 @@ async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: d
     if t_up is not None:  # the whole upstream call: request sent -> reply body read
         headers = upstream_timing(headers, t_up)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_no_constant)  # NaN / Infinity are not JSON: never relayed
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
                                               and data.get("error") else ""))
     except ValueError as exc:
         return error_response(upstream_error(spec, client, ValueError(f"unusable reply body ({exc})")), headers)
+    if finish is not None:
+        headers = dict(headers)
+        finish(data, headers)
     data["router"] = info
     return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=200, headers=headers,
                     media_type="application/json")
+
+
+def _no_constant(name: str) -> None:
+    return None  # an agent's NaN / Infinity (Python's json reads them; no client does) becomes null
 
 
 def _inject_router(event: bytes, router: dict) -> bytes | None:

@@ -3,8 +3,16 @@ with the connection limits of the app's `ServeSettings` (`RouterServer`); `route
 in the foreground, after `return_big_buffers_to_the_os`."""
 from __future__ import annotations
 
+import errno
+import os
+import socket
+import sys
+
+from pipeline.core.errors import RouterLiteError
 from pipeline.core.http_server import LoopbackServer
 from pipeline.serve.settings import ServeSettings
+
+PR_SET_PDEATHSIG = 1
 
 
 def return_big_buffers_to_the_os(threshold_bytes: int = 256 * 1024) -> bool:
@@ -24,6 +32,47 @@ def return_big_buffers_to_the_os(threshold_bytes: int = 256 * 1024) -> bool:
         return bool(libc.mallopt(-3, int(threshold_bytes)))  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
+
+
+def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on (host, port); a bind failure (the port taken: EADDRINUSE, a host not of this
+    machine, a privileged port) -> one RouterLiteError line naming the address, never a traceback."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = "the port is in use (another server, or workers of one that was killed?)" \
+            if getattr(exc, "errno", None) == errno.EADDRINUSE else (getattr(exc, "strerror", None) or str(exc))
+        raise RouterLiteError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+def die_with_parent(sig: int = 15) -> None:
+    """In a child process (Popen's preexec_fn): have the kernel send it `sig` (SIGTERM) when its parent dies, so
+    `serve --workers N` leaves no orphan worker holding the port after the parent is killed (SIGKILL included).
+    Linux (prctl PR_SET_PDEATHSIG); elsewhere nothing. A parent that died already: the child stops at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died between fork and prctl
+        os.kill(os.getpid(), sig)
+
+
+def spawn_worker(cmd: list[str], fd: int | None = None):
+    """A `serve --workers N` worker process running `cmd`, inheriting the listening socket `fd`, that the kernel
+    stops (SIGTERM) when this process dies, however it dies (`die_with_parent`)."""
+    import subprocess
+
+    return subprocess.Popen(cmd, pass_fds=() if fd is None else (fd,), preexec_fn=die_with_parent)
 
 
 class RouterServer(LoopbackServer):

@@ -25,8 +25,8 @@ class ServeSettings:
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this (slowloris)
     body_timeout_s: float = 30.0  # ... and its body within this of the head
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # connections open at once; beyond: the oldest idle one is closed, else 503
-    max_idle_per_client: int = 128  # connections waiting for a request head per client address (oldest closed)
+    max_connections: int = 1024  # connections open at once; beyond: the oldest idle one is answered 429, else 503
+    max_idle_per_client: int = 128  # connections waiting for a request head per client address (oldest: 429)
     reserved_connections: int = 64  # slots idle connections never take: kept for requests with a complete head
     max_head_bytes: int = 16 * 1024  # request line + headers; more -> 431
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them

@@ -1,0 +1,101 @@
+"""What `router-lite serve` (no --head) gives plain OpenAI requests after `router-lite run`: the ★ router of the
+home's latest run at the profile's serve.target, asked the held-out test questions exactly as recorded, with no
+answer format in the request. Prints the format guess's accuracy on every test prompt (offline, from the home's
+embeddings), then, for the first N test prompts sent through a real `router-lite serve` subprocess, the served
+accuracy (graded like the pipeline) and cost against the best single agent's on the same prompts.
+
+    python scripts/serve_star.py [--profile demo] [--n 60]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    import httpx
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.collect.grading import grade
+    from pipeline.collect.rewards import to_arrays
+    from pipeline.route import registry
+    from pipeline.serve.formats import FormatGuess
+    from resources.storage import asset_path, default_home
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="demo")
+    ap.add_argument("--n", type=int, default=60)
+    args = ap.parse_args(argv)
+    home = Path(default_home()).resolve()
+    latest = registry.latest_entry(home / "registry")
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id")
+    train = pool[(pool["split"] == "train") & ~pool["ood"]]
+    test = pool[(pool["split"] == "test") & ~pool["ood"]]
+    guess = FormatGuess(np.stack(emb.loc[train["task_id"], "embedding"].to_numpy()), train["grader"].tolist())
+    g = guess.guess(np.stack(emb.loc[test["task_id"], "embedding"].to_numpy()))
+    right = np.mean([a == b for a, b in zip(g, test["grader"])])
+    none = np.mean([a is None for a in g])
+    print(f"★ {latest['star']['label']}: {latest['name']} at {latest['star']['target']}; held-out (router_value): "
+          f"{latest['star']['held_out']}")
+    print(f"format guess on {len(test)} test prompts: {right:.4f} right, {none:.4f} no guess (prompt-only)")
+
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
+    agents, R, _, C = to_arrays(rewards)
+    best = agents.index(json.loads((home / "reports" / "router_value.json").read_text())["best_single"]["agent"])
+    by_task = {t: i for i, t in enumerate(rewards["task_id"])}
+    sample = test.iloc[: args.n]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", args.profile, "--port",
+                             str(port), "--workers", "1", "--access-log", "off"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if proc.poll() is not None:
+                    raise SystemExit(proc.stderr.read()) from None
+                time.sleep(1)
+        rows = []
+        for t in sample.itertuples():
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300,
+                           json={"messages": [{"role": "user", "content": t.prompt}]})
+            body = r.json()
+            text = body["choices"][0]["message"]["content"] if r.status_code == 200 else None
+            i = by_task[t.task_id]
+            rows.append({"status": r.status_code, "correct": bool(grade(text, t.gold, t.grader)[1]) if text else False,
+                         "cost": float(r.headers.get("x-router-cost-usd", "nan")),
+                         "calls": len((r.headers.get("x-router-agents-called") or r.headers["x-router-agent"])
+                                      .split(",")),
+                         "guessed": r.headers.get("x-router-grader-source") == "guessed",
+                         "best_reward": float(R[i, best]), "best_cost": float(C[i, best])})
+    finally:
+        proc.terminate()
+        startup = [line for line in proc.stderr.read().splitlines() if "router-lite serve:" in line]
+        proc.wait(30)
+    df = pd.DataFrame(rows)
+    print(startup[0] if startup else "(no startup line)")
+    print(f"served {len(df)} plain held-out prompts: status {df['status'].value_counts().to_dict()}, "
+          f"{df['guessed'].mean():.2f} with a guessed format, {df['calls'].mean():.2f} calls per prompt")
+    print(f"accuracy {df['correct'].mean():.4f} vs best single {agents[best]} {df['best_reward'].mean():.4f} "
+          f"(ratio {df['correct'].mean() / df['best_reward'].mean():.3f}); cost {1000 * df['cost'].mean():.4f} vs "
+          f"{1000 * df['best_cost'].mean():.4f} USD per 1k (ratio {df['cost'].mean() / df['best_cost'].mean():.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

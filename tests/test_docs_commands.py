@@ -1,0 +1,188 @@
+"""Every fenced shell block (```bash / ```sh) of README.md and docs/*.md, executed as written on the demo.
+
+What is executed and what is not is the table `PLAN` below, one row per block (keyed by page and the block's first
+line): a block that is not in the table fails the test, so a new command in the docs is either run here or skipped
+with its reason in plain sight. Python blocks and unfenced (inline) commands are not executed.
+
+How the blocks run: the blocks of one page, in page order, as one `bash -eo pipefail` script (a server a block starts
+in the background serves the next block; the script's leftover jobs are killed when it ends), in a scratch folder
+that stands in for the repository root: `.router-lite/` there is the demo home, materialised once by the README's
+`make run` (run as `router-lite run`: `make run` is the venv install + that command, and the test runs inside the
+installed venv). What differs from a user's shell, and why: `PYTHONPATH` points at this checkout (`python -m
+pipeline.standin`, `-m assets.definitions` resolve as in the repository root); `DAGSTER_HOME` is a temporary
+instance (the repository's own is never written); the ports of the docs (8080, 8081, 8765) are replaced by free ones
+(other jobs on the machine may hold them). Pages run in the order of `PAGES`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = ["README.md", "docs/tutorial.md", "docs/serving.md", "docs/operations.md", "docs/usage.md",
+         "docs/architecture.md", "docs/training.md", "docs/tasks.md", "docs/backbones.md", "docs/decisions.md",
+         "docs/history.md"]
+GENERATED = {"docs/README.template.md": "README.md"}  # README.md is generated from it: the same blocks, run there
+BLOCK = re.compile(r"^[ \t]*```(?:bash|sh|shell)[ \t]*\n(.*?)^[ \t]*```", re.S | re.M)
+PORTS = (8080, 8081, 8765)
+
+
+@dataclass(frozen=True)
+class Plan:
+    how: str  # "run" (as written) | "instead" (the `commands` below, for `reason`) | "skip" (for `reason`)
+    reason: str = ""
+    commands: str = ""
+
+
+PLAN: dict[tuple[str, str], Plan] = {
+    ("README.md", "make run"): Plan(
+        "instead", "`make run` = install into .venv (already installed: the test runs in it) + `router-lite run`; "
+                   "`make test` is this test suite itself (it would run this test again)", "router-lite run"),
+    ("docs/tutorial.md", "router-lite serve --profile demo"): Plan("run"),
+    ("docs/tutorial.md", "cat > my_pool.yaml <<'EOF'"): Plan("run"),
+    ("docs/tutorial.md", "python -m pipeline.standin --pool my_pool --override my_pool.yaml --port 8765 "
+                         "--write-override"): Plan("run"),
+    ("docs/tutorial.md", "python -c \"import pandas as pd"): Plan("run"),
+    ("docs/tutorial.md", "python -m pipeline.standin --pool my_pool --override my_pool.yaml --port 8765 & "): Plan(
+        "run"),
+    ("docs/serving.md", "router-lite serve --profile demo"): Plan("run"),
+    ("docs/serving.md", "python -c \"import json, pandas as pd"): Plan("run"),
+    ("docs/serving.md", "curl -s localhost:8080/v1/chat/completions -H 'X-Router-Target: parity'"): Plan("run"),
+    ("docs/operations.md", "export DAGSTER_HOME=$PWD"): Plan("run"),
+    ("docs/operations.md", "python -m pipeline.standin --port 8765"): Plan(
+        "skip", "the pilot's whole 1,110-task path through the stand-in: tests/test_pilot_e2e.py runs these two "
+                "commands on a 63-task slice, and docs/tutorial.md section 2 (run above) the same on an override"),
+    ("docs/operations.md", "dagster job launch -m assets.definitions -j recollect_preflight \\"): Plan(
+        "instead", "`dagster job launch` queues the run for a dagster-daemon, which is not running here; the block's "
+                   "in-process line runs as written",
+        "dagster asset materialize -m assets.definitions --select preflight \\\n"
+        "  --config-json '{\"ops\": {\"preflight\": {\"config\": {\"pool\": \"demo_wide\"}}}}'"),
+    ("docs/operations.md", "dagster schedule start recollect_wide_pool"): Plan("run"),
+    ("docs/operations.md", "dagster job launch -m assets.definitions -j recollect_preflight \\ #2"): Plan(
+        "skip", "`dagster job launch` queues the run for a dagster-daemon, which is not running here (the same "
+                "pre-flight ran in process with the page's first block)"),
+    ("docs/operations.md", "dagster job execute -m assets.definitions -j recollect_preflight \\"): Plan(
+        "skip", "re-collects the demo on its wider pool and refreshes every downstream asset (many minutes, and it "
+                "changes the demo home the other pages read); tests/test_ops.py runs these jobs in process"),
+    ("docs/operations.md", "ROUTER_LITE_PROFILE=pilot dagster asset materialize"): Plan("run"),
+    ("docs/operations.md", "dagster instance concurrency set provider:openrouter 1"): Plan("run"),
+    ("docs/operations.md", "export ROUTER_LITE_DASK_ADDRESS=tcp://dask-scheduler:8786"): Plan(
+        "skip", "needs a Dask scheduler at tcp://dask-scheduler:8786; tests/test_dask.py runs collection_dask on a "
+                "local cluster"),
+}
+
+
+def page_blocks(page: str) -> list[str]:
+    return [m.group(1) for m in BLOCK.finditer((REPO / page).read_text())]
+
+
+def _first_lines(page: str) -> list[str]:
+    """Each block's first line, " #n" added to the n-th block of a page that starts with the same line."""
+    seen: dict[str, int] = {}
+    out = []
+    for block in page_blocks(page):
+        first = block.strip().splitlines()[0].strip()
+        seen[first] = seen.get(first, 0) + 1
+        out.append(first if seen[first] == 1 else f"{first} #{seen[first]}")
+    return out
+
+
+def _key(page: str, block: str) -> tuple[str, str] | None:
+    """The PLAN row of a block: the longest key its first line starts with (a repeated first line: " #n")."""
+    first = _first_lines(page)[page_blocks(page).index(block)]
+    repeated = re.compile(r" #\d+$")
+    keys = [(p, prefix) for p, prefix in PLAN if p == page and first.startswith(prefix)
+            and bool(repeated.search(prefix)) == bool(repeated.search(first))]
+    return max(keys, key=lambda k: len(k[1])) if keys else None
+
+
+def test_every_block_of_every_page_is_planned():
+    pages = sorted({*PAGES, *(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))} - set(GENERATED))
+    assert set(pages) <= {*PAGES, "README.md"}, f"add the new page to PAGES: {set(pages) - set(PAGES)}"
+    unplanned = [(p, b.strip().splitlines()[0]) for p in pages for b in page_blocks(p) if _key(p, b) is None]
+    assert not unplanned, f"fenced shell blocks with no row in PLAN (run them, or skip them with a reason): {unplanned}"
+    used = {_key(p, b) for p in pages for b in page_blocks(p)}
+    assert not set(PLAN) - used, f"rows of PLAN whose block is gone: {set(PLAN) - used}"
+    for page, gen in GENERATED.items():  # the template's blocks are README's
+        assert page_blocks(page) == page_blocks(gen)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def page_script(page: str, ports: dict[int, int]) -> tuple[str, list[str]]:
+    """The page's executed blocks as one script, and what was skipped (with why)."""
+    parts, skipped = [], []
+    for block in page_blocks(page):
+        plan = PLAN[_key(page, block)]
+        if plan.how == "skip":
+            skipped.append(f"{page}: {block.strip().splitlines()[0]} — {plan.reason}")
+            continue
+        text = plan.commands if plan.how == "instead" else block
+        for old, new in ports.items():
+            text = re.sub(rf"\b{old}\b", str(new), text)
+        parts.append(f"echo {shlex.quote('### ' + page + ': ' + block.strip().splitlines()[0][:60])}\n{text}")
+    return "\n".join(parts), skipped
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("docs")
+    work, dagster_home = root / "work", root / "dagster"
+    work.mkdir()
+    dagster_home.mkdir()
+    text = (REPO / "dagster.yaml").read_text()
+    (dagster_home / "dagster.yaml").write_text(text.replace(".router-lite/dagster", str(dagster_home / "instance")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_LITE_", "OPENROUTER_", "DAGSTER_"))}
+    env.update({"PYTHONPATH": str(REPO), "DAGSTER_HOME": str(dagster_home), "DAGSTER_DISABLE_TELEMETRY": "1",
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    return work, env, {p: _free_port() for p in PORTS}
+
+
+def _run_page(page: str, scratch, timeout: int) -> list[str]:
+    work, env, ports = scratch
+    script, skipped = page_script(page, ports)
+    if not script:
+        return skipped
+    wrapped = f"set -eo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{script}\n"
+    proc = subprocess.run(["bash", "-c", wrapped], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{page} failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    (work / f"{Path(page).stem}.out").write_text(proc.stdout + "\n---- stderr\n" + proc.stderr)
+    return skipped
+
+
+@pytest.mark.timeout(3600)
+def test_the_docs_run_as_written(scratch):
+    """README's `make run` first (the demo home), then each page; the ★ router answers a recorded held-out question
+    and a cascade reply's usage.cost equals its header."""
+    import json
+
+    work, *_ = scratch
+    skipped = []
+    for page, timeout in (("README.md", 2400), ("docs/tutorial.md", 2400), ("docs/serving.md", 900),
+                          ("docs/operations.md", 1200)):
+        skipped += _run_page(page, scratch, timeout)
+    out = (work / "tutorial.out").read_text()
+    replies = [json.loads(m) for m in re.findall(r"^\{\n.*?^\}$", out, re.S | re.M)]
+    star = next(r for r in replies if r.get("router") and r["router"]["head"].startswith("cascade-"))
+    assert star["usage"]["cost"] > 0 and star["router"]["target"] == "quality>=0.98"
+    log = [json.loads(line) for line in (work / "serve.log").read_text().splitlines()]
+    assert log[-1]["status"] == 200 and log[-1]["cost_usd"] == star["usage"]["cost"] and "prompt" not in log[-1]
+    trained = json.loads((work / "trained.json").read_text())
+    manifest = json.loads((Path(trained["registered"]) / "manifest.json").read_text())
+    assert "my_llama" in [a["name"] for a in manifest["agents"]]
+    print("\n".join(["skipped:", *skipped]))
