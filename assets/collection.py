@@ -275,7 +275,9 @@ def regrade_from_log(log: CallLog, tasks: pd.DataFrame, agents, rep: int, settin
     if len(stored) < len(keys):
         raise RouterLiteError(f"regrade: {len(keys) - len(stored)} of {len(keys)} calls of this partition are not in "
                               f"the call log {log.directory}; materialise graded_calls without `regrade` first")
-    return regrade(stored, tasks)[0].reset_index(drop=True)
+    from pipeline.collect.bounded import Budget
+
+    return regrade(stored, tasks, Budget.of(settings))[0].reset_index(drop=True)
 
 
 def graded_calls_asset(concurrency_pool: str, partitions_def: PartitionsDefinition) -> AssetsDefinition:

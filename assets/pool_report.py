@@ -40,7 +40,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
                        costs_estimated=costs_are_estimated(rewards))
-    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist())
+    grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
+    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist(), stats=grading)
     rep["cascade"] = cascade_pays(R, C, E, t["grader"].to_numpy(), split, agents)
     # the agents the collection quality rules left out, and the costs that are only lower bounds
     rep["quarantined"] = quarantine_of(profile.get(), graded_calls)
@@ -59,7 +60,7 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
             index=False, floatfmt=".3f")),
         "label_router_cv_gain": h.get("label_router", {}).get("gain"),
         "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
-        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)",
+        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)", **grading,
         "quarantined": MetadataValue.json(rep["quarantined"]),
         "cost_lower_bound": MetadataValue.json(rep["cost_lower_bound"]),
     })

@@ -165,10 +165,11 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     rewards = reward_matrix
     arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
+    grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
     best = router_head["best_single"]
     router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
                                      t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
-                                     router_head.router, router_head.companions["scorer"], best)
+                                     router_head.router, router_head.companions["scorer"], best, stats=grading)
     summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
     for variant, v in fit.variants.items():
@@ -181,7 +182,7 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
                      + ", ".join(f"{k} {v.aiq_validation:.4f}" for k, v in fit.variants.items()) + ")\n"
                      + table.to_markdown(index=False, floatfmt=".3f"))
     return Output(FittedRouter(router, summary), metadata=rounded({
-        "chosen": fit.chosen, "validation_rows": fit.validation_rows,
+        "chosen": fit.chosen, "validation_rows": fit.validation_rows, **grading,
         **{f"aiq_validation_{k}": v.aiq_validation for k, v in fit.variants.items()},
         **{f"aiq_test_{k}": v.aiq_test for k, v in fit.variants.items()},
         "targets_held_out": md_table(table, floatfmt=".3f"),  # `|` escaped, a plan one line per answer format

@@ -948,6 +948,186 @@ def cascade_json_tampered(tmp: Path) -> str:
     return f"{len(edits)} tamperings: one RouterLiteError line naming cascade.json and the field (load, route, serve)"
 
 
+# ------------------------------------------------------------------------------- issue 25: reply texts (grading)
+# A model's reply is untrusted text. Each row drives a real entry point (collection, regrade, the agreement tensor
+# that train and the cascade assets build, a served cascade) with poisoned replies, in a child process with a wall
+# bound where the old code hung (so a row fails, never hangs, on code without the grading budget).
+POISON_REPLIES = [  # (reply text, the grader it is graded with); none says 42
+    (r"The answer is $\exp(\exp(\exp(100)))$", "math_expression"),
+    (r"The answer is $\tan(\exp(\exp(20)))$", "math_expression"),
+    (r"The answer is $(9^{99})^{99}$", "integer"),
+    ('{"answer": "1' + " " * 20_000 + '+1"}', "integer"),
+    ('{"answer": "1' + " " * 20_000 + '+1"}', "math_expression"),
+    ("answer" + " " * 20_000 + ": B", "mcq_letter"),
+    ('{"answer": ' + "[" * 20_000, "python_literal"),
+    ("\\boxed{" * 3_000 + "x", "math_expression"),
+    ("<answer>" * 3_000 + "1", "integer"),
+    ("The answer is $" + "\\text{" * 2_000 + "5" + "}" * 2_000 + "$ cm", "math_expression"),
+]
+
+
+def _in_child(code: str, limit_s: float) -> str:
+    """Run `code` (Python, the repo importable) in a child process; its stdout, or AssertionError past `limit_s`."""
+    import subprocess
+
+    env_ = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=limit_s,
+                              env=env_, cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still grading after {limit_s:.0f} s") from None
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    return done.stdout.strip() + f" ({time.perf_counter() - t:.1f} s)"
+
+
+_CHILD_PRELUDE = f"""
+import json, sys
+sys.path.insert(0, {str(REPO)!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from attack import POISON_REPLIES
+"""
+
+
+@row("25.1", "collection + regrade: a model answering poisoned replies; every call logged, graded unparsable")
+def grading_poison_collection(tmp: Path) -> str:
+    code = _CHILD_PRELUDE + f"""
+import httpx, openai, pandas as pd
+from pipeline.collect.agents import AgentSpec
+from pipeline.collect.call_log import CallLog
+from pipeline.collect.calls import run_collect
+from pipeline.collect.regrade import regrade
+from pipeline.collect.settings import CollectionSettings
+texts = [t for t, _ in POISON_REPLIES]
+tasks = pd.DataFrame({{"task_id": [f"t{{i}}" for i in range(len(texts))], "prompt": [f"question {{i}}" for i in
+                      range(len(texts))], "gold": "42", "grader": [g for _, g in POISON_REPLIES]}})
+def reply(request):
+    i = int(json.loads(request.content)["messages"][-1]["content"].split()[-1])
+    return httpx.Response(200, json={{"id": "x", "object": "chat.completion", "model": "m", "choices": [{{
+        "index": 0, "finish_reason": "stop", "message": {{"role": "assistant", "content": texts[i]}}}}],
+        "usage": {{"prompt_tokens": 1, "completion_tokens": 1}}}})
+def client_for(agent):
+    return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
+                              http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+agent = AgentSpec("poisoned", "m", "test", None, 1.0, 1.0)
+if __name__ == "__main__":
+    calls = run_collect(tasks, [agent], 0, CallLog({str(tmp / "calls")!r}), client_for,
+                        CollectionSettings(max_retries=0))
+    assert len(calls) == len(texts) and set(calls["status"]) == {{"ok"}}, calls[["status", "error_kind"]]
+    assert not calls["correct"].any(), calls[["extracted", "correct"]]
+    again, _ = regrade(calls, tasks)
+    assert len(again) == len(texts) and not again["correct"].any()
+    print(f"{{len(calls)}} calls logged and graded (none correct), regraded")
+"""
+    return _in_child(code, 90)
+
+
+@row("25.1", "train/agreement: 40 answers of 4,994 spaces, exp towers, (9^99)^99 in the agreement tensor")
+def grading_poison_agreement(tmp: Path) -> str:
+    code = _CHILD_PRELUDE + """
+from pipeline.collect.answers import agreement
+rows = [[f"{i}" + " " * 4994 + "x", f"{i}" + " " * 4994 + "y"] for i in range(1, 41)]
+rows += [[r"\\exp(\\exp(\\exp(100)))", "1"], [r"\\tan(\\exp(\\exp(20)))", "0"], ["(9^{99})^{99}", "7"]]
+graders = ["math_expression"] * 42 + ["integer"]
+if __name__ == "__main__":
+    E = agreement(rows, graders)
+    assert E.shape == (43, 2, 2) and not E[:, 0, 1].any(), E[:, 0, 1]
+    from pipeline.collect.bounded import counts
+    print(f"43 rows compared, none agree; grading {counts()}")
+"""
+    return _in_child(code, 90)
+
+
+def _cascade_entry(tmp: Path, names: list[str]) -> Path:
+    """A registered cascade over the synthetic world: agents 1 and 2 asked first (k=2), else agent 0."""
+    import numpy as np
+
+    from pipeline.route import registry
+    from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
+    from pipeline.route.fit import constant_head
+    from pipeline.route.head import Head
+    from pipeline.route.ood import OODGuard
+
+    X = np.load(_world_files().parent.parent / "X.npy")
+    point = {"quality": 0.9, "ci_low": 0.9, "ci_high": 0.9, "cost_per_1k": 1.0, "gain": 0.0, "gain_low": 0.0,
+             "gain_high": 0.0, "gain_se": 0.0, "shares": {a: 0.0 for a in names}, "lambda": 0.0,
+             "plan": Plan(Policy((Stage((1, 2), 2), Stage((0,))))).to_dict(names)}
+    path = {"kind": "cascade", "agents": names, "best_single": names[0], "guard_z": 0.0, "n_validation": 100,
+            "best_single_validation": {"quality": 0.9, "ci_low": 0.9, "ci_high": 0.9, "cost_per_1k": 1.0},
+            "points": [point]}
+    head = constant_head(Head(np.zeros((X.shape[1], 3), np.float32), np.zeros(3, np.float32), agents=names), 0)
+    return registry.register(tmp / "registry", CascadeRouter(head, path, [0, 1, 2], names), OODGuard().fit(X, X), 0,
+                             backbone={"id": "synthetic", "key": "synthetic", "dim": X.shape[1]},
+                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
+                             metrics={})
+
+
+@row("25.1", "serve: cheap agents answer poisoned replies; /healthz < 100 ms meanwhile, 200 escalated, counted")
+def grading_poison_serve(tmp: Path) -> str:
+    import threading
+
+    import httpx
+    import numpy as np
+    import openai
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
+
+    names = ["strong", "cheap_a", "cheap_b"]
+    reg = registry.load(_cascade_entry(tmp, names))
+    X = np.load(_world_files().parent.parent / "X.npy")
+    specs = [AgentSpec(n, n, "test", None, p, p) for n, p in zip(names, (10.0, 0.1, 0.1))]
+    poison = {"math_expression": [r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$"],
+              "integer": [r"The answer is $(9^{99})^{99}$", '{"answer": "1' + " " * 20_000 + '+1"}']}
+
+    def client_for(spec):
+        def reply(request):
+            body = json.loads(request.content)
+            grader, i = body["messages"][-1]["content"].split()[:2]
+            which = (int(i) + (spec.name == "cheap_b")) % 2  # the two cheap agents never give the same poison
+            text = "The answer is 1" if spec.name == "strong" else poison[grader][which]
+            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": spec.model, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+        return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
+                                  http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+
+    health, results = [], []
+    with serve_in_thread(build_app(reg, _Backbone(X), specs, client_for, ServeSettings())) as srv:
+        def ask(grader: str, i: int) -> None:
+            r = httpx.post(srv.base_url + "/chat/completions", timeout=60, headers={"X-Router-Grader": grader},
+                           json={"messages": [{"role": "user", "content": f"{grader} {i} row {i}"}]})
+            results.append(r)
+
+        httpx.get(srv.url + "/healthz", timeout=10)
+        threads = [threading.Thread(target=ask, args=(g, i)) for g in poison for i in range(2)]
+        for th in threads:
+            th.start()
+        with httpx.Client(timeout=30) as c:
+            while any(th.is_alive() for th in threads):
+                t = time.perf_counter()
+                assert c.get(srv.url + "/healthz").status_code == 200
+                health.append((time.perf_counter() - t) * 1000)
+                time.sleep(0.02)
+        for th in threads:
+            th.join(60)
+    assert len(results) == 4 and all(r.status_code == 200 for r in results), [r.status_code for r in results]
+    agents = [r.headers["x-router-agent"] for r in results]
+    assert agents == ["strong"] * 4, agents  # no answer from the cheap ones (or none they share): escalated
+    overruns = [int(r.headers["x-router-grading-overruns"]) for r in results]
+    assert sum(overruns) >= 2, overruns
+    import numpy as np
+
+    p90, worst = float(np.percentile(health, 90)), max(health)
+    # 100 ms is the bound; a loaded 2-core machine (load average 20) adds scheduling stalls to single polls, so one
+    # poll in ten may pass it, none a second (the old code held /healthz for minutes)
+    assert p90 < 100 and worst < 1000, f"/healthz p90 {p90:.0f} ms, max {worst:.0f} ms while grading"
+    return (f"4 poisoned cascades 200 (escalated, overruns/errors counted {overruns}); /healthz over {len(health)} "
+            f"polls: median {np.median(health):.0f} ms, p90 {p90:.0f} ms, max {worst:.0f} ms")
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []

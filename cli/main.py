@@ -175,7 +175,8 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
     agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
     router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
-                                     fit.head, fit.scorer, fit.best_single)
+                                     fit.head, fit.scorer, fit.best_single,
+                                     grading=_grading_budget(args.grading_budget_ms))
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
     for variant, v in res.variants.items():
@@ -275,8 +276,9 @@ def cmd_regrade(args) -> int:
     root = Path(default_home()).resolve()
     pool = pd.read_parquet(asset_path(root, "task_pool"))
     changed = total = 0
+    budget = _grading_budget(args.grading_budget_ms)
     for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file
-        calls, n = regrade(pd.read_parquet(f), pool)
+        calls, n = regrade(pd.read_parquet(f), pool, budget)
         atomic_write_parquet(calls, f)
         changed, total = changed + n, total + int((calls["status"] != "error").sum())
     print(json.dumps({"regraded": total, "changed": changed}))
@@ -359,6 +361,11 @@ def cmd_serve(args) -> int:
     _check_serve_args(args)
     _use_override(args)
     profile = load_profile(args.profile)
+    from pipeline.collect import bounded
+
+    bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
+    if args.workers == 1 or args.fd is not None:  # this process serves: its grading worker starts with it
+        bounded.warm_up()
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
     pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
@@ -584,6 +591,18 @@ def _add_run_command(sub) -> None:
     p.set_defaults(fn=cmd_run)
 
 
+GRADING_BUDGET_HELP = ("wall time in ms one sympy evaluation of a reply may take before the reply counts as "
+                       "unanswered (default: the profile's collection.grading_budget_ms, 250)")
+
+
+def _grading_budget(ms, settings=None):
+    """The grading budget of a command: --grading-budget-ms over the profile's collection settings."""
+    from pipeline.collect.bounded import Budget
+
+    base = Budget.of(settings) if settings is not None else Budget()
+    return base if ms is None else Budget(float(ms), base.max_chars)
+
+
 def _add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train and register a head from your own reward matrix + tasks files")
     p.add_argument("--rewards", required=True,
@@ -596,6 +615,7 @@ def _add_train_command(sub) -> None:
     p.add_argument("--max-seq-length", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.set_defaults(fn=cmd_train)
 
 
@@ -635,6 +655,7 @@ def _add_route_command(sub) -> None:
 
 def _add_regrade_command(sub) -> None:
     p = sub.add_parser("regrade", help="recompute grades of stored calls from their completions (zero calls)")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.set_defaults(fn=cmd_regrade)
 
 
@@ -695,6 +716,7 @@ def _add_serve_command(sub) -> None:
                         "client then has the proxy's address)")
     p.add_argument("--reserved-connections", type=int, default=64,
                    help="slots idle connections never take: kept for requests with a complete head")
+    p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 

@@ -7,6 +7,8 @@ recorded (`answer_tie`), so a report can say how often the majority was a coin f
 `agreement(answers, graders)` is the (n, K, K) boolean tensor the cascade is fitted and scored on: agents j and l
 agree on task i when both have an answer and the task's grader says the two answers are equivalent
 (`GraderSpec.agree`, symmetric). With it every cascade policy can be scored on the static matrix, zero API calls.
+Each comparison runs under the grading budget (pipeline/collect/bounded.py): one that overruns it or raises
+disagrees, and is counted in `stats` when the caller passes a dict.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from pipeline.collect import bounded
 from pipeline.collect.grading import grader_spec
 from pipeline.core.errors import RouterLiteError
 
@@ -64,16 +67,19 @@ def answers_matrix(answers: pd.DataFrame, task_ids, agents: list[str]) -> list[l
     return [by_task.get(t, [None] * len(agents)) for t in task_ids]
 
 
-def agreement(answers: list[list[str | None]], graders: list[str]) -> np.ndarray:
-    """(n, K, K) bool: E[i, j, l] = agents j and l give equivalent answers to task i (E[i, j, j] = j answered)."""
+def agreement(answers: list[list[str | None]], graders: list[str], budget: bounded.Budget | None = None,
+              stats: dict | None = None) -> np.ndarray:
+    """(n, K, K) bool: E[i, j, l] = agents j and l give equivalent answers to task i (E[i, j, j] = j answered).
+    `stats` (optional) gets `grading_overruns` / `grading_errors`: comparisons that disagree for lack of a verdict."""
     if len(answers) != len(graders):
         raise RouterLiteError(f"{len(answers)} answer rows for {len(graders)} graders")
     n = len(answers)
     K = len(answers[0]) if n else 0
     E = np.zeros((n, K, K), dtype=bool)
     cache: dict[tuple, bool] = {}
+    bad: Counter = Counter()
     for i, (row, g) in enumerate(zip(answers, graders)):
-        spec = grader_spec(g)
+        grader_spec(g)  # an unknown grader: the caller's error
         for j in range(K):
             if row[j] is None:
                 continue
@@ -83,6 +89,11 @@ def agreement(answers: list[list[str | None]], graders: list[str]) -> np.ndarray
                     continue
                 key = (g, row[j], row[m]) if row[j] <= row[m] else (g, row[m], row[j])
                 if key not in cache:
-                    cache[key] = spec.agree(row[j], row[m])
+                    out = bounded.agree_outcome(row[j], row[m], g, budget)
+                    cache[key] = bool(out.value)
+                    bad[out.status] += 1
                 E[i, j, m] = E[i, m, j] = cache[key]
+    if stats is not None:
+        stats["grading_overruns"] = stats.get("grading_overruns", 0) + bad["overrun"]
+        stats["grading_errors"] = stats.get("grading_errors", 0) + bad["error"]
     return E

@@ -13,11 +13,12 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.budget import Budget
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.client import call_once
-from pipeline.collect.grading import GRADERS, grade
+from pipeline.collect.grading import GRADERS
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.progress import RateLog
@@ -116,14 +117,18 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     `tasks_df` needs task_id, prompt, gold, grader. Done = a row with status ok or empty in the log; error rows are
     logged but retried by the next collection. At most `settings.concurrency` calls are in flight per provider.
     Each finished call is graded (`grade_fn(text, gold, grader) -> (extracted, correct)`, default
-    `pipeline.collect.grading.grade`; errors are not graded: correct None) and appended to the log before the next call
-    of that worker starts. `client_for(agent)` is called once per agent before any call (so a missing key fails first);
-    the clients are closed at the end. Returns one row per call key (CALL_FIELDS columns), in task x agent order.
+    `pipeline.collect.grading.grade` under the settings' grading budget (pipeline/collect/bounded.py: a reply that
+    overruns it or raises is logged and graded as unparsable); errors are not graded: correct None), in a thread, and
+    appended to the log before the next call of that worker starts. `client_for(agent)` is called once per agent
+    before any call (so a missing key fails first); the clients are closed at the end. Returns one row per call key
+    (CALL_FIELDS columns), in task x agent order.
     With a `budget` (pipeline/collect/budget.py) each call reserves its worst case before it is sent and settles its
     cost once logged; when the budget stops, no call starts and the rows made so far are returned (`budget.stopped`).
     """
     settings = settings or CollectionSettings()
-    grade_fn = grade_fn or grade
+    grading = bounded.Budget.of(settings)  # the time budget of grading one reply (not the USD `budget`)
+    before = bounded.counts()
+    grade_fn = grade_fn or (lambda text, gold, grader: _bounded_grade(text, gold, grader, grading))
     _check_tasks(tasks_df)
     check_agents(agents)
     sh = settings.hash()
@@ -144,7 +149,8 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
             if budget is not None and held is None:  # the budget stopped: this call and the rest stay unmade
                 return
             fields = await call_once(clients[a.name], a, t["prompt"], settings)
-            await committer.write(_graded_row(k, a, t, repetition, sh, fields, grade_fn))
+            row = await asyncio.to_thread(_graded_row, k, a, t, repetition, sh, fields, grade_fn)
+            await committer.write(row)
             if held is not None:
                 await budget.settle(held, fields["cost_usd"])
             counts[fields["status"]] += 1
@@ -162,6 +168,11 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     finally:
         await close_clients(clients)
     log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
+    after = bounded.counts()
+    bad = {k: after[k] - before[k] for k in ("overruns", "errors") if after[k] > before[k]}
+    if bad:
+        log.warning("collect: grading gave no verdict on some replies (%s; graded as unparsable, budget %g ms; "
+                    "counts of this process, concurrent graders included)", bad, grading.budget_ms)
     latest = call_log.latest()
     order = {k: i for i, k in enumerate(wanted)}
     out = latest[latest["call_key"].isin(order)].copy()
@@ -198,6 +209,14 @@ def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields:
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "attempts": fields["attempts"], "error_message": fields["error_message"],
             "usage_source": fields["usage_source"]}
+
+
+def _bounded_grade(text, gold: str, grader: str, budget: bounded.Budget) -> tuple:
+    extracted, correct, status = bounded.grade(text, gold, grader, budget)
+    if status != "ok":
+        log.warning("collect: grading %s on a %s reply of %d characters (graded as unparsable)", status, grader,
+                    len(text or ""))
+    return extracted, correct
 
 
 def run_sync(coro):

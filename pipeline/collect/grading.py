@@ -16,12 +16,15 @@ reply falls back to, how the answer is compared with the gold answer, and a desc
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import re
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 import sympy
 
@@ -41,12 +44,40 @@ _JSON_KEY_RE = re.compile(r"""(["'])answer\1\s*:\s*""", re.I)
 _JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "'": "'", "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
 _JSON_LITERALS = {"true": "True", "false": "False", "null": "None"}
 _MAX_LITERAL_CHARS = 5000
-_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.I | re.S)
+_STRING_SPECIAL = {q: re.compile(r"[\\" + q + "]") for q in "\"'"}  # what ends a run of plain string characters
+_TAG_OPEN_RE, _TAG_CLOSE_RE = re.compile(r"<answer>", re.I), re.compile(r"</answer>", re.I)
+_NON_SPACE_RE = re.compile(r"\S+")
+_FENCE_RE = re.compile(r"^```(?:python)?\s*|(?<!\s)\s*+```$|(?<=\s)```$")  # linear: see _TRAILING_UNIT_RE
+# candidates tried per stage (the last ones: a stage is read last-first; JSON keys, tags, boxes, labels), and how far a
+# non-string JSON value is scanned: together they bound extraction on any reply (thousands of labels, keys or boxes).
+# The bundled recordings hold at most 2 keys, 0 tags, 60 boxes and 137 labels in one reply.
+_MAX_CANDIDATES = (16, 16, 64, 256)
+_MAX_UNWRAP = 8  # \text{\textbf{...}} levels unwrapped
+
+
+class NeedsSympy(BaseException):  # noqa: N818 - a signal, not an error: no `except Exception` may swallow it
+    """Raised where sympy would evaluate while `sympy_refused()` is active: the caller must grade in a process it can
+    stop (pipeline/collect/bounded.py). Everything before that point is linear in the (capped) text."""
+
+
+_SYMPY_REFUSED = contextvars.ContextVar("sympy_refused", default=False)
+
+
+@contextlib.contextmanager
+def sympy_refused():
+    """Within: any sympy evaluation raises `NeedsSympy` instead of running (the in-process fast path)."""
+    token = _SYMPY_REFUSED.set(True)
+    try:
+        yield
+    finally:
+        _SYMPY_REFUSED.reset(token)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 # "the answer is (X)", "Answer: X", "Final answer: X", "**Answer:** X", "**Answer**: X"
-_LABEL_RE = re.compile(r"\banswer(?:\s+(?:is|would\s+be|should\s+be)|\s*\**\s*:)[\s*]*:?[\s*]*", re.I)
+# possessive quantifiers (`*+`, `++`) keep every pattern below linear on long whitespace/star runs: the runs they
+# take cannot be followed by more of the same, so giving back characters never finds another match
+_LABEL_RE = re.compile(r"\banswer(?:\s++(?:is|would\s++be|should\s++be)|\s*+\**+\s*+:)[\s*]*+:?[\s*]*+", re.I)
 _LETTER_RE = re.compile(r"((?:option|choice)\s+)?([(\[])?([A-J])([)\]])?(?![\w'])", re.I)
-_BARE_LETTER_LINE_RE = re.compile(r"^(?:(?:option|choice|answer)\s*:?\s*)?[(\[]?([A-J])[)\]]?\.?$")
+_BARE_LETTER_LINE_RE = re.compile(r"^(?:(?:option|choice|answer)\s*+:?\s*+)?[(\[]?([A-J])[)\]]?\.?$")
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
 _PLAIN_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 
@@ -54,7 +85,9 @@ _UNITS = (r"(?:square\s+|sq\s+|cubic\s+)?(?:cm|mm|km|meters?|metres?|centimeters
           r"miles?|units?|degrees?|dollars?|cents?|hours?|minutes?|seconds?|days?|weeks?|months?|years?|mph|"
           r"pounds?|lbs?|kg|grams?|liters?|people|students|ways)")
 _TEXT_UNIT_RE = re.compile(r"\\(?:text|mbox|mathrm)\{\s*(?:" + _UNITS + r"|m|g|in)\s*\}(?:\^\{?[23]\}?)?")
-_TRAILING_UNIT_RE = re.compile(r"(?<=[\d}\s])\s*" + _UNITS + r"(?:\^\{?[23]\}?)?\s*$", re.I)
+# a unit at the end, after a digit, a brace or whitespace: a match starts after a digit/brace or at the first or
+# second character of a whitespace run (never deeper inside it: the same match, found once, keeps the scan linear)
+_TRAILING_UNIT_RE = re.compile(r"(?:(?<=[\d}])|(?<=\s)(?<!\s\s))\s*+" + _UNITS + r"(?:\^\{?[23]\}?)?\s*+$", re.I)
 _TEXT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\{([^{}]*)\}")
 _VAR_PREFIX_RE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?=\S)")
 # spacing macros; a LaTeX line break \\ is matched first so that "\\ 2" is not read as "\" + "\ "
@@ -91,23 +124,55 @@ def _brace_group(s: str, i: int) -> tuple[str, int] | None:
     return None
 
 
+def _brace_pairs(s: str) -> dict[int, int]:
+    """Index of each `{` -> index of the `}` that balances it (one linear pass; unbalanced ones are absent), the
+    answer `_brace_group` gives for every `{` at once."""
+    pairs, stack = {}, []
+    for j, ch in enumerate(s):
+        if ch == "{":
+            stack.append(j)
+        elif ch == "}" and stack:
+            pairs[stack.pop()] = j
+    return pairs
+
+
 def _boxed_contents(text: str) -> list[str]:
     """Contents of every \\boxed{...} / \\fbox{...} in order; nested braces are matched, not regex-guessed."""
-    found = []
+    found, pairs = [], None
     for m in _BOXED_RE.finditer(text):
         i = m.end()
         if text[i:i + 1] == "{":
-            group = _brace_group(text, i)
-            if group:
-                found.append(group[0])
+            pairs = _brace_pairs(text) if pairs is None else pairs
+            if i in pairs:
+                found.append(text[i + 1:pairs[i]])
         elif i < len(text):  # "\boxed 5": the argument is the next token
-            found.append(re.match(r"\S+", text[i:]).group(0).rstrip("$."))
+            found.append(_NON_SPACE_RE.match(text, i).group(0).rstrip("$."))
+    return found
+
+
+def _tagged(text: str) -> list[str]:
+    """Contents of every <answer>...</answer> in order (non-overlapping, the nearest closing tag), in linear time."""
+    closes = [m.start() for m in _TAG_CLOSE_RE.finditer(text)]
+    found, pos, c = [], 0, 0
+    for m in _TAG_OPEN_RE.finditer(text):
+        if m.start() < pos:
+            continue
+        while c < len(closes) and closes[c] < m.end():
+            c += 1
+        if c == len(closes):
+            break
+        found.append(text[m.end():closes[c]])
+        pos = closes[c] + len("</answer>")
     return found
 
 
 def _label_candidates(text: str) -> list[str]:
     """Rest of the line after each answer label, in order."""
-    return [text[m.end():].split("\n", 1)[0][:200] for m in _LABEL_RE.finditer(text)]
+    found = []
+    for m in _LABEL_RE.finditer(text):
+        end = text.find("\n", m.end(), m.end() + 200)
+        found.append(text[m.end():end if end >= 0 else m.end() + 200])
+    return found
 
 
 def _json_string(text: str, i: int, quote: str) -> str | None:
@@ -115,7 +180,13 @@ def _json_string(text: str, i: int, quote: str) -> str | None:
     a LaTeX command (\\frac, \\times, \\nu: an escape letter followed by another letter) is kept as written, since
     models often forget to double it; None when the string never closes."""
     out, j = [], i + 1
+    special = _STRING_SPECIAL[quote]
     while j < len(text):
+        m = special.search(text, j)  # plain characters are copied a run at a time
+        if m is None:
+            return None
+        out.append(text[j:m.start()])
+        j = m.start()
         ch = text[j]
         if ch == quote:
             return "".join(out)
@@ -138,7 +209,8 @@ def _json_raw(text: str, i: int) -> str | None:
     """A non-string JSON value at text[i] (number, list, object, true/false/null), up to the `,`, `}` or line end
     that closes it at bracket depth 0; JSON true/false/null read as Python's True/False/None."""
     depth, j, quote = 0, i, None
-    while j < len(text):
+    stop = min(len(text), i + _MAX_LITERAL_CHARS)
+    while j < stop:
         ch = text[j]
         if quote:
             if ch == "\\":
@@ -156,6 +228,8 @@ def _json_raw(text: str, i: int) -> str | None:
         elif depth == 0 and ch in ",\n":
             break
         j += 1
+    if j == stop < len(text):  # a value longer than any literal is compared: no answer (and a bounded scan)
+        return None
     raw = text[i:j].strip()
     return _JSON_LITERALS.get(raw, raw) or None
 
@@ -164,7 +238,7 @@ def _json_answers(text: str) -> list[str]:
     """The value of every `"answer":` key in the reply, in order: fenced or bare JSON, trailing text allowed, LaTeX
     backslashes tolerated; a single-quoted value is read only after a single-quoted key (a Python-style dict)."""
     found = []
-    for m in _JSON_KEY_RE.finditer(text):
+    for m in list(_JSON_KEY_RE.finditer(text))[-_MAX_CANDIDATES[0]:]:
         i = m.end()
         if i >= len(text):
             continue
@@ -181,9 +255,10 @@ def _json_answers(text: str) -> list[str]:
 
 def _candidates(text: str) -> list[list[str]]:
     """Stages in priority order; each lists its candidates last-first (the last occurrence wins)."""
-    tagged = [t.strip() for t in _TAG_RE.findall(text)]
+    tagged = [t.strip() for t in _tagged(text)[-_MAX_CANDIDATES[1]:]]
     tagged = [(_boxed_contents(t) or [t])[-1] for t in tagged]  # a boxed answer inside the tag is the answer
-    return [_json_answers(text)[::-1], tagged[::-1], _boxed_contents(text)[::-1], _label_candidates(text)[::-1]]
+    stages = [_json_answers(text), tagged, _boxed_contents(text), _label_candidates(text)]
+    return [stage[-cap:][::-1] for stage, cap in zip(stages, _MAX_CANDIDATES)]
 
 
 def _strip_markup(s: str) -> str:
@@ -230,8 +305,13 @@ def _integer(candidate: str) -> str | None:
     number = _canonical_number(norm)
     if number is not None:
         return number
-    value = _sympy_value(norm)  # "\frac{36}{2}" -> 18
-    if value is not None and value.is_Integer:
+    exact = _rational_value(norm)  # "\frac{36}{2}" -> 18, without sympy
+    if exact is not None:
+        value = exact.numerator if exact.denominator == 1 else None
+    else:
+        value = _sympy_value(norm)
+        value = value if value is not None and value.is_Integer else None
+    if value is not None:
         return str(value)
     m = _NUMBER_RE.search(_strip_markup(candidate).replace(",", ""))  # "18 apples (since ...)"
     return _canonical_number(m.group(0)) if m else None
@@ -265,7 +345,7 @@ def _literal_text(candidate: str) -> str | None:
     """A predicted CRUXEval output as written: code fences/backticks and an `assert f(...) ==` prefix removed; outer
     spaces are kept otherwise (a string output may begin or end with spaces, and the JSON field is itself a string)."""
     c = candidate.strip()
-    c = re.sub(r"^```(?:python)?\s*|\s*```$", "", c).strip().strip("`").strip()
+    c = _FENCE_RE.sub("", c).strip().strip("`").strip()
     c = _ASSERT_PREFIX_RE.sub("", c, count=1).strip()
     if c == candidate.strip():
         return candidate if candidate else None
@@ -274,7 +354,11 @@ def _literal_text(candidate: str) -> str | None:
 
 def extract_answer(text: str, grader: str) -> str | None:
     """The answer in `text` as the grader wants it (letter A-J, integer string, raw LaTeX), or None."""
-    spec = grader_spec(grader)
+    return extract_answer_with(grader_spec(grader), text)
+
+
+def extract_answer_with(spec: GraderSpec, text: str) -> str | None:
+    """`extract_answer` with the grader's table row in hand (pipeline/collect/bounded.py sends it to a worker)."""
     if is_empty(text):
         return None
     for stage in _candidates(text):
@@ -294,7 +378,9 @@ def normalize_math(s: str) -> str:
         s = s.replace(token, "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _TEXT_UNIT_RE.sub("", s)
-    while (unwrapped := _TEXT_WRAP_RE.sub(r"\1", s)) != s:
+    for _ in range(_MAX_UNWRAP):  # one nesting level a pass; a bound keeps a tower of \text{ linear
+        if (unwrapped := _TEXT_WRAP_RE.sub(r"\1", s)) == s:
+            break
         s = unwrapped
     s = _TRAILING_UNIT_RE.sub("", s.strip()).strip().rstrip(".").strip()
     s = _VAR_PREFIX_RE.sub("", s)
@@ -444,7 +530,10 @@ def _to_sympy(latex: str):
     if len(latex) > _MAX_SYMPY_CHARS:
         raise ValueError("expression too long")
     py = _explicit_products(_latex_to_py(latex))
-    return _build(ast.parse(py, mode="eval").body)
+    tree = ast.parse(py, mode="eval").body
+    if _SYMPY_REFUSED.get():
+        raise NeedsSympy(latex)
+    return _build(tree)
 
 
 def _sympy_value(latex: str):
@@ -454,11 +543,59 @@ def _sympy_value(latex: str):
         return None
 
 
+_RATIONAL_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div,
+                   ast.USub, ast.UAdd)
+
+
+def _rational_value(latex: str) -> Fraction | None:
+    """The exact value of a number-only expression (numbers, + - * /, signs: what `_build` makes a sympy Rational
+    of), as a Fraction, in process and in bounded time; None when sympy must decide (anything else, a constant
+    `_build` refuses, a division by zero)."""
+    try:
+        if len(latex) > _MAX_SYMPY_CHARS:
+            return None
+        tree = ast.parse(_explicit_products(_latex_to_py(latex)), mode="eval")
+        if not all(isinstance(n, _RATIONAL_NODES) for n in ast.walk(tree)):
+            return None
+
+        def ev(node) -> Fraction:
+            if isinstance(node, ast.Constant):
+                text = str(node.value)
+                if not isinstance(node.value, (int, float)) or isinstance(node.value, bool) or len(text) > _MAX_DIGITS:
+                    raise ValueError(text)
+                return Fraction(text)
+            if isinstance(node, ast.UnaryOp):
+                return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+
+        return ev(tree.body)
+    except Exception:  # noqa: BLE001 - undecided here: sympy's path says what it says
+        return None
+
+
+def _rational_equal(a: str, b: str) -> bool | None:
+    """`_sympy_equal` for two number-only expressions, exactly as sympy decides it (equal values, else floats within
+    the relative tolerance), without sympy; None when it does not apply."""
+    fa, fb = _rational_value(a), _rational_value(b)
+    if fa is None or fb is None:
+        return None
+    if fa == fb:
+        return True
+    try:
+        va, vb = float(fa), float(fb)
+    except OverflowError:
+        return None
+    return not abs(va - vb) > _REL_TOL * max(1.0, abs(vb))
+
+
 def _numeric(expr, subs: dict) -> complex:
     return complex(expr.evalf(30, subs=subs))
 
 
 def _sympy_equal(a: str, b: str) -> bool:
+    exact = _rational_equal(a, b)  # plain numbers (most answers) need no sympy, nor a grading worker
+    if exact is not None:
+        return exact
     ea, eb = _sympy_value(a), _sympy_value(b)
     if ea is None or eb is None:
         return False

@@ -40,6 +40,12 @@ class CollectionSettings:
         The longest backoff between attempts.
     max_retry_after_s = 120.0
         A longer Retry-After is not waited for: the call is recorded as ``rate_limit``.
+    grading_budget_ms = 250.0
+        Wall time one sympy evaluation of a reply (an extraction or a comparison) may take: past it the grading
+        worker is killed and the reply has no answer (pipeline/collect/bounded.py); 1 to 600,000. Also the default
+        of ``serve`` / ``train --grading-budget-ms``.
+    grading_max_chars = 32768
+        Text cap: a longer reply is graded on its last this-many characters; 1,000 to 10,000,000.
     """
 
     max_tokens: int = 4096
@@ -52,6 +58,8 @@ class CollectionSettings:
     backoff_base_s: float = 1.0  # attempt k waits backoff_base_s * 2**k (jittered), capped at backoff_max_s
     backoff_max_s: float = 60.0
     max_retry_after_s: float = 120.0  # a longer Retry-After is not waited for: the call is recorded as rate_limit
+    grading_budget_ms: float = 250.0  # one sympy evaluation of a reply; past it: no answer (collect/bounded.py)
+    grading_max_chars: int = 32768  # a longer reply is graded on its last this-many characters
 
     # fields that change what a model answers: the settings hash in every call key
     ANSWER_FIELDS = ("max_tokens", "temperature", "top_p", "reasoning_effort")
@@ -68,6 +76,12 @@ class CollectionSettings:
             raise RouterLiteError(f"collection setting max_retries={self.max_retries!r} must be >= 0")
         if not float(self.timeout_s) > 0:
             raise RouterLiteError(f"collection setting timeout_s={self.timeout_s!r} must be > 0")
+        from pipeline.collect.bounded import Budget
+
+        try:
+            Budget(self.grading_budget_ms, self.grading_max_chars)
+        except RouterLiteError as exc:
+            raise RouterLiteError(f"collection.grading_budget_ms / grading_max_chars: {exc}") from None
 
     def hash(self) -> str:
         """12 hex of the answer-changing fields (timeouts, retries, concurrency do not invalidate the log)."""

@@ -295,16 +295,17 @@ def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | No
 
 
 def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.ndarray, fallback, scorer, best: int,
-                       targets=None) -> tuple[CascadeRouter, CascadeFit]:
+                       targets=None, grading=None, stats: dict | None = None) -> tuple[CascadeRouter, CascadeFit]:
     """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agents' recorded
     `answers` (n rows of K, agent order) and each row's `graders`, falling back on the prompt router `fallback` whose
     value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
-    `cascade_router` asset and `router-lite train` call it."""
+    `cascade_router` asset and `router-lite train` call it. `grading` (pipeline.collect.bounded.Budget, default its
+    default) bounds each comparison of two answers; `stats` gets the comparisons left without a verdict."""
     from pipeline.collect.answers import agreement
     from pipeline.route.targets import REPORT_TARGETS
 
     graders = np.asarray(graders, dtype=object)
-    E = agreement(answers, graders.tolist())
+    E = agreement(answers, graders.tolist(), budget=grading, stats=stats)
     fit = fit_cascades(arrays.R_eff, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
                        REPORT_TARGETS if targets is None else targets)
     return CascadeRouter(fallback, fit.best.path, fit.best.order, arrays.agents), fit

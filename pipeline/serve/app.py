@@ -499,6 +499,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                GRADER_HEADER: grader, "X-Router-Overhead-Ms": f"{overhead_ms:.3f}",
                "X-Router-Stage-Ms": ",".join(f"{w:.1f}" for w in result.stage_ms),
+               "X-Router-Grading-Overruns": str(result.grading_overruns),  # replies graded as "no answer"
                "Server-Timing": f"router;dur={overhead_ms:.3f}, "
                                 + ", ".join(f"stage{i};dur={w:.1f}" for i, w in enumerate(result.stage_ms))}
     if point.get("guessed"):

@@ -5,6 +5,10 @@ a failure of the last agent is the caller's error. Cost is every call made (the 
 agent's prices × tokens, estimated from characters when usage is missing; a non-finite or negative `usage.cost`
 is no cost: the estimate replaces it and the reply is flagged `cost_invalid`). Each call is bounded as a whole by
 `options["timeout"]` (headers and body: an agent trickling bytes is a timeout at the deadline, not per read).
+
+Extraction and comparison of the replies run under the grading budget, off the event loop
+(pipeline/collect/bounded.py): a reply whose grading overruns the budget or raises has no answer (so it escalates),
+and `CascadeResult.grading_overruns` counts them (the `X-Router-Grading-Overruns` header).
 """
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import parse_completion, usage_cost, usage_int
-from pipeline.collect.grading import extract_answer, grader_spec
 from pipeline.collect.replay import approx_tokens
 from pipeline.route.cascade import Policy, new_agents, stage_step
 
@@ -33,6 +37,8 @@ class Reply:
     cost: float
     latency_ms: float
     error: BaseException | None = None
+    grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
+    text: str | None = None  # the reply's text, until it is graded
     cost_invalid: bool = False  # the agent reported a usage.cost that is not a finite number >= 0 (estimated)
 
 
@@ -42,6 +48,7 @@ class CascadeResult:
     replies: list[Reply]  # every call made, in the order they finished stage by stage
     stage: int  # the stage that answered
     stage_ms: list[float] = dataclasses.field(default_factory=list)  # wall of each stage run (its calls in parallel)
+    grading_overruns: int = 0  # extractions and comparisons without a verdict (budget overrun or error)
 
     @property
     def cost(self) -> float:
@@ -84,13 +91,12 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
-    text = fields["text"]
-    answer = extract_answer(text, grader) if text and text.strip() else None
+    text = fields["text"]  # graded with the stage's other replies (run_cascade: one thread hop, bounded)
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     invalid = usage.get("cost") is not None and not _finite_cost(usage.get("cost"))
     if invalid and isinstance(data.get("usage"), dict):
         data["usage"] = {**usage, "cost": None}  # relayed to the client: never "inf"
-    return Reply(j, data, answer, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0,
+    return Reply(j, data, None, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0, text=text,
                  cost_invalid=invalid)
 
 
@@ -103,12 +109,12 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
                       upstream: dict, options: dict, grader: str, start: int = 0) -> CascadeResult:
     """Run `policy`'s stages from `start` (the prompt shortcuts were applied by the caller)."""
     upstream = {k: v for k, v in upstream.items() if k not in ("stream", "stream_options")}
-    spec = grader_spec(grader)
     K = len(specs)
     order = np.asarray(order, dtype=np.int64)
     replies: dict[int, Reply] = {}
     done: list[Reply] = []
     walls: list[float] = []
+    bad = 0  # gradings without a verdict
     for t, stage in enumerate(policy.stages[start:], start):
         new = new_agents(stage, replies)
         t0 = time.perf_counter()
@@ -117,9 +123,17 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
         for r in got:
             replies[r.agent] = r
             done.append(r)
-        j = stage_step(stage, {a: r.answer for a, r in replies.items()}, K, order, spec.agree)
+        table: dict = {}
+        if stage.k:  # the last stage (k = 0) accepts its agent: its reply needs no grading
+            known = {a: r.answer for a, r in replies.items() if r not in got}
+            graded, table, n_bad = await bounded.grade_stage_async({r.agent: r.text for r in got}, known, grader)
+            for r in got:
+                r.answer, r.grading, r.text = graded[r.agent].value, graded[r.agent].status, None
+            bad += n_bad
+        j = stage_step(stage, {a: r.answer for a, r in replies.items()}, K, order,
+                       lambda x, y, tb=table: tb.get((str(x), str(y)), str(x) == str(y)))
         if j is not None:  # an agreeing class's reply has an answer; the last agent's may have failed
-            return CascadeResult(replies[j] if replies[j].data else None, done, t, walls)
+            return CascadeResult(replies[j] if replies[j].data else None, done, t, walls, bad)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
 
 
