@@ -45,17 +45,7 @@ def print_summary(home: str, assets: list[str]) -> None:
     headline = star_headline(root)
     if headline:
         print("\n" + headline)
-    verdict_file = root / "reports" / "pool_report.json"
-    if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
-        from pipeline.report.pool_report import WARNING
-
-        rep = json.loads(verdict_file.read_text())
-        v = rep["verdict"]
-        print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
-        for agent, why in (rep.get("quarantined") or {}).items():  # left out by a collection quality rule
-            print(f"  quarantined: {agent} ({why})")
-        for agent, why in (rep.get("cost_lower_bound") or {}).items():
-            print(f"  cost of {agent}: {why}")
+    _print_verdict(root)
     pool_file = asset_path(root, "task_pool")
     if pool_file.exists():
         from pipeline.tasks.task_pool import pool_counts
@@ -105,3 +95,18 @@ def print_summary(home: str, assets: list[str]) -> None:
     if (root / "reports").exists():
         print(f"\nReports: {root / 'reports'}")
 
+
+
+def _print_verdict(root: Path) -> None:
+    """Which case the pool is in (pipeline/report/pool_report.py), and the agents a quality rule left out."""
+    verdict_file = root / "reports" / "pool_report.json"
+    if verdict_file.exists():  # first: which case the pool is in (pipeline/report/pool_report.py)
+        from pipeline.report.pool_report import WARNING
+
+        rep = json.loads(verdict_file.read_text())
+        v = rep["verdict"]
+        print(f"\nPool verdict: {v['text']}" + (f" — {WARNING}" if v["kind"] == "quality-dominated" else ""))
+        for agent, why in (rep.get("quarantined") or {}).items():  # left out by a collection quality rule
+            print(f"  quarantined: {agent} ({why})")
+        for agent, why in (rep.get("cost_lower_bound") or {}).items():
+            print(f"  cost of {agent}: {why}")

@@ -46,6 +46,11 @@ def repo_instance_files() -> dict[str, int]:
     return out
 
 
+# the forkserver (the bounded graders' workers fork from it: pipeline/collect/bounded.py) and the resource tracker
+# of this very process: each reads a pipe only this process holds and exits when it closes, so they cannot outlive it
+_OWN_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
+
+
 def session_processes(mark: str) -> list[str]:
     """The live processes (not this one) whose environment carries `mark`: the ones the suite started."""
     needle = f"{SESSION_MARK}={mark}".encode()
@@ -56,6 +61,9 @@ def session_processes(mark: str) -> list[str]:
         try:
             if needle in (proc / "environ").read_bytes().split(b"\0"):
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                ppid = int((proc / "stat").read_text().split(")")[-1].split()[1])
+                if ppid == os.getpid() and any(h in cmd for h in _OWN_HELPERS):
+                    continue  # this process's multiprocessing helpers: they exit on EOF of its pipe, with it
                 if (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":  # a zombie is dead already
                     found.append(f"{proc.name}: {cmd}")
         except OSError:  # gone meanwhile, or not ours to read
@@ -84,6 +92,9 @@ def no_trace(tmp_path_factory):
                          f"{written[:5]}): run Dagster on a temporary instance (DAGSTER_HOME) and home")
     import time
 
+    from pipeline.collect import bounded
+
+    bounded.close()  # the grading workers (the forkserver's children) go now, not at exit
     for _ in range(20):  # a process being stopped gets a moment to go
         left = session_processes(mark)
         if not left:

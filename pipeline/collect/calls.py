@@ -121,9 +121,8 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     overruns it or raises is logged and graded as unparsable); errors are not graded: correct None), in a thread, and
     appended to the log before the next call of that worker starts. `client_for(agent)` is called once per agent
     before any call (so a missing key fails first); the clients are closed at the end. Returns one row per call key
-    (CALL_FIELDS columns), in task x agent order.
-    With a `budget` (pipeline/collect/budget.py) each call reserves its worst case before it is sent and settles its
-    cost once logged; when the budget stops, no call starts and the rows made so far are returned (`budget.stopped`).
+    (CALL_FIELDS columns), in task x agent order. A USD `budget` (pipeline/collect/budget.py): each call reserves its
+    worst case first, settles once logged; once it stops, no call starts (`budget.stopped`), the rows made return.
     """
     settings = settings or CollectionSettings()
     grading = bounded.Budget.of(settings)  # the time budget of grading one reply (not the USD `budget`)
@@ -168,11 +167,20 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     finally:
         await close_clients(clients)
     log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
+    _warn_no_verdict(before, grading)
+    return _in_order(call_log, wanted)
+
+
+def _warn_no_verdict(before: dict, grading: bounded.Budget) -> None:
     after = bounded.counts()
     bad = {k: after[k] - before[k] for k in ("overruns", "errors") if after[k] > before[k]}
     if bad:
         log.warning("collect: grading gave no verdict on some replies (%s; graded as unparsable, budget %g ms; "
                     "counts of this process, concurrent graders included)", bad, grading.budget_ms)
+
+
+def _in_order(call_log: CallLog, wanted: list[str]) -> pd.DataFrame:
+    """The log's latest row of every wanted call key, in the wanted (task x agent) order."""
     latest = call_log.latest()
     order = {k: i for i, k in enumerate(wanted)}
     out = latest[latest["call_key"].isin(order)].copy()

@@ -25,8 +25,8 @@ import pandas as pd
 
 from pipeline.collect.quality import quarantine_markdown
 from pipeline.collect.rewards import cost_per_1k_label
+from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.evaluate import bootstrap_means
 from pipeline.route.value import label_router_picks
 
 DOMAIN_COLUMNS = ("source", "category", "domain")

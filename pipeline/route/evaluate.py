@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.bootstrap import bootstrap_means  # noqa: F401 - re-exported: the intervals here use it
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.train import effective_rewards
 
@@ -87,13 +88,6 @@ def routing_report(picks, R, best_mask=None, *, best_single: int | None = None,
                     "routed_reward": rr, "best_single_on_routed": bb,
                     "gain": None if rr is None else rr - bb})
     return out
-
-
-def bootstrap_means(x: np.ndarray, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
-    """Means of `n_boot` resamples (rows drawn with replacement) of `x`: the one bootstrap every interval here uses
-    (the same seed gives the same resamples as drawing them one at a time)."""
-    x = np.asarray(x, dtype=np.float64)
-    return x[np.random.default_rng(seed).integers(0, x.size, (n_boot, x.size))].mean(axis=1)
 
 
 def paired_gain_ci(picks, R_eff: np.ndarray, baseline: int, *, n_boot: int = 2000, level: float = 0.95,

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.evaluate import bootstrap_means
 
 NAMED = ("max-quality", "parity")
 REPORT_TARGETS = ("max-quality", "parity", "quality>=0.98", "quality>=0.95")

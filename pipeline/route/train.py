@@ -521,7 +521,7 @@ def _gain_over_start(rows: np.ndarray, start_rows: np.ndarray, confidence: float
     """Is a candidate's validation gain over the start beyond row noise? {"kept", "val_gain_low"}: the one-sided
     `confidence` lower bound of the paired bootstrap mean of (candidate − start) per validation row must be > 0 (with
     confidence 0: the point gain > 0). Fixed bootstrap seed: same data -> same decision."""
-    from pipeline.route.evaluate import bootstrap_means
+    from pipeline.core.bootstrap import bootstrap_means
 
     diff = np.asarray(rows, np.float64) - np.asarray(start_rows, np.float64)
     if confidence <= 0:

@@ -289,20 +289,20 @@ def _auto_view_for(state, target: str | None) -> _AutoFormatView:
 def _paid(spec: AgentSpec, upstream: dict, data: dict) -> dict:
     """The tokens and cost of one agent reply: its `usage` (OpenRouter's `cost` when present), else the agent's
     list prices x tokens, the tokens estimated from characters when usage lacks them (as cascade_calls counts)."""
-    from pipeline.collect.client import _parse_completion, _usage_cost, _usage_int
+    from pipeline.collect.client import parse_completion, usage_cost, usage_int
     from pipeline.collect.replay import approx_tokens
 
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    pt, ct = _usage_int(usage, "prompt_tokens"), _usage_int(usage, "completion_tokens")
+    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
     if pt is None:
         pt = approx_tokens(" ".join(str(m.get("content", "")) for m in upstream.get("messages", [])
                                     if isinstance(m, dict)))
     if ct is None:
         try:
-            ct = approx_tokens(_parse_completion(data)["text"] or "")
+            ct = approx_tokens(parse_completion(data)["text"] or "")
         except ValueError:
             ct = 0
-    cost = _usage_cost(usage)
+    cost = usage_cost(usage)
     return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(spec.cost(pt, ct) if cost is None else cost)}
 
 
