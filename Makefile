@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install run test test-fast docs docs-check bench ui standin clean
+.PHONY: install run test test-fast test-docs docs docs-check bench ui standin clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ test: install
 test-fast: install
 	$(BIN)/ruff check .
 	$(BIN)/pytest -m "not slow"
+
+# every fenced shell block of README.md and docs/ run as written on a scratch demo home (tests/test_docs_commands.py;
+# opt-in: the whole lineage from scratch, then every page, 20+ minutes on 2 cores)
+test-docs: install
+	ROUTER_LITE_DOCS_RUN=1 $(BIN)/pytest tests/test_docs_commands.py
 
 # README.md is generated (docs/README.template.md + the value section from docs/results/router_value_demo.json), and so
 # is docs/training.md's TrainConfig table (its docstring): `make docs` rewrites them, `make docs-check` fails with a diff
