@@ -29,6 +29,7 @@ from resources.pool import (
     register_pool_kind,
 )
 from resources.profile import ProfileResource
+from resources.storage import StorageResource
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def test_a_kind_declaring_a_required_key_gets_the_key_checks():
 
 
 @pytest.mark.slow  # a definitions build and a Dagster materialisation of the pre-flight on the replay recordings
-def test_a_registered_free_pool_kind_gets_the_benchmark_refresh_and_the_recorded_preflight(monkeypatch):
+def test_a_registered_free_pool_kind_gets_the_benchmark_refresh_and_the_recorded_preflight(monkeypatch, tmp_path):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     src = pd.read_parquet(REPO / "data" / "sources" / "mmlu_pro" / "test.parquet").head(80)
     prompts = [mcq_prompt(q, list(o)) for q, o in zip(src.question, src.options)]
@@ -119,7 +120,8 @@ def test_a_registered_free_pool_kind_gets_the_benchmark_refresh_and_the_recorded
         agents = PoolResource(kind="replay_audit", pool="mmlu_pro").agents()
         recorded = [p for p in prompts if all(store.text_for(a.model, p) for a in agents)]
         assert len(recorded) >= 21
-        tasks = pd.DataFrame({"split": ["validation"] + ["train"] * 22 + ["test"],
+        tasks = pd.DataFrame({"task_id": [f"mmlu_pro/test/{i:06d}" for i in range(24)],
+                              "split": ["validation"] + ["train"] * 22 + ["test"],
                               "prompt": recorded[:23] + ["What is the capital of France?"]})
         prof = with_kind("mmlu_pro", "replay_audit")
         assert eligible_tasks(tasks, prof)["prompt"].tolist() == recorded[:23]
@@ -135,7 +137,8 @@ def test_a_registered_free_pool_kind_gets_the_benchmark_refresh_and_the_recorded
             asked.clear()
             result = materialize([given_tasks, collection.preflight], raise_on_error=False,
                                  resources={"io_manager": mem_io_manager, "profile": ProfileResource(name="smoke"),
-                                            "pool": PoolResource(kind=kind, pool="mmlu_pro")})
+                                            "pool": PoolResource(kind=kind, pool="mmlu_pro"),
+                                            "storage": StorageResource(home=str(tmp_path / "home"))})
             return result.output_for_node("preflight") if result.success else None
 
         out = run_preflight("replay_audit")
