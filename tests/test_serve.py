@@ -341,13 +341,24 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
 
     reg, _, _, tasks = world
     captured = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: captured.update(app=app, **kw))
+    # the command binds its socket before loading (a taken port is one line), then runs uvicorn's Server on it:
+    # that first run is captured, later ones (serve_in_thread's) really run
+    real_run = uvicorn.Server.run
+
+    def run_once(self, sockets=None):
+        if "app" in captured:
+            return real_run(self, sockets=sockets)
+        captured.update(app=self.config.app, sockets=sockets)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run_once)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what the command sets by default: restored afterwards
     httpx_log = logging.getLogger("httpx")
     monkeypatch.setattr(httpx_log, "level", httpx_log.level)
     assert cli.main(["serve", "--head", str(reg.path), "--profile", "smoke", "--port", "0", "--device", "cpu",
                      "--workers", "1"]) == 0  # one process: the app it runs is captured here
-    assert captured["host"] == "127.0.0.1" and captured["port"] == 0
+    sock, = captured["sockets"]
+    assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0  # --port 0: a free port, bound
+    sock.close()
     assert reg.name in capsys.readouterr().err
     prompt = tasks["prompt"].iloc[N_TRAIN + N_VAL]
     with serve_in_thread(captured["app"]) as srv, \
