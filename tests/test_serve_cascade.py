@@ -202,7 +202,9 @@ def test_serve_without_head_serves_the_star_router_of_the_latest_run(smoke_home,
     home, dagster_home = smoke_home
     latest = json.loads((home / "registry" / "latest.json").read_text())
     star = latest["star"]
-    assert star["held_out"]["cost_ratio"] < 1  # the target serves below the best single agent's cost
+    # what the ★ stands for on held-out rows is recorded; below the best single agent's cost on the demo (0.64 at
+    # quality>=0.98, scripts/serve_star.py), not on smoke's 300 MMLU-Pro tasks, where that target is the best agent
+    assert 0 < star["held_out"]["cost_ratio"] <= 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
