@@ -75,43 +75,14 @@ def violations(root: Path) -> list[str]:
                 continue
             if _rank(d) > _rank(s) or (_rank(d) == _rank(s) and d != s):
                 bad.append(f"{src} imports {dst} ({s} -> {d}: against the stage order)")
-    # circles: strongly connected components (Tarjan) spanning more than one stage
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len({_stage(m) for m in comp}) > 1:
-                bad.append("import circle across stages: " + ", ".join(sorted(comp)))
-
-    for v in modules:
-        if v not in index:
-            visit(v)
+    # circles: strongly connected components spanning more than one stage
+    bad += ["import circle across stages: " + ", ".join(comp) for comp in components(edges, modules)
+            if len({_stage(m) for m in comp}) > 1]
     return bad
 
 
-def circles(root: Path) -> list[list[str]]:
-    """The import circles between modules of root/pipeline (strongly connected components of more than one module
-    of `graph`: every import counts, lazy ones too), each sorted."""
-    edges, modules = graph(root)
+def components(edges: dict, modules) -> list[list[str]]:
+    """The strongly connected components (Tarjan) of the import graph `edges` over `modules`, each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -136,13 +107,19 @@ def circles(root: Path) -> list[list[str]]:
                 comp.append(w)
                 if w == v:
                     break
-            if len(comp) > 1:
-                found.append(sorted(comp))
+            found.append(sorted(comp))
 
     for v in modules:
         if v not in index:
             visit(v)
     return found
+
+
+def circles(root: Path) -> list[list[str]]:
+    """The import circles between modules of root/pipeline (strongly connected components of more than one module
+    of `graph`: every import counts, lazy ones too), each sorted."""
+    edges, modules = graph(root)
+    return [comp for comp in components(edges, modules) if len(comp) > 1]
 
 
 def test_no_import_circle_between_modules_of_pipeline():
