@@ -15,6 +15,7 @@ from assets.router import reward_embeddings, training_split
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
+from pipeline.collect.sampling import imputed_cells
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.profile import BENCHMARK_SUITES
@@ -211,8 +212,16 @@ def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: Fitt
                       head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
-                      prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"))
+                      prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"),
+                      imputed_cells=imputed_cells(rewards))
     return table, png, aiq, rv
+
+
+def imputed_lines(rv: dict) -> list[str]:
+    """The report's note on imputed reward cells (none for a fully collected matrix)."""
+    n = rv.get("imputed_cells") or 0
+    return [f"Trained on a partly imputed reward matrix: {n:,} cells of new agents asked on a sample were estimated "
+            "(reward_matrix column `imputed`, reports/new_agents.json).", ""] if n else []
 
 
 @asset(group_name="report", io_manager_key="io_manager",
@@ -247,7 +256,8 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
         prof.name, reg.name, point, routed.md, regc.name, routed.cascade_md,
         [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
          f"{'; costs estimated' if routed.estimated else ''})", "", f"Pool verdict: {verdict}", "", line, "",
-         targets_markdown(value), "", "### Router kinds side by side (prompt-only / cascade / combined)", "",
+         targets_markdown(value), "", *imputed_lines(rv),
+         "### Router kinds side by side (prompt-only / cascade / combined)", "",
          ablation_markdown(rv), ""],
         ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
          table_markdown(prof.name, table), f"![frontier]({png.name})", ""])

@@ -1,4 +1,6 @@
 """Lineage stage 2: agents → pre-flight → graded calls (source × repetition) → reward matrix → baselines."""
+import json
+
 import pandas as pd
 from dagster import (
     AssetCheckResult,
@@ -28,18 +30,19 @@ from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
-from pipeline.collect.calls import run_collect
 from pipeline.collect.preflight import preflight as run_preflight
 from pipeline.collect.quality import RULE_SETTING, empty_rates, kept_agents, quarantine_markdown, quarantined
 from pipeline.collect.regrade import regrade
 from pipeline.collect.rewards import baselines as compute_baselines
 from pipeline.collect.rewards import collection_totals, cost_basis, costs_are_estimated
 from pipeline.collect.rewards import reward_matrix as build_matrix
+from pipeline.collect.sampling import collect_with_sample, complete_matrix, imputed_cells, new_agents
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
 from pipeline.profile import Profile
 from pipeline.report.datasets import REWARDS_DESCRIPTION, REWARDS_TITLE, publish_dataset, rewards_table
+from resources.backbone import BackboneResource
 from resources.pool import PoolResource, default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -192,6 +195,36 @@ class GradedCallsConfig(Config):
                                                             "--max-usd); unset: the profile's collection.max_usd.")
 
 
+NEW_AGENTS_REPORT = "new_agents.json"  # reports/: the sampled new agents' estimates and decisions (reward_matrix)
+
+
+def profile_pool_agents(prof: Profile) -> list[str]:
+    """The agents of the profile's own pool: an agent of the run's pool that is not one of them is new (issue 29)."""
+    try:
+        return [a.name for a in load_agents(default_agents_file(), prof.pool.name)]
+    except RouterLiteError:
+        return []
+
+
+def sampled_agents(prof: Profile, agents: list[str]) -> list[str]:
+    """The new agents collected on a sample (none with `collection.new_agent_sample` off)."""
+    return new_agents(agents, profile_pool_agents(prof)) if prof.collection.new_agent_sample.on else []
+
+
+def rest_of(storage: StorageResource, pool_name: str) -> list[str]:
+    """New agents whose remaining calls are collected: those the last decision on this pool (reports/
+    new_agents.json, written by `reward_matrix`) marked `collect_rest`."""
+    import json
+
+    path = storage.path("reports") / NEW_AGENTS_REPORT
+    if not path.is_file():
+        return []
+    report = json.loads(path.read_text())
+    if report.get("pool") != pool_name:
+        return []
+    return [a for a, d in report.get("agents", {}).items() if d.get("collect_rest")]
+
+
 def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, task_pool: pd.DataFrame,
                   preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource, storage: StorageResource):
     prof = profile.get()
@@ -214,12 +247,16 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
     budget = None
     with collection_lock(log.directory, f"{source} repetition {rep}", wait):
         before = len(log.keys())
+        asked = {}
         if regrading:
             calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
         else:  # a budget counts the whole collection: its partitions collect one at a time (issue 29)
             with budget_lock(storage, pool.kind, prof, config.max_usd):
                 budget = partition_budget(prof, config.max_usd, pool.kind, storage, task_pool, agents)
-                calls = run_collect(tasks, agents, rep, log, pool.client_for, prof.collection, budget=budget)
+                calls, asked = collect_with_sample(tasks, agents, profile_pool_agents(prof), rep, log,
+                                                   pool.client_for, prof.collection,
+                                                   prof.collection.new_agent_sample,
+                                                   rest_of(storage, pool.pool), budget=budget)
         made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")
@@ -232,7 +269,8 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
     yield from empty_rate_checks(calls, prof.collection.empty_rate_max, [a.name for a in agents])
     yield budget_check(prof, budget, pool.kind, storage, task_pool, agents)
     yield Output(calls, metadata={
-        "calls": len(calls), "new_calls": made, "errors": int((calls["status"] == "error").sum()),
+        "calls": len(calls), "new_calls": made, "new_agents_asked": MetadataValue.json(asked),
+        "errors": int((calls["status"] == "error").sum()),
         "empties": int((calls["status"] == "empty").sum()), "cost_usd": float(calls["cost_usd"].fillna(0).sum()),
         "totals": MetadataValue.md(totals.to_markdown(index=False, floatfmt=".4f")),
         "call_log": str(log.directory), "pool": pool.pool,
@@ -320,13 +358,24 @@ def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:
                    "Published as the rewards dataset (no prompt text).")
 def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, task_pool: pd.DataFrame,
                   preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
-                  storage: StorageResource):
+                  storage: StorageResource, backbone: BackboneResource):
     prof = profile.get()
     pool = pool_of(pool, preflight)
     calls = profile_calls(prof, graded_calls)
     quarantine = quarantine_of(prof, calls)
     agents = kept_agents([a.name for a in passed_agents(pool, preflight)], quarantine, "reward matrix")
-    matrix = build_matrix(calls, agents)
+    sampled = sampled_agents(prof, agents)
+    matrix = build_matrix(calls, agents, sampled)
+    decisions = None
+    if sampled and len(matrix.rows) and any(pd.isna(v) for r in matrix.rows["mean_reward"] for v in r):
+        rows, decisions = _completed(matrix.rows, task_pool, sampled, prof, pool.pool, backbone, storage)
+        matrix = type(matrix)(rows, matrix.incomplete)
+        atomic_write_text(json.dumps(decisions, indent=2) + "\n", storage.path("reports") / NEW_AGENTS_REPORT)
+        for a, d in decisions["agents"].items():
+            context.log.info(f"new agent {a}: {d['sampled']}/{d['tasks']} tasks asked, quality "
+                             f"{d['quality_estimate']:.4f} [{d['ci_low']:.4f}, {d['ci_high']:.4f}], joins the "
+                             f"frontier: {d['joins']} (in {d['join_share']:.0%} of the draws), rest collected: "
+                             f"{d['collect_rest']}")
     out = publish_dataset(rewards_table(matrix.rows, task_pool), storage.path("datasets") / "rewards",
                           REWARDS_TITLE.format(profile=prof.name), REWARDS_DESCRIPTION)
     if len(matrix.incomplete):
@@ -334,8 +383,10 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
     for a, why in quarantine.items():
         context.log.warning(f"agent {a} quarantined (left out of the reward matrix): {why}")
     lower = cost_lower_bounds(pool, agents) if costs_are_estimated(matrix.rows) else {}
-    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions)
+    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions, on_purpose=sampled)
     yield Output(matrix.rows, metadata={
+        "imputed_cells": imputed_cells(matrix.rows),
+        "new_agents": MetadataValue.md(new_agents_markdown(decisions) if decisions else "(none sampled)"),
         "tasks": len(matrix.rows), "agents": MetadataValue.json(agents), "cost_basis": cost_basis(calls),
         "quarantined": MetadataValue.json(quarantine),
         "quarantine": MetadataValue.md(quarantine_markdown(quarantine) or "(none)"),
@@ -344,6 +395,33 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
         "incomplete_tasks": int(matrix.incomplete["task_id"].nunique()),
         "dataset_dir": str(out),
     })
+
+
+def _completed(rows: pd.DataFrame, task_pool: pd.DataFrame, sampled: list[str], prof: Profile, pool_name: str,
+               backbone: BackboneResource, storage: StorageResource) -> tuple[pd.DataFrame, dict]:
+    """The reward rows with the sampled new agents' missing cells estimated (`pipeline.collect.sampling`), from the
+    existing agents' rewards, the source and the prompt embedding (the shared embedding cache: `prompt_embeddings`
+    embeds the same prompts once)."""
+    from pipeline.collect.sampling import embedding_features
+    from pipeline.route.embed import EmbeddingCache
+
+    t = rows[["task_id"]].merge(task_pool[["task_id", "source", "prompt"]], on="task_id", how="left")
+    emb = EmbeddingCache(storage.path("embeddings")).get_or_compute(t["prompt"].tolist(), backbone.get_backbone())
+    return complete_matrix(rows, t["source"].to_numpy(), sampled, prof.collection.new_agent_sample,
+                           embedding_features(emb), pool_name)
+
+
+def new_agents_markdown(decisions: dict) -> str:
+    """The sampled new agents' estimates (overall and per source, 95 % intervals) and frontier decisions."""
+    lines = ["| agent | asked | quality [95 % CI] | per source | cost/task | joins (share) | rest collected |",
+             "|---|---:|---|---|---:|---|---|"]
+    for a, d in decisions["agents"].items():
+        per = "; ".join(f"{s} {v['estimate']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+                        for s, v in d["per_source"].items())
+        lines.append(f"| {a} | {d['sampled']}/{d['tasks']} | {d['quality_estimate']:.4f} [{d['ci_low']:.4f}, "
+                     f"{d['ci_high']:.4f}] | {per} | {d['cost_estimate']:.6f} | {d['joins']} "
+                     f"({d['join_share']:.0%}) | {d['collect_rest']} |")
+    return "\n".join(lines) + f"\n\n{decisions['imputed_cells']} cells imputed (column `imputed`)."
 
 
 @asset(group_name="rewards", io_manager_key="io_manager",

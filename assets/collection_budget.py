@@ -99,13 +99,19 @@ def missing_cells(calls: pd.DataFrame, task_pool: pd.DataFrame, agents: list[str
 
 
 def matrix_complete_check(calls: pd.DataFrame, task_pool: pd.DataFrame, agents: list[str],
-                          repetitions: int) -> AssetCheckResult:
-    """`matrix_complete` of the reward matrix (blocking): every (agent, task, repetition) cell was collected."""
+                          repetitions: int, on_purpose: list[str] | tuple = ()) -> AssetCheckResult:
+    """`matrix_complete` of the reward matrix (blocking): every (agent, task, repetition) cell was collected, but
+    the cells of `on_purpose` agents (new agents asked on a sample, `collection.new_agent_sample`: estimated and
+    marked `imputed` in the matrix), counted apart."""
     missing = missing_cells(calls, task_pool, agents, repetitions)
+    sampled = set(on_purpose)
+    imputed = sum(1 for a, _, _ in missing if a in sampled)
+    missing = [m for m in missing if m[0] not in sampled]
     n = len(task_pool) * len(agents) * repetitions
     shown = ", ".join(f"{a}/{t}/rep{r}" for a, t, r in missing[:MISSING_SHOWN])
     return AssetCheckResult(
-        check_name="matrix_complete", passed=not missing, metadata={"missing_cells": len(missing), "cells": n},
+        check_name="matrix_complete", passed=not missing,
+        metadata={"missing_cells": len(missing), "cells": n, "sampled_out_cells": imputed},
         description=(f"{len(missing):,} of {n:,} cells (agent/task/repetition) were never collected, e.g. {shown}: "
                      f"finish the collection (router-lite run, with a higher --max-usd if a budget stopped it)")
         if missing else None)

@@ -1,25 +1,28 @@
-"""Issue 29, items 3/4 (a first measurement): a new agent measured on a sample of tasks instead of all of them, on
-the replay pools where the full matrix is known (`demo_wide`'s 5 new models over demo, `mmlu_pro_wide`'s 3 over
-mmlu_pro).
+"""Issue 29, items 3/4: a new agent measured on a sample of tasks instead of all of them, on the replay pools where
+the full matrix is known (`demo_wide`'s 5 new models over demo, `mmlu_pro_wide`'s 3 over mmlu_pro).
 
 Per pool: the profile's task pool (built as `router-lite run --upto task_pool` builds it), every agent's reply from
 the replay recordings, graded with the project's graders (the full matrix); a reply's cost = list price x
-ceil(characters / 4) tokens, as the replay estimates it. Per new agent:
+ceil(characters / 4) tokens, as the replay estimates it; one reply per task (a replay repetition replays it: the
+calls of a profile with 3 repetitions scale by 3, the fractions and dollars saved in proportion). Per new agent,
+with the collection's own functions (`pipeline.collect.sampling`, the setting `collection.new_agent_sample`):
 
-- sample: `--fraction` of the tasks (default 0.2), stratified by source; within a source half the quota among tasks
-  where the existing agents disagree (informative), half among all (random, seeded);
-- estimate: scikit-learn's LogisticRegression on the sample, features = the existing agents' rewards, their mean and
-  the source (one-hot), predicts the new agent's reward on the other tasks; quality estimate = (sample's rewards +
-  predicted probabilities) / tasks; 95 % interval by refitting on bootstrap resamples of the sample (`--boot`);
-- cost estimate: the sample's mean cost per task;
-- join: the agent is on the pool's cost-quality frontier (no other agent at least as good and at most as costly, one
-  of them strictly), with its full-collection figures (joins_full) and with the estimate (joins_adaptive).
+- sample: `choose_sample` (`--fraction` of each source's tasks, strategy `--strategy`, seeded by agent and source);
+- estimate: `estimate_agent` with each model of `--models` (logistic with the prompt embedding's 16 principal
+  components, logistic without them, IRT factorisation); the first is the reported one, the others are compared
+  (absolute error against the full matrix, interval hit) under `models`;
+- join: `frontier_decision` against the existing agents' full figures (joins_adaptive) and the full-matrix figure
+  (joins_full);
+- the completed matrix: the new agents' sampled rewards + the estimate's probabilities elsewhere; a kNN router
+  (pipeline.route.knn, k chosen on validation) trained on the train rows of the full matrix (aiq_full) and of the
+  completed one (aiq_adaptive), both scored by the test AIQ of the *full* matrix's test rows (the same split: the
+  task pool's `test`, out-of-distribution rows left out, as the lineage does).
 
 Writes $ROUTER_LITE_HOME/bench/grow.json: {"pools": {POOL: {"agents": {NAME: {calls_fraction, joins_full,
-joins_adaptive, quality_full, quality_estimate, ci_low, ci_high, ...}}, "aiq_full": null, "aiq_adaptive": null}}}.
-NOT measured here: the router trained on the completed matrix (aiq_*: null), the refresh timing (item 6).
+joins_adaptive, quality_full, quality_estimate, ci_low, ci_high, ...}}, "aiq_full", "aiq_adaptive", ...}}}; keys it
+does not write (e.g. bench/refresh.py's `refresh_seconds`) are kept.
 
-    python bench/grow.py [--fraction 0.2] [--boot 200] [--seed 0]
+    python bench/grow.py [--fraction 0.2] [--strategy disagreement] [--boot 200] [--seed 0]
 """
 from __future__ import annotations
 
@@ -30,7 +33,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -60,105 +62,169 @@ def full_matrix(profile: str, wide: str):
     return tasks, agents, R, C
 
 
-def choose_sample(tasks: pd.DataFrame, base: np.ndarray, fraction: float, rng) -> np.ndarray:
-    """Indices: per source `fraction` of its tasks, half where the base agents disagree, half at random."""
-    chosen = []
-    disagree = (base.mean(axis=1) > 0) & (base.mean(axis=1) < 1)
-    for _, idx in tasks.groupby("source").indices.items():
-        k = max(2, int(round(fraction * len(idx))))
-        dis = idx[disagree[idx]]
-        first = rng.choice(dis, size=min(len(dis), k // 2), replace=False) if len(dis) else np.array([], int)
-        rest = np.setdiff1d(idx, first)
-        second = rng.choice(rest, size=min(len(rest), k - len(first)), replace=False)
-        chosen += list(first) + list(second)
-    return np.array(sorted(chosen))
+def prompt_embeddings(profile: str, prompts: list[str]) -> np.ndarray:
+    """The prompts' embeddings by the profile's backbone, through the shared embedding cache of the home."""
+    from assets.definitions import build_resources
+    from pipeline.profile import load_profile
+    from pipeline.route.embed import EmbeddingCache
+    from resources.storage import default_home
+
+    bb = build_resources(profile=load_profile(profile))["backbone"].get_backbone()
+    return EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(prompts, bb)
 
 
-def features(tasks: pd.DataFrame, base: np.ndarray) -> np.ndarray:
-    src = pd.get_dummies(tasks["source"]).to_numpy(float)
-    return np.hstack([base, base.mean(axis=1, keepdims=True), src])
+def cached_matrix(profile: str, wide: str):
+    """`full_matrix`, kept in $ROUTER_LITE_HOME/bench/grow-<pool>.npz (grading every reply takes a while)."""
+    from resources.storage import default_home
+
+    cache = Path(default_home()) / "bench" / f"grow-{wide}.npz"
+    tasks, agents = None, None
+    if cache.exists():
+        z = np.load(cache, allow_pickle=False)
+        from cli.forecast import profile_task_pool
+        from pipeline.collect.agents import load_agents
+        from pipeline.profile import load_profile
+        from resources.pool import default_agents_file
+
+        tasks = profile_task_pool(load_profile(profile)).reset_index(drop=True)
+        agents = load_agents(default_agents_file(), wide)
+        if list(z["task_ids"]) == list(tasks["task_id"].astype(str)) and list(z["agents"]) == [a.name for a in agents]:
+            return tasks, agents, z["R"], z["C"], z["X"]
+    tasks, agents, R, C = full_matrix(profile, wide)
+    X = prompt_embeddings(profile, tasks["prompt"].tolist())
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, task_ids=tasks["task_id"].astype(str).to_numpy(), agents=np.array([a.name for a in agents]),
+             R=R, C=C, X=X)
+    return tasks, agents, R, C, X
 
 
-def estimate_quality(X: np.ndarray, y: np.ndarray, sample: np.ndarray, rng, boot: int) -> tuple[float, float, float]:
-    """(estimate, 2.5 %, 97.5 %) of the new agent's mean reward over every task."""
-    from sklearn.linear_model import LogisticRegression
+def router_aiq(X: np.ndarray, R_train_val: np.ndarray, R_true: np.ndarray, C_true: np.ndarray, split: np.ndarray,
+               ) -> float:
+    """Test AIQ of a kNN router trained on `R_train_val`'s train rows (k on its validation rows), scored on the test
+    rows of the true matrix."""
+    from pipeline.route.frontier import aiq, cost_span, policy_points
+    from pipeline.route.knn import KnnRouter
 
-    rest = np.setdiff1d(np.arange(len(y)), sample)
-
-    def one(s: np.ndarray) -> float:
-        ys = y[s]
-        if ys.min() == ys.max():
-            p_rest = np.full(len(rest), ys.mean())
-        else:
-            p_rest = LogisticRegression(C=1.0, max_iter=1000).fit(X[s], ys).predict_proba(X[rest])[:, 1]
-        return float((y[sample].sum() + p_rest.sum()) / len(y))
-
-    est = one(sample)
-    draws = [one(rng.choice(sample, size=len(sample), replace=True)) for _ in range(boot)]
-    lo, hi = np.percentile(draws, [2.5, 97.5]) if draws else (est, est)
-    return est, float(lo), float(hi)
+    tr, va, te = split == "train", split == "validation", split == "test"
+    router = KnnRouter().fit(X[tr], R_train_val[tr], X[va], R_train_val[va])
+    pts = policy_points(router.scores(X[te]), R_true[te], C_true[te])
+    return float(aiq(pts, *cost_span(R_true[te], C_true[te])))
 
 
-def on_frontier(q: np.ndarray, c: np.ndarray, j: int) -> bool:
-    """Agent j is on the cost-quality frontier: no agent at least as good and at most as costly, one strictly."""
-    return not any((q[k] >= q[j] and c[k] <= c[j] and (q[k] > q[j] or c[k] < c[j])) for k in range(len(q)) if k != j)
-
-
-def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, boot: int, seed: int) -> dict:
+def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strategy: str, models: list[str],
+                 boot: int, seed: int) -> dict:
     from pipeline.collect.agents import load_agents
+    from pipeline.collect.sampling import (
+        choose_sample,
+        embedding_features,
+        estimate_agent,
+        frontier_decision,
+        on_frontier,
+    )
+    from pipeline.profile import load_profile
     from resources.pool import default_agents_file
 
-    tasks, agents, R, C = full_matrix(profile, wide)
+    prof = load_profile(profile)
+    reps = prof.repetitions
+    tasks, agents, R, C, E = cached_matrix(profile, wide)
     base_names = {a.name for a in load_agents(default_agents_file(), base_pool)}
     b_idx = [j for j, a in enumerate(agents) if a.name in base_names]
-    X = features(tasks, R[:, b_idx])
+    sources = tasks["source"].astype(str).to_numpy()
+    task_ids = tasks["task_id"].astype(str).to_numpy()
+    emb = embedding_features(E)
     q_full, c_full = R.mean(axis=0), C.mean(axis=0)
+    R_ad = R.copy()
+    imputed = np.zeros_like(R, dtype=bool)
     out = {}
     for j, a in enumerate(agents):
         if a.name in base_names:
             continue
-        rng = np.random.default_rng(seed + j)
-        sample = choose_sample(tasks, R[:, b_idx], fraction, rng)
-        est, lo, hi = estimate_quality(X, R[:, j], sample, rng, boot)
-        cost_est = float(C[sample, j].mean())
-        cols = b_idx + [j]  # the existing pool and this new agent
-        q, c = q_full[cols].copy(), c_full[cols].copy()
-        joins_full = on_frontier(q, c, len(cols) - 1)
-        q[-1], c[-1] = est, cost_est
-        per_src = {s: {"full": float(R[idx, j].mean()), "sample_n": int(np.isin(idx, sample).sum())}
-                   for s, idx in tasks.groupby("source").indices.items()}
-        out[a.name] = {"model": a.model, "calls_fraction": len(sample) / len(tasks), "calls": int(len(sample)),
-                       "calls_full": len(tasks), "joins_full": joins_full,
-                       "joins_adaptive": on_frontier(q, c, len(cols) - 1),
-                       "quality_full": float(q_full[j]), "quality_estimate": est, "ci_low": lo, "ci_high": hi,
-                       "in_ci": bool(lo <= q_full[j] <= hi), "cost_full": float(c_full[j]),
-                       "cost_estimate": cost_est, "usd_full": float(C[:, j].sum()),
-                       "usd_sample": float(C[sample, j].sum()), "per_source": per_src}
-    return {"agents": out, "tasks": len(tasks), "aiq_full": None, "aiq_adaptive": None,
-            "note": "aiq_*: the router on the completed matrix is not measured yet"}
+        sample = choose_sample(task_ids, sources, R[:, b_idx], fraction, strategy, seed, a.name)
+        y = np.full(len(tasks), np.nan)
+        yc = np.full(len(tasks), np.nan)
+        y[sample], yc[sample] = R[sample, j], C[sample, j]  # the estimate sees the sample's cells only
+        compared = {}
+        for m in models:
+            name, use_emb = (m[:-4], False) if m.endswith("-raw") else (m, True)
+            t0 = time.time()
+            e = estimate_agent(R[:, b_idx], C[:, b_idx], sources, y, yc, sample, model=name,
+                               emb=emb if use_emb else None, boot=boot, seed=seed)
+            compared[m] = {"estimate": e.quality, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                           "abs_error": abs(e.quality - float(q_full[j])),
+                           "in_ci": bool(e.ci_low <= q_full[j] <= e.ci_high),
+                           "brier_unsampled": float(np.mean((e.p_task - R[:, j])[np.setdiff1d(
+                               np.arange(len(tasks)), sample)] ** 2)),
+                           "seconds": round(time.time() - t0, 2), "_est": e}
+        est = compared[models[0]].pop("_est")
+        for v in compared.values():
+            v.pop("_est", None)
+        dec = frontier_decision(q_full[b_idx], c_full[b_idx], est)
+        cols = b_idx + [j]
+        joins_full = on_frontier(q_full[cols], c_full[cols], len(cols) - 1)
+        R_ad[:, j] = est.p_task
+        imputed[:, j] = ~np.isin(np.arange(len(tasks)), sample)
+        per_src = {s: {**v, "full": float(R[sources == s, j].mean()),
+                       "in_ci": bool(v["ci_low"] <= R[sources == s, j].mean() <= v["ci_high"])}
+                   for s, v in est.per_source.items()}
+        out[a.name] = {"model": a.model, "calls_fraction": len(sample) / len(tasks), "calls": int(len(sample)) * reps,
+                       "calls_full": len(tasks) * reps, "joins_full": joins_full, "joins_adaptive": dec["joins"],
+                       "join_share": dec["join_share"], "collect_rest": dec["may_join"],
+                       "quality_full": float(q_full[j]), "quality_estimate": est.quality, "ci_low": est.ci_low,
+                       "ci_high": est.ci_high, "in_ci": bool(est.ci_low <= q_full[j] <= est.ci_high),
+                       "cost_full": float(c_full[j]), "cost_estimate": est.cost,
+                       "usd_full": float(C[:, j].sum()) * reps, "usd_sample": float(C[sample, j].sum()) * reps,
+                       "per_source": per_src, "models": compared, "pool_agents": len(cols)}
+    split = tasks["split"].astype(str).to_numpy()
+    if "ood" in tasks.columns:
+        split = np.where(tasks["ood"].fillna(False).astype(bool), "ood", split)
+    aiq_full = router_aiq(E, R, R, C, split)
+    aiq_ad = router_aiq(E, R_ad, R, C, split)
+    saved_calls = sum(r["calls_full"] - r["calls"] for r in out.values())
+    saved_usd = sum(r["usd_full"] - r["usd_sample"] for r in out.values())
+    return {"agents": out, "tasks": len(tasks), "repetitions": reps, "router": "knn",
+            "aiq_full": aiq_full, "aiq_adaptive": aiq_ad, "aiq_gap": aiq_ad - aiq_full,
+            "imputed_cells": int(imputed.sum()) * reps, "calls_saved": int(saved_calls), "usd_saved": saved_usd,
+            "test_rows": int((split == "test").sum())}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=0.2)
+    ap.add_argument("--strategy", default="disagreement")
+    ap.add_argument("--models", default="logistic,logistic-raw,irt",
+                    help="estimators compared, the first reported (NAME-raw: without the prompt embedding)")
     ap.add_argument("--boot", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pools", default=",".join(POOLS))
     args = ap.parse_args(argv)
     from resources.storage import default_home
 
     t0 = time.time()
-    result = {"fraction": args.fraction, "pools": {}}
-    for wide, (profile, base) in POOLS.items():
-        result["pools"][wide] = measure_pool(wide, profile, base, args.fraction, args.boot, args.seed)
-        for name, r in result["pools"][wide]["agents"].items():
-            print(f"{wide} {name}: {r['calls']}/{r['calls_full']} calls ({r['calls_fraction']:.0%}), quality full "
-                  f"{r['quality_full']:.4f} est {r['quality_estimate']:.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"
-                  f"{'' if r['in_ci'] else ' MISS'}, cost/task full {r['cost_full']:.6f} est "
-                  f"{r['cost_estimate']:.6f}, joins full {r['joins_full']} adaptive {r['joins_adaptive']}")
-    result["seconds"] = round(time.time() - t0, 1)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
     out = Path(default_home()) / "bench" / "grow.json"
+    result = json.loads(out.read_text()) if out.exists() else {}  # keys another bench writes are kept
+    result.update({"fraction": args.fraction, "strategy": args.strategy, "models": models, "seed": args.seed})
+    result.setdefault("pools", {})
+    for wide in [p for p in args.pools.split(",") if p]:
+        profile, base = POOLS[wide]
+        r = measure_pool(wide, profile, base, args.fraction, args.strategy, models, args.boot, args.seed)
+        result["pools"][wide] = {**result["pools"].get(wide, {}), **r}
+        for name, a in r["agents"].items():
+            print(f"{wide} {name}: {a['calls']}/{a['calls_full']} calls ({a['calls_fraction']:.1%}), quality full "
+                  f"{a['quality_full']:.4f} est {a['quality_estimate']:.4f} [{a['ci_low']:.4f}, {a['ci_high']:.4f}]"
+                  f"{'' if a['in_ci'] else ' MISS'}, cost/task full {a['cost_full']:.6f} est "
+                  f"{a['cost_estimate']:.6f}, joins full {a['joins_full']} adaptive {a['joins_adaptive']} "
+                  f"(share {a['join_share']:.2f}), USD {a['usd_sample']:.4f} of {a['usd_full']:.4f}; "
+                  + ", ".join(f"{m} err {v['abs_error']:.4f}{'' if v['in_ci'] else ' MISS'}"
+                              for m, v in a["models"].items()))
+        print(f"{wide}: test AIQ (kNN) full {r['aiq_full']:.4f} adaptive {r['aiq_adaptive']:.4f} "
+              f"(gap {r['aiq_gap']:+.4f}); {r['imputed_cells']} cells imputed; saved {r['calls_saved']} calls, "
+              f"USD {r['usd_saved']:.4f}")
+    result["seconds"] = round(time.time() - t0, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
     print(f"written: {out} ({result['seconds']} s)")
     return 0
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.collect.budget import check_max_usd
+from pipeline.collect.sampling import NewAgentSample
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core import config
 from pipeline.core.config import (  # noqa: F401 - the reader's names, re-exported for the profile's callers
@@ -149,11 +150,16 @@ class CollectionConfig(CollectionSettings):
         USD the whole collection may spend (every partition, reruns included; None = no limit). Each call reserves
         its worst case before it is sent; the collection stops with one line when the next would not fit
         (`pipeline.collect.budget`; `router-lite run --max-usd X` overrides it for one run).
+    new_agent_sample = NewAgentSample()
+        New agents of a wider pool called on a sample of tasks first, the rest estimated, the remaining calls made
+        only for agents that may join the frontier (`pipeline.collect.sampling.NewAgentSample`, its table there);
+        off by default (fraction 0). Not a call setting.
     """
 
     repetitions: int = 3
     empty_rate_max: float = 0.05
     max_usd: float | None = None
+    new_agent_sample: NewAgentSample = field(default_factory=NewAgentSample)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -306,7 +312,7 @@ class Profile:
 
 SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, BackboneSettings, BenchmarkSettings,
             ServeProfileSettings, Profile, TaskPoolConfig, CollectionSettings,
-            TrainConfig)  # every dataclass a profile is read into
+            TrainConfig, NewAgentSample)  # every dataclass a profile is read into
 
 
 def _ood_form(raw: dict) -> dict:

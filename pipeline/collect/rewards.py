@@ -24,8 +24,10 @@ class RewardMatrix:
     incomplete: pd.DataFrame  # task_id, agent, error_count: tasks held back because an agent has only errors
 
 
-def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
-    """Aggregate graded calls over repetitions into reward rows with `agent_order == agents`."""
+def reward_matrix(calls: pd.DataFrame, agents: list[str], sampled: tuple[str, ...] | list[str] = ()) -> RewardMatrix:
+    """Aggregate graded calls over repetitions into reward rows with `agent_order == agents`. A task where an agent
+    of `sampled` (a new agent asked only on a sample, pipeline/collect/sampling.py) has no call stays, with NaN in
+    that agent's reward and cost (`sampling.complete_matrix` fills and marks them)."""
     if not agents:
         raise RouterLiteError("reward matrix needs at least one agent")
     unknown = sorted(set(calls["agent"]) - set(agents))
@@ -50,9 +52,10 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
     wide = per.pivot(index="task_id", columns="agent").reindex(columns=agents, level=1)
     usable = wide["usable"].fillna(0).to_numpy()
     missing = usable == 0
-    incomplete_mask = missing.any(axis=1)
+    never_asked = np.isnan(wide["usable"].to_numpy(dtype=float)) & np.isin(agents, list(sampled))[None, :]
+    incomplete_mask = (missing & ~never_asked).any(axis=1)
     inc = [(t, agents[j], int(np.nan_to_num(wide["error"].to_numpy()[i, j])))
-           for i, t in enumerate(wide.index) for j in np.flatnonzero(missing[i])]
+           for i, t in enumerate(wide.index) for j in np.flatnonzero(missing[i] & ~never_asked[i])]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = wide["reward_sum"].to_numpy() / usable
         cost = wide["cost_sum"].to_numpy() / usable
@@ -60,13 +63,13 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str]) -> RewardMatrix:
     for i, task_id in enumerate(wide.index):
         if incomplete_mask[i]:
             continue
-        best = [a for a, r in zip(agents, mean[i]) if r >= mean[i].max() - TIE_TOL]
+        best = [a for a, r in zip(agents, mean[i]) if r >= np.nanmax(mean[i]) - TIE_TOL]
         rows.append({
             "task_id": task_id, "agent_order": list(agents), "mean_reward": mean[i].round(6).tolist(),
             "best_agents": best, "is_tie": len(best) > 1,
-            "empty_count": wide["empty"].to_numpy()[i].astype(int).tolist(),
-            "error_count": wide["error"].to_numpy()[i].astype(int).tolist(),
-            "mean_cost": cost[i].tolist(), "n_repetitions": int(usable[i].min()),
+            "empty_count": np.nan_to_num(wide["empty"].to_numpy(dtype=float)[i]).astype(int).tolist(),
+            "error_count": np.nan_to_num(wide["error"].to_numpy(dtype=float)[i]).astype(int).tolist(),
+            "mean_cost": cost[i].tolist(), "n_repetitions": int(usable[i][~never_asked[i]].min()),
             "cost_estimated": bool(np.any(wide["estimated"].to_numpy()[i] == True)),  # noqa: E712 (object array)
         })
     return RewardMatrix(pd.DataFrame(rows, columns=REWARD_COLUMNS),

@@ -49,7 +49,7 @@ def targets_markdown(value: dict) -> str:
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
                      "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone",
-                     "prompt_routers", "shipped_prompt_router")
+                     "prompt_routers", "shipped_prompt_router", "imputed_cells")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -60,7 +60,7 @@ CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain"
 def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
                  head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
                  cascade_benchmark: dict | None = None, backbone: dict | None = None,
-                 prompt_routers: dict | None = None, shipped: dict | None = None) -> dict:
+                 prompt_routers: dict | None = None, shipped: dict | None = None, imputed_cells: int = 0) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
 
     `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
@@ -73,7 +73,10 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     `prompt_routers` holds every prompt-only kind's max-quality figures (`fit.extra["kinds"]`: validation reward, the
     choice; test reward with its paired gain over the best single agent, the report) and `shipped_prompt_router`
     the one the lineage shipped (`fit.extra["shipped"]`: {kind, validation, test}; kind "best_single" when the ship
-    gate refused the chosen kind)."""
+    gate refused the chosen kind).
+
+    `imputed_cells`: cells of the reward matrix the routers were trained on that were estimated, not collected (new
+    agents asked on a sample, `collection.new_agent_sample`; 0 for a fully collected matrix)."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
@@ -106,6 +109,7 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
         "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
         "prompt_routers": dict(prompt_routers or {}), "shipped_prompt_router": shipped,
+        "imputed_cells": int(imputed_cells),
     }
 
 

@@ -1,0 +1,178 @@
+"""Issue 29: new agents measured on a sample (pipeline/collect/sampling.py): the draw, the estimate, the imputed
+cells, and a replay collection that calls a new agent only on its sample."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.collect.sampling import (
+    NewAgentSample,
+    choose_sample,
+    collect_with_sample,
+    complete_matrix,
+    disagreement,
+    estimate_agent,
+    imputed_cells,
+    on_frontier,
+)
+from pipeline.core.errors import RouterLiteError
+
+
+def _toy(n_per=50, sources=("a", "b", "c"), K=3, seed=0):
+    rng = np.random.default_rng(seed)
+    src = np.repeat(sources, n_per)
+    ids = np.array([f"{s}/{i}" for s, i in zip(src, range(len(src)))])
+    B = (rng.random((len(src), K)) < 0.6).astype(float)
+    return ids, src, B
+
+
+def test_the_sample_is_stratified_seeded_and_deterministic():
+    ids, src, B = _toy()
+    s = choose_sample(ids, src, B, 0.2, "disagreement", seed=3, agent="new")
+    for name in ("a", "b", "c"):  # 20 % of each source's 50 tasks
+        assert np.sum(src[s] == name) == 10
+    assert np.array_equal(s, choose_sample(ids, src, B, 0.2, "disagreement", seed=3, agent="new"))
+    assert not np.array_equal(s, choose_sample(ids, src, B, 0.2, "disagreement", seed=4, agent="new"))
+    assert not np.array_equal(s, choose_sample(ids, src, B, 0.2, "disagreement", seed=3, agent="other"))
+    # the rows' order does not change which tasks are drawn
+    perm = np.random.default_rng(1).permutation(len(ids))
+    s2 = choose_sample(ids[perm], src[perm], B[perm], 0.2, "disagreement", seed=3, agent="new")
+    assert set(ids[perm][s2]) == set(ids[s])
+    # at least half of each source's quota where the existing agents disagree
+    dis = disagreement(B)
+    for name in ("a", "b", "c"):
+        assert np.sum(dis[s] & (src[s] == name)) >= 5
+    assert len(np.unique(s)) == len(s) == 30
+    with pytest.raises(RouterLiteError, match="strategy"):
+        choose_sample(ids, src, B, 0.2, "best")
+    with pytest.raises(RouterLiteError, match="fraction"):
+        choose_sample(ids, src, B, 0.0)
+
+
+def test_the_setting_is_off_by_default_and_checked():
+    from pipeline.profile import load_profile
+
+    assert not load_profile("demo").collection.new_agent_sample.on
+    assert NewAgentSample(fraction=0.2).on
+    for bad in ({"fraction": 1.5}, {"strategy": "x"}, {"model": "x"}, {"complete": "x"}, {"confidence": 1.0}):
+        with pytest.raises(RouterLiteError, match="new_agent_sample"):
+            NewAgentSample(**bad)
+
+
+def test_the_estimate_reads_only_the_sample_and_covers_a_predictable_agent():
+    ids, src, B = _toy(n_per=200, K=4, seed=2)
+    rng = np.random.default_rng(5)
+    y_full = np.where(rng.random(len(ids)) < 0.85, B[:, 0], 1 - B[:, 0])  # follows agent 0 most of the time
+    s = choose_sample(ids, src, B, 0.25, seed=0, agent="n")
+    y = np.full(len(ids), np.nan)
+    y[s] = y_full[s]  # NaN elsewhere: reading them would poison the estimate
+    costs = np.ones_like(B)
+    est = estimate_agent(B, costs, src, y, np.where(np.isnan(y), np.nan, 2.0), s, boot=100)
+    assert est.ci_low <= y_full.mean() <= est.ci_high and abs(est.quality - y_full.mean()) < 0.04
+    assert set(est.per_source) == {"a", "b", "c"} and all(v["sampled"] == 50 for v in est.per_source.values())
+    assert est.cost == pytest.approx(2.0)  # the ratio estimate: twice the existing agents' cost everywhere
+    assert np.array_equal(est.p_task[s], y_full[s])
+
+
+def test_on_frontier():
+    assert on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 2.0], 2)
+    assert not on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 3.5], 2)
+
+
+def _rows(R, C, agents):
+    return pd.DataFrame({"task_id": [f"t{i}" for i in range(len(R))], "agent_order": [list(agents)] * len(R),
+                         "mean_reward": [list(r) for r in R], "best_agents": [[]] * len(R),
+                         "is_tie": [False] * len(R), "mean_cost": [list(c) for c in C]})
+
+
+def test_imputed_cells_are_marked_and_filled():
+    ids, src, B = _toy(n_per=40, K=3, seed=4)
+    new = B[:, 0].copy()
+    s = choose_sample(ids, src, B, 0.25, agent="n")
+    R = np.column_stack([B, np.where(np.isin(np.arange(len(ids)), s), new, np.nan)])
+    C = np.column_stack([np.ones_like(B), np.where(np.isnan(R[:, 3]), np.nan, 0.5)])
+    rows, report = complete_matrix(_rows(R, C, ["x", "y", "z", "n"]), src, ["n"], NewAgentSample(fraction=0.25,
+                                                                                                  boot=20))
+    mask = np.array(rows["imputed"].tolist())
+    assert mask[:, :3].sum() == 0 and np.array_equal(mask[:, 3], np.isnan(R[:, 3]))
+    assert imputed_cells(rows) == report["imputed_cells"] == int(np.isnan(R[:, 3]).sum())
+    filled = np.array(rows["mean_reward"].tolist())
+    assert np.isfinite(filled).all() and ((filled >= 0) & (filled <= 1)).all()
+    assert np.array_equal(filled[s, 3], new[s])  # asked cells keep their measured reward
+    d = report["agents"]["n"]
+    assert d["sampled"] == len(s) and {"joins", "join_share", "collect_rest", "per_source"} <= set(d)
+    assert imputed_cells(rows.drop(columns="imputed")) == 0
+
+
+def test_the_reward_matrix_keeps_tasks_a_sampled_agent_was_not_asked():
+    from pipeline.collect.rewards import reward_matrix
+
+    calls = pd.DataFrame({"task_id": ["t1", "t1", "t2", "t2", "t1"], "agent": ["a", "b", "a", "b", "new"],
+                          "status": ["ok"] * 5, "correct": [True, False, True, True, True],
+                          "cost_usd": [1.0] * 5, "repetition": [0] * 5, "usage_source": ["provider"] * 5})
+    assert len(reward_matrix(calls, ["a", "b", "new"]).rows) == 1  # without the setting: t2 is held back
+    m = reward_matrix(calls, ["a", "b", "new"], sampled=["new"])
+    assert list(m.rows["task_id"]) == ["t1", "t2"] and np.isnan(m.rows["mean_reward"].iloc[1][2])
+    assert m.incomplete.empty
+
+
+def test_matrix_complete_passes_the_cells_sampled_out_on_purpose():
+    from assets.collection_budget import matrix_complete_check
+
+    tasks = pd.DataFrame({"task_id": ["s/1", "s/2"]})
+    calls = pd.DataFrame({"agent": ["a", "a", "b"], "task_id": ["s/1", "s/2", "s/1"], "repetition": [0, 0, 0]})
+    res = matrix_complete_check(calls, tasks, ["a", "b"], 1, on_purpose=["b"])
+    assert res.passed and res.metadata["sampled_out_cells"].value == 1
+    assert not matrix_complete_check(calls, tasks, ["a", "b"], 1, on_purpose=["a"]).passed
+
+
+@pytest.fixture(scope="module")
+def demo_tasks():
+    from cli.forecast import profile_task_pool
+    from pipeline.profile import load_profile
+
+    tasks = profile_task_pool(load_profile("demo"))
+    return tasks.groupby("source", group_keys=False).head(40).reset_index(drop=True)  # 40 per source
+
+
+def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_tasks, tmp_path):
+    """demo_wide through the replay pool, setting on (25 %): the demo agents are called on every task, each new one
+    on 10 of each source's 40; a rerun makes no call; the decision's `rest` completes an agent; the matrix marks
+    exactly the cells never asked."""
+    from pipeline.collect.call_log import CallLog
+    from pipeline.collect.rewards import reward_matrix
+    from pipeline.collect.settings import CollectionSettings
+    from resources.pool import PoolResource
+
+    pool = PoolResource(kind="replay", pool="demo_wide")
+    agents = pool.agents()
+    base = [a.name for a in PoolResource(kind="replay", pool="demo").agents()]
+    new = [a.name for a in agents if a.name not in base]
+    setting = NewAgentSample(fraction=0.25, boot=20)
+    settings = CollectionSettings(concurrency=8)
+    frames = []
+    for source, tasks in demo_tasks.groupby("source"):
+        log = CallLog(tmp_path / source)
+        calls, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting)
+        assert asked == {a: 10 for a in new}
+        per_agent = log.read()["agent"].value_counts()
+        assert all(per_agent[a] == 40 for a in base) and all(per_agent[a] == 10 for a in new)
+        before = len(log.read())
+        collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting)
+        assert len(log.read()) == before  # the same sample again: every call already logged
+        frames.append(calls)
+    calls = pd.concat(frames, ignore_index=True)
+    m = reward_matrix(calls, [a.name for a in agents], sampled=new)
+    assert len(m.rows) == len(demo_tasks)
+    src = m.rows[["task_id"]].merge(demo_tasks[["task_id", "source"]])["source"].to_numpy()
+    rows, report = complete_matrix(m.rows, src, new, setting)
+    assert imputed_cells(rows) == 5 * 90 == report["imputed_cells"]
+    asked_cells = set(zip(calls["agent"], calls["task_id"]))
+    for _, r in rows.iterrows():
+        for a, imp in zip(r["agent_order"], r["imputed"]):
+            assert imp == ((a, r["task_id"]) not in asked_cells)
+    # the decision's rest: one new agent completed on a later collection of one source
+    one = new[0]
+    tasks = demo_tasks[demo_tasks["source"] == demo_tasks["source"].iloc[0]]
+    log = CallLog(tmp_path / tasks["source"].iloc[0])
+    _, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting, rest=[one])
+    assert asked[one] == 40 and log.read()["agent"].value_counts()[one] == 40
