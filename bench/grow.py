@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+FIXED_K = (100, 400)  # besides k chosen on validation, both routers with these k (the choice's noise left out)
 POOLS = {"demo_wide": ("demo", "demo"), "mmlu_pro_wide": ("mmlu_pro", "mmlu_pro")}  # wide pool: (profile, base pool)
 
 
@@ -93,22 +94,23 @@ def cached_matrix(profile: str, wide: str):
     tasks, agents, R, C = full_matrix(profile, wide)
     X = prompt_embeddings(profile, tasks["prompt"].tolist())
     cache.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, task_ids=tasks["task_id"].astype(str).to_numpy(), agents=np.array([a.name for a in agents]),
+    np.savez(cache, task_ids=np.array(tasks["task_id"].astype(str).tolist(), dtype=str),
+             agents=np.array([a.name for a in agents], dtype=str),
              R=R, C=C, X=X)
     return tasks, agents, R, C, X
 
 
 def router_aiq(X: np.ndarray, R_train_val: np.ndarray, R_true: np.ndarray, C_true: np.ndarray, split: np.ndarray,
-               ) -> float:
+               k: int | None = None) -> tuple[float, int]:
     """Test AIQ of a kNN router trained on `R_train_val`'s train rows (k on its validation rows), scored on the test
     rows of the true matrix."""
     from pipeline.route.frontier import aiq, cost_span, policy_points
     from pipeline.route.knn import KnnRouter
 
     tr, va, te = split == "train", split == "validation", split == "test"
-    router = KnnRouter().fit(X[tr], R_train_val[tr], X[va], R_train_val[va])
+    router = KnnRouter(k=k).fit(X[tr], R_train_val[tr], X[va], R_train_val[va])
     pts = policy_points(router.scores(X[te]), R_true[te], C_true[te])
-    return float(aiq(pts, *cost_span(R_true[te], C_true[te])))
+    return float(aiq(pts, *cost_span(R_true[te], C_true[te]))), int(router.k_)
 
 
 def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strategy: str, models: list[str],
@@ -177,12 +179,21 @@ def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strat
     split = tasks["split"].astype(str).to_numpy()
     if "ood" in tasks.columns:
         split = np.where(tasks["ood"].fillna(False).astype(bool), "ood", split)
-    aiq_full = router_aiq(E, R, R, C, split)
-    aiq_ad = router_aiq(E, R_ad, R, C, split)
+    (aiq_full, k_full), (aiq_ad, k_ad) = router_aiq(E, R, R, C, split), router_aiq(E, R_ad, R, C, split)
+    rest = [j for j, a in enumerate(agents) if a.name in out and out[a.name]["collect_rest"]]
+    R_rest = R_ad.copy()
+    R_rest[:, rest] = R[:, rest]  # the default policy (complete: joiners): the agents that may join collected in full
+    aiq_rest, _ = router_aiq(E, R_rest, R, C, split)
+    fixed = {str(k): {"aiq_full": router_aiq(E, R, R, C, split, k)[0],
+                      "aiq_adaptive": router_aiq(E, R_ad, R, C, split, k)[0]} for k in FIXED_K}
     saved_calls = sum(r["calls_full"] - r["calls"] for r in out.values())
     saved_usd = sum(r["usd_full"] - r["usd_sample"] for r in out.values())
     return {"agents": out, "tasks": len(tasks), "repetitions": reps, "router": "knn",
-            "aiq_full": aiq_full, "aiq_adaptive": aiq_ad, "aiq_gap": aiq_ad - aiq_full,
+            "aiq_full": aiq_full, "aiq_adaptive": aiq_ad, "aiq_gap": aiq_ad - aiq_full, "knn_k": [k_full, k_ad],
+            "aiq_fixed_k": fixed,
+            "aiq_adaptive_rest_collected": aiq_rest,
+            "calls_with_rest": int(sum(r["calls_full"] if r["collect_rest"] else r["calls"] for r in out.values())),
+            "calls_new_full": int(sum(r["calls_full"] for r in out.values())),
             "imputed_cells": int(imputed.sum()) * reps, "calls_saved": int(saved_calls), "usd_saved": saved_usd,
             "test_rows": int((split == "test").sum())}
 
@@ -218,8 +229,12 @@ def main(argv=None) -> int:
                   + ", ".join(f"{m} err {v['abs_error']:.4f}{'' if v['in_ci'] else ' MISS'}"
                               for m, v in a["models"].items()))
         print(f"{wide}: test AIQ (kNN) full {r['aiq_full']:.4f} adaptive {r['aiq_adaptive']:.4f} "
-              f"(gap {r['aiq_gap']:+.4f}); {r['imputed_cells']} cells imputed; saved {r['calls_saved']} calls, "
-              f"USD {r['usd_saved']:.4f}")
+              f"(gap {r['aiq_gap']:+.4f}, k {r['knn_k']}); "
+              + "".join(f"k={k}: {v['aiq_full']:.4f} vs {v['aiq_adaptive']:.4f} "
+                        f"({v['aiq_adaptive'] - v['aiq_full']:+.4f}); " for k, v in r["aiq_fixed_k"].items())
+              + f"with the agents that may join collected in full "
+              f"{r['aiq_adaptive_rest_collected']:.4f} ({r['calls_with_rest']} of {r['calls_new_full']} new-agent "
+              f"calls); {r['imputed_cells']} cells imputed; saved {r['calls_saved']} calls, USD {r['usd_saved']:.4f}")
     result["seconds"] = round(time.time() - t0, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")

@@ -176,3 +176,25 @@ def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_task
     log = CallLog(tmp_path / tasks["source"].iloc[0])
     _, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting, rest=[one])
     assert asked[one] == 40 and log.read()["agent"].value_counts()[one] == 40
+
+
+def test_the_collection_completes_only_the_agents_the_last_decision_on_its_pool_named(tmp_path):
+    import json
+
+    from assets.collection import NEW_AGENTS_REPORT, new_agents_markdown, rest_of, sampled_agents
+    from pipeline.profile import load_profile
+    from resources.storage import StorageResource
+
+    storage = StorageResource(home=str(tmp_path))
+    assert rest_of(storage, "demo_wide") == []
+    report = {"pool": "demo_wide", "imputed_cells": 7, "agents": {
+        "n1": {"collect_rest": True, "sampled": 3, "tasks": 10, "quality_estimate": 0.5, "ci_low": 0.4, "ci_high": 0.6,
+               "cost_estimate": 0.001, "joins": True, "join_share": 0.95,
+               "per_source": {"s": {"estimate": 0.5, "ci_low": 0.4, "ci_high": 0.6}}},
+        "n2": {"collect_rest": False}}}
+    (storage.path("reports") / NEW_AGENTS_REPORT).write_text(json.dumps(report))
+    assert rest_of(storage, "demo_wide") == ["n1"] and rest_of(storage, "other_pool") == []
+    assert "| n1 | 3/10 | 0.5000 [0.4000, 0.6000] |" in new_agents_markdown({**report, "agents": {
+        "n1": report["agents"]["n1"]}})
+    demo = load_profile("demo")  # the setting off: nobody is sampled, whatever the pool
+    assert sampled_agents(demo, ["frontier_a", "wide_qwen72b"]) == []
