@@ -198,3 +198,51 @@ def test_the_collection_completes_only_the_agents_the_last_decision_on_its_pool_
         "n1": report["agents"]["n1"]}})
     demo = load_profile("demo")  # the setting off: nobody is sampled, whatever the pool
     assert sampled_agents(demo, ["frontier_a", "wide_qwen72b"]) == []
+
+
+@pytest.mark.slow
+def test_a_dagster_run_on_the_wider_pool_asks_the_new_agents_only_their_sample(tmp_path, monkeypatch):
+    """smoke (60 tasks, 1 repetition) with `collection.new_agent_sample: {fraction: 0.25}`, pre-flight on
+    mmlu_pro_wide: graded_calls calls the 5 mmlu_pro agents on all 60 tasks and each of the 3 new ones on 15 (counted
+    in the call log); reward_matrix keeps all 60 rows, marks the 3 x 45 cells never asked, passes matrix_complete
+    and writes the decisions; a rerun of the collection makes no call (no new agent may join on this pool)."""
+    import json
+
+    import yaml
+    from dagster import MultiPartitionKey, materialize
+
+    from assets.definitions import build_assets, build_resources
+    from pipeline.collect.call_log import CallLog
+    from resources.storage import StorageResource, asset_path
+
+    over = tmp_path / "o.yaml"
+    over.write_text(yaml.safe_dump({"task_pool": {"size": 60}, "collection": {
+        "repetitions": 1, "new_agent_sample": {"fraction": 0.25, "boot": 20}}}))
+    monkeypatch.setenv("ROUTER_LITE_OVERRIDE", str(over))
+    home = tmp_path / "home"
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    res = build_resources(str(home), profile="smoke")
+    assets = build_assets("smoke")
+    by = {a.key.to_user_string(): a for a in assets}
+    assert materialize([by["source_tasks"]], partition_key="mmlu_pro", resources=res).success
+    cfg = {"ops": {"preflight": {"config": {"pool": "mmlu_pro_wide"}}}}
+    assert materialize(assets, selection=["task_pool", "agent_pool", "preflight"], resources=res,
+                       run_config=cfg).success
+    pk = MultiPartitionKey({"source": "mmlu_pro", "repetition": "0"})
+    assert materialize(assets, selection=["graded_calls"], partition_key=pk, resources=res).success
+    log = CallLog(StorageResource(home=str(home)).calls_dir("replay", "mmlu_pro", 0))
+    counts = log.read()["agent"].value_counts().to_dict()
+    new = {"wide_jamba", "wide_qwen", "wide_phi"}
+    assert {a: n for a, n in counts.items() if a in new} == {a: 15 for a in new}
+    assert len(counts) == 8 and all(n == 60 for a, n in counts.items() if a not in new)
+    result = materialize(assets, selection=["reward_matrix"], resources=res)
+    assert result.success
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["matrix_complete"].passed
+    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
+    assert len(rm) == 60 and sum(int(np.sum(m)) for m in rm["imputed"]) == 3 * 45
+    decisions = json.loads((home / "reports" / "new_agents.json").read_text())
+    assert decisions["pool"] == "mmlu_pro_wide" and set(decisions["agents"]) == new
+    before = len(log.read())
+    assert materialize(assets, selection=["graded_calls"], partition_key=pk, resources=res).success
+    assert len(log.read()) == before + sum(45 for a, d in decisions["agents"].items() if d["collect_rest"])
