@@ -246,3 +246,24 @@ def test_a_dagster_run_on_the_wider_pool_asks_the_new_agents_only_their_sample(t
     before = len(log.read())
     assert materialize(assets, selection=["graded_calls"], partition_key=pk, resources=res).success
     assert len(log.read()) == before + sum(45 for a, d in decisions["agents"].items() if d["collect_rest"])
+
+
+def test_calls_already_logged_for_a_new_agent_are_kept_not_imputed(demo_tasks, tmp_path):
+    """A new agent collected in full before the setting was turned on keeps its whole column: nothing is imputed."""
+    from pipeline.collect.call_log import CallLog
+    from pipeline.collect.calls import run_collect
+    from pipeline.collect.settings import CollectionSettings
+    from resources.pool import PoolResource
+
+    pool = PoolResource(kind="replay", pool="demo_wide")
+    agents = pool.agents()
+    base = [a.name for a in PoolResource(kind="replay", pool="demo").agents()]
+    tasks = demo_tasks[demo_tasks["source"] == demo_tasks["source"].iloc[0]].head(12)
+    settings = CollectionSettings(concurrency=4)
+    log = CallLog(tmp_path / "log")
+    first = next(a for a in agents if a.name not in base)
+    run_collect(tasks, [first], 0, log, pool.client_for, settings)  # its full column, earlier
+    calls, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings,
+                                       NewAgentSample(fraction=0.25))
+    assert asked[first.name] == 12 and all(n == 3 for a, n in asked.items() if a != first.name)
+    assert (calls["agent"] == first.name).sum() == 12

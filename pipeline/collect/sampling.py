@@ -387,11 +387,13 @@ def collect_with_sample(tasks, agents, base_names, repetition: int, call_log, cl
                         sample: NewAgentSample, rest=(), budget=None):
     """The collection of one partition (one source x repetition) with new agents on a sample: the existing agents
     (`base_names`) on every task first, then each new agent on `choose_sample`'s tasks (chosen from the existing
-    agents' rewards just collected), or on every task when it is in `rest` (the decision said it may join, or
-    `complete: all`). Returns (graded calls, {new agent: tasks it was asked}). With the setting off, no new agent
-    or no existing one, it is the plain collection (every agent on every task)."""
+    agents' rewards just collected) and the tasks the log already holds for it, or on every task when it is in
+    `rest` (reports/new_agents.json: the decision said it may join, or `complete: all`). Returns (graded calls,
+    {new agent: tasks it was asked}). With the setting off, no new agent or no existing one, it is the plain
+    collection (every agent on every task)."""
     import pandas as pd
 
+    from pipeline.collect.call_log import call_key
     from pipeline.collect.calls import run_collect
 
     base_set = set(base_names)
@@ -402,15 +404,17 @@ def collect_with_sample(tasks, agents, base_names, repetition: int, call_log, cl
     frames = [run_collect(tasks, base, repetition, call_log, client_for, settings, budget=budget)]
     B = base_rewards_of(frames[0], tasks, [a.name for a in base])
     asked = {}
+    done, sh = call_log.keys(), settings.hash()
     for a in new:
         if budget is not None and budget.stopped:
             break
-        if a.name in set(rest) or sample.complete == "all":
+        if a.name in set(rest):
             sub = tasks
-        else:
+        else:  # the sample, and any task already logged for the agent (an earlier full collection, a completed rest)
             idx = choose_sample(tasks["task_id"], tasks["source"], B, sample.fraction, sample.strategy, sample.seed,
                                 a.name)
-            sub = tasks.iloc[idx]
+            logged = [i for i, t in enumerate(tasks["task_id"]) if call_key(a.name, str(t), repetition, sh) in done]
+            sub = tasks.iloc[np.union1d(idx, np.array(logged, dtype=int))]
         asked[a.name] = len(sub)
         frames.append(run_collect(sub, [a], repetition, call_log, client_for, settings, budget=budget))
     return pd.concat(frames, ignore_index=True), asked
