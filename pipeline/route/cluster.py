@@ -53,21 +53,17 @@ def _sq_dist(X: np.ndarray, C: np.ndarray, xx: np.ndarray | None = None) -> np.n
 
 def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
     """(centroids (k, d), labels (n,)) of Lloyd's k-means from k-means++ starts; the restart with the lowest
-    inertia is kept. Deterministic for a given seed. An emptied cluster is re-seeded at the farthest row."""
-    X = np.asarray(X, dtype=np.float64)
+    inertia is kept. Deterministic for a given seed. An emptied cluster is re-seeded at the farthest row.
+    float32 throughout (the embeddings' own precision) and every centroid update one matrix product: the k-grid
+    cross-validation runs a few hundred of these per fitted router (docs/training.md, "What a refresh costs")."""
+    X = np.asarray(X, dtype=np.float32)
     n = len(X)
     k = max(1, min(int(k), n))
     rng = np.random.default_rng(seed)
     xx = (X * X).sum(1)
     best = None
     for _ in range(n_init):
-        C = np.empty((k, X.shape[1]))
-        C[0] = X[rng.integers(n)]
-        d2 = _sq_dist(X, C[:1], xx)[:, 0]
-        for c in range(1, k):
-            p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1.0 / n)
-            C[c] = X[rng.choice(n, p=p)]
-            d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1], xx)[:, 0])
+        C = _kmeans_pp(X, xx, k, rng)
         labels = np.full(n, -1)
         for _ in range(iters):
             D = _sq_dist(X, C, xx)
@@ -75,13 +71,29 @@ def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 5
             if np.array_equal(new, labels):
                 break
             labels = new
-            for c in range(k):
-                rows = labels == c
-                C[c] = X[rows].mean(axis=0) if rows.any() else X[int(D.min(axis=1).argmax())]
+            onehot = np.zeros((n, k), dtype=np.float32)
+            onehot[np.arange(n), labels] = 1.0
+            counts = onehot.sum(0)
+            C = (onehot.T @ X) / np.maximum(counts, 1.0)[:, None]
+            if (counts == 0).any():
+                C[counts == 0] = X[int(D.min(axis=1).argmax())]
         inertia = float(_sq_dist(X, C, xx)[np.arange(n), labels].sum())
         if best is None or inertia < best[0]:
             best = (inertia, C.copy(), labels.copy())
     return best[1].astype(np.float32), best[2]
+
+
+def _kmeans_pp(X: np.ndarray, xx: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ start: each next centroid drawn with probability proportional to its squared distance."""
+    n = len(X)
+    C = np.empty((k, X.shape[1]), dtype=np.float32)
+    C[0] = X[rng.integers(n)]
+    d2 = _sq_dist(X, C[:1], xx)[:, 0].astype(np.float64)
+    for c in range(1, k):
+        p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1.0 / n)
+        C[c] = X[rng.choice(n, p=p)]
+        d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1], xx)[:, 0])
+    return C
 
 
 def cluster_scores(labels: np.ndarray, R_eff: np.ndarray, k: int, prior: float) -> np.ndarray:
