@@ -17,7 +17,8 @@ ceil(characters / 4) tokens, as the replay estimates it. Per new agent:
 
 Writes $ROUTER_LITE_HOME/bench/grow.json: {"pools": {POOL: {"agents": {NAME: {calls_fraction, joins_full,
 joins_adaptive, quality_full, quality_estimate, ci_low, ci_high, ...}}, "aiq_full": null, "aiq_adaptive": null}}}.
-NOT measured here: the router trained on the completed matrix (aiq_*: null), the refresh timing (item 6).
+NOT measured here: the router trained on the completed matrix (aiq_*: null). The refresh timing (item 6) is
+bench/refresh.py's (`--refresh 5,10,20,40` runs it after; its keys in grow.json are kept).
 
     python bench/grow.py [--fraction 0.2] [--boot 200] [--seed 0]
 """
@@ -143,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fraction", type=float, default=0.2)
     ap.add_argument("--boot", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--refresh", default=None, metavar="K,K,...",
+                    help="also time the refresh at these pool widths (bench/refresh.py), e.g. 5,10,20,40")
     args = ap.parse_args(argv)
     from resources.storage import default_home
 
@@ -158,9 +161,19 @@ def main(argv=None) -> int:
     result["seconds"] = round(time.time() - t0, 1)
     out = Path(default_home()) / "bench" / "grow.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps(keep_refresh(out, result), indent=2) + "\n")
     print(f"written: {out} ({result['seconds']} s)")
+    if args.refresh:
+        from bench.refresh import main as refresh_main
+
+        return refresh_main(["--k", args.refresh])
     return 0
+
+
+def keep_refresh(out: Path, result: dict) -> dict:
+    """`result` with the refresh timing bench/refresh.py wrote into `out` before (its keys are kept)."""
+    old = json.loads(out.read_text()) if out.exists() else {}
+    return {**{k: old[k] for k in ("refresh_seconds", "refresh") if k in old}, **result}
 
 
 if __name__ == "__main__":
