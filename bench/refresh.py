@@ -74,6 +74,7 @@ class Clock:
 
     def stop(self, stage: str) -> None:
         self.wall[stage], self.cpu[stage] = time.perf_counter() - self._w, time.process_time() - self._c
+        print(f"  {stage}: {self.wall[stage]:.1f} s (CPU {self.cpu[stage]:.1f} s)", flush=True)
 
 
 def refresh(calls: pd.DataFrame, agents: list[str], models: dict[str, str], tasks: pd.DataFrame, emb: pd.DataFrame,
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", default="5,10,20,40", help="pool widths (comma-separated); capped at the models there are")
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--generations", type=int, default=None, help="override train.generations (default: the profile's)")
+    ap.add_argument("--every", type=int, default=1,
+                    help="keep every N-th task of the pool (a smaller matrix for a quick run; default all)")
     ap.add_argument("--grading-budget-ms", type=float, default=None,
                     help="the agreement's grading budget (default: the profile's collection.grading_budget_ms)")
     args = ap.parse_args(argv)
@@ -142,7 +145,7 @@ def main(argv=None) -> int:
     if args.generations is not None:
         prof = replace(prof, train=replace(prof.train, generations=args.generations))
     grading = Budget.of(prof.collection) if args.grading_budget_ms is None else Budget(args.grading_budget_ms)
-    tasks = profile_task_pool(prof)
+    tasks = profile_task_pool(prof).iloc[:: args.every].reset_index(drop=True)
     graded = pd.read_parquet(GRADED)
     graded = graded[graded["question_id"].isin(set(tasks["question_id"]))]
     per_model = graded.groupby("model")["question_id"].nunique()
@@ -196,6 +199,7 @@ def main(argv=None) -> int:
     doc["refresh_seconds"] = seconds
     doc["refresh"] = {"k_used": used, "stages": stages, "cpu_seconds": cpu, "slope_s_per_agent": slope,
                       "grading_budget_ms": grading.budget_ms, "train_generations": prof.train.generations,
+                      "every": args.every,
                       "tasks": len(tasks),
                       "models_available": len(order), "profile": args.profile,
                       "data": "data/zeroeval_graded/graded.parquet (real ZeroEval replies, graded)",
