@@ -20,7 +20,8 @@ with the collection's own functions (`pipeline.collect.sampling`, the setting `c
 
 Writes $ROUTER_LITE_HOME/bench/grow.json: {"pools": {POOL: {"agents": {NAME: {calls_fraction, joins_full,
 joins_adaptive, quality_full, quality_estimate, ci_low, ci_high, ...}}, "aiq_full", "aiq_adaptive", ...}}}; keys it
-does not write (e.g. bench/refresh.py's `refresh_seconds`) are kept.
+does not write (e.g. bench/refresh.py's `refresh_seconds`) are kept; the
+refresh timing (item 6) is bench/refresh.py's (`--refresh 5,10,20,40` runs it after).
 
     python bench/grow.py [--fraction 0.2] [--strategy disagreement] [--boot 200] [--seed 0]
 """
@@ -207,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--boot", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pools", default=",".join(POOLS))
+    ap.add_argument("--refresh", default=None, metavar="K,K,...",
+                    help="also time the refresh at these pool widths (bench/refresh.py), e.g. 5,10,20,40")
     args = ap.parse_args(argv)
     from resources.storage import default_home
 
@@ -241,6 +244,10 @@ def main(argv=None) -> int:
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(out)
     print(f"written: {out} ({result['seconds']} s)")
+    if args.refresh:
+        from bench.refresh import main as refresh_main
+
+        return refresh_main(["--k", args.refresh])
     return 0
 
 

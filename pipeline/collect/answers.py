@@ -71,29 +71,81 @@ def agreement(answers: list[list[str | None]], graders: list[str], budget: bound
               stats: dict | None = None) -> np.ndarray:
     """(n, K, K) bool: E[i, j, l] = agents j and l give equivalent answers to task i (E[i, j, j] = j answered).
     `stats` (optional) gets `grading_overruns` / `grading_errors`: comparisons that disagree for lack of a verdict."""
-    if len(answers) != len(graders):
-        raise RouterLiteError(f"{len(answers)} answer rows for {len(graders)} graders")
-    n = len(answers)
-    K = len(answers[0]) if n else 0
-    E = np.zeros((n, K, K), dtype=bool)
-    cache: dict[tuple, bool] = {}
-    bad: Counter = Counter()
-    for i, (row, g) in enumerate(zip(answers, graders)):
-        grader_spec(g)  # an unknown grader: the caller's error
-        for j in range(K):
-            if row[j] is None:
+    return Agreement(answers, graders, budget, stats).full()
+
+
+class Agreement:
+    """The agreement tensor of `agreement`, computed lazily: a pair of agents is compared on every task the first
+    time a reader asks for it (`sub`), so a cascade search that reads O(K) pairs pays O(K) comparisons, not the
+    K(K-1)/2 of the whole tensor. Each comparison is the one `agreement` makes (same grader, budget and cache of
+    equal answer pairs), so every entry read equals the eager tensor's.
+
+    `A[m]` (a boolean mask or an index array over the rows) is a view on those rows sharing the computed pairs;
+    `sub(agents)` -> (rows, L, L) bool for ascending agent indices; `full()` -> the whole (rows, K, K) tensor."""
+
+    def __init__(self, answers: list[list[str | None]], graders: list[str], budget: bounded.Budget | None = None,
+                 stats: dict | None = None, *, _store: dict | None = None, _rows: np.ndarray | None = None):
+        if _store is None:
+            if len(answers) != len(graders):
+                raise RouterLiteError(f"{len(answers)} answer rows for {len(graders)} graders")
+            for g in sorted(set(graders)):
+                grader_spec(g)  # an unknown grader: the caller's error
+            n = len(answers)
+            K = len(answers[0]) if n else 0
+            E = np.zeros((n, K, K), dtype=bool)
+            for i, row in enumerate(answers):
+                for j in range(K):
+                    E[i, j, j] = row[j] is not None
+            _store = {"answers": answers, "graders": list(graders), "budget": budget, "stats": stats, "E": E,
+                      "done": np.eye(K, dtype=bool), "cache": {}}
+        self._s = _store
+        self._rows = np.arange(len(_store["answers"])) if _rows is None else _rows
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        K = self._s["E"].shape[1]
+        return (len(self._rows), K, K)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, m) -> Agreement:
+        return Agreement([], [], _store=self._s, _rows=self._rows[m])
+
+    def _compare(self, j: int, m: int) -> None:
+        """Fill E[:, j, m] and E[:, m, j] on every task of the store (`agreement`'s loop body for one pair)."""
+        s = self._s
+        E, cache, budget = s["E"], s["cache"], s["budget"]
+        bad: Counter = Counter()
+        for i, (row, g) in enumerate(zip(s["answers"], s["graders"])):
+            a, b = row[j], row[m]
+            if a is None or b is None:
                 continue
-            E[i, j, j] = True
-            for m in range(j + 1, K):
-                if row[m] is None:
-                    continue
-                key = (g, row[j], row[m]) if row[j] <= row[m] else (g, row[m], row[j])
-                if key not in cache:
-                    out = bounded.agree_outcome(row[j], row[m], g, budget)
-                    cache[key] = bool(out.value)
-                    bad[out.status] += 1
-                E[i, j, m] = E[i, m, j] = cache[key]
-    if stats is not None:
-        stats["grading_overruns"] = stats.get("grading_overruns", 0) + bad["overrun"]
-        stats["grading_errors"] = stats.get("grading_errors", 0) + bad["error"]
-    return E
+            key = (g, a, b) if a <= b else (g, b, a)
+            if key not in cache:
+                out = bounded.agree_outcome(a, b, g, budget)
+                cache[key] = bool(out.value)
+                bad[out.status] += 1
+            E[i, j, m] = E[i, m, j] = cache[key]
+        s["done"][j, m] = s["done"][m, j] = True
+        stats = s["stats"]
+        if stats is not None:
+            stats["grading_overruns"] = stats.get("grading_overruns", 0) + bad["overrun"]
+            stats["grading_errors"] = stats.get("grading_errors", 0) + bad["error"]
+
+    def _ensure(self, agents) -> None:
+        done = self._s["done"]
+        for x, j in enumerate(agents):
+            for m in agents[x + 1:]:
+                if not done[j, m]:
+                    self._compare(int(min(j, m)), int(max(j, m)))
+
+    def sub(self, agents) -> np.ndarray:
+        agents = np.asarray(agents, dtype=np.int64)
+        self._ensure(agents.tolist())
+        return self._s["E"][self._rows[:, None, None], agents[None, :, None], agents[None, None, :]]
+
+    def full(self) -> np.ndarray:
+        K = self._s["E"].shape[1]
+        self._ensure(list(range(K)))
+        return self._s["E"][self._rows]

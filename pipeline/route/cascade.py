@@ -185,37 +185,61 @@ def stage_step(stage: Stage, answers: dict[int, str | None], K: int, order: np.n
     return rep if size >= stage.k else None
 
 
-def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E: np.ndarray, order: np.ndarray,
+def policy_agents(policy: Policy) -> np.ndarray:
+    """The agents `policy` can call (every stage's; the shortcuts' lead and last agent are among them), ascending."""
+    return np.array(sorted({j for s in policy.stages for j in s.agents}), dtype=np.int64)
+
+
+def sub_agreement(E, agents: np.ndarray) -> np.ndarray:
+    """E restricted to `agents` (ascending indices): (n, L, L) bool. `E` is the (n, K, K) tensor or a lazy
+    pipeline.collect.answers.Agreement, which compares only these agents' answers (the pairs a policy reads)."""
+    if hasattr(E, "sub"):
+        return E.sub(agents)
+    return np.asarray(E)[:, agents[:, None], agents[None, :]]
+
+
+def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarray,
                P: np.ndarray | None = None) -> Outcome:
-    """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first)."""
-    n, K = R.shape
+    """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first).
+
+    Only the L agents the policy can call are read (R, C, E restricted to them): a policy's cost is O(n L^2)
+    whatever the pool's width K, so the cascade search over O(K) policies grows linearly with K. Exact: an agent
+    that is never called has no agreeing class, and the relative preference of the called agents is unchanged."""
+    n = R.shape[0]
+    use = policy_agents(policy)
+    L = len(use)
+    local = {int(j): i for i, j in enumerate(use)}
+    C_ = C[:, use]
+    E_ = sub_agreement(E, use)
+    order_ = np.array([local[int(j)] for j in np.asarray(order) if int(j) in local], dtype=np.int64)
     rows = np.arange(n)
     open_ = np.ones(n, dtype=bool)
     reward = np.zeros(n)
     cost = np.zeros(n)
     by = np.full(n, -1, dtype=np.int64)
     stage_of = np.full(n, STAGES, dtype=np.int64)
-    called = np.zeros((n, K), dtype=bool)
+    called = np.zeros((n, L), dtype=bool)
     if uses_prediction(policy):
         code, agent = shortcuts(policy, None if P is None else P[:, policy.lead])
         for c, j in ((ALONE, policy.lead), (SKIPPED, policy.final)):
             m = code == c
             reward[m], cost[m], by[m], stage_of[m] = R[m, j], C[m, j], j, c
-            called[m, j] = True
+            called[m, local[j]] = True
         open_ &= code == STAGES
     for t, s in enumerate(policy.stages):
         if not open_.any():
             break
-        new = np.zeros((n, K), dtype=bool)
-        new[:, list(s.agents)] = True
+        new = np.zeros((n, L), dtype=bool)
+        new[:, [local[j] for j in s.agents]] = True
         new &= ~called & open_[:, None]
-        cost += (C * new).sum(axis=1)
+        cost += (C_ * new).sum(axis=1)
         called |= new
         if s.k == 0:
             j = s.agents[0]
             accept, rep = open_.copy(), np.full(n, j)
         else:
-            size, rep = agreeing_rep(E, called & open_[:, None], order)
+            size, rep_ = agreeing_rep(E_, called & open_[:, None], order_)
+            rep = use[rep_]
             accept = open_ & (size >= s.k)
         reward[accept] = R[rows[accept], rep[accept]]
         by[accept] = rep[accept]

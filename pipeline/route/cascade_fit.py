@@ -163,8 +163,9 @@ def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agent
 
 @dataclass(frozen=True)
 class Rows:
-    """The static matrix on some rows: rewards R (n, K), costs C (n, K), agreement E (n, K, K), the prompt router's
-    predicted success P (n, K; None: cascades without it) and each row's grader."""
+    """The static matrix on some rows: rewards R (n, K), costs C (n, K), agreement E (n, K, K, or the lazy
+    pipeline.collect.answers.Agreement), the prompt router's predicted success P (n, K; None: cascades without it)
+    and each row's grader."""
 
     R: np.ndarray
     C: np.ndarray
@@ -301,11 +302,11 @@ def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.n
     value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
     `cascade_router` asset and `router-lite train` call it. `grading` (pipeline.collect.bounded.Budget, default its
     default) bounds each comparison of two answers; `stats` gets the comparisons left without a verdict."""
-    from pipeline.collect.answers import agreement
+    from pipeline.collect.answers import Agreement
     from pipeline.route.targets import REPORT_TARGETS
 
     graders = np.asarray(graders, dtype=object)
-    E = agreement(answers, graders.tolist(), budget=grading, stats=stats)
+    E = Agreement(answers, graders.tolist(), budget=grading, stats=stats)  # lazy: only the pairs the plans read
     fit = fit_cascades(arrays.R_eff, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
                        REPORT_TARGETS if targets is None else targets)
     return CascadeRouter(fallback, fit.best.path, fit.best.order, arrays.agents), fit
