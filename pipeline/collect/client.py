@@ -109,6 +109,30 @@ def usage_cost(usage: dict) -> float | None:
     return v if v >= 0 else None
 
 
+def reply_usage(agent: AgentSpec, upstream: dict, data: dict, text: str | None = None) -> dict:
+    """What one agent reply cost: its `usage` tokens, estimated from characters (ceil(chars / 4)) where usage lacks
+    them, and OpenRouter's `usage.cost` when reported and finite, else the agent's list prices x those tokens. The one
+    pricing rule for everything that relays replies (the head's and the cascade's replies in `serve`)."""
+    import math
+
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
+    if pt is None:
+        pt = approx_tokens(" ".join(str(m.get("content", "")) for m in upstream.get("messages", [])
+                                    if isinstance(m, dict)))
+    if ct is None:
+        if text is None:
+            try:
+                text = parse_completion(data)["text"]
+            except ValueError:
+                text = None
+        ct = approx_tokens(text or "")
+    cost = usage_cost(usage)
+    if cost is None or not math.isfinite(cost):
+        cost = agent.cost(pt, ct)
+    return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(cost)}
+
+
 def parse_completion(data: Any) -> dict:
     """Fields of a chat.completion JSON body; raises ValueError when it is not a usable completion
     (no choices - e.g. OpenRouter's 200 with an `error` object -, no message, non-text content)."""

@@ -44,8 +44,11 @@ def _normalise(X: np.ndarray) -> np.ndarray:
     return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
 
 
-def _sq_dist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
-    return np.maximum((X * X).sum(1)[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :], 0.0)
+def _sq_dist(X: np.ndarray, C: np.ndarray, xx: np.ndarray | None = None) -> np.ndarray:
+    """(n, k) squared distances; `xx` = the rows' squared norms when the caller has them (k-means reuses them on
+    every step: recomputing them dominated the k-means++ start)."""
+    xx = (X * X).sum(1) if xx is None else xx
+    return np.maximum(xx[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :], 0.0)
 
 
 def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
@@ -55,18 +58,19 @@ def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 5
     n = len(X)
     k = max(1, min(int(k), n))
     rng = np.random.default_rng(seed)
+    xx = (X * X).sum(1)
     best = None
     for _ in range(n_init):
         C = np.empty((k, X.shape[1]))
         C[0] = X[rng.integers(n)]
-        d2 = _sq_dist(X, C[:1])[:, 0]
+        d2 = _sq_dist(X, C[:1], xx)[:, 0]
         for c in range(1, k):
             p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1.0 / n)
             C[c] = X[rng.choice(n, p=p)]
-            d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1])[:, 0])
+            d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1], xx)[:, 0])
         labels = np.full(n, -1)
         for _ in range(iters):
-            D = _sq_dist(X, C)
+            D = _sq_dist(X, C, xx)
             new = D.argmin(axis=1)
             if np.array_equal(new, labels):
                 break
@@ -74,7 +78,7 @@ def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 5
             for c in range(k):
                 rows = labels == c
                 C[c] = X[rows].mean(axis=0) if rows.any() else X[int(D.min(axis=1).argmax())]
-        inertia = float(_sq_dist(X, C)[np.arange(n), labels].sum())
+        inertia = float(_sq_dist(X, C, xx)[np.arange(n), labels].sum())
         if best is None or inertia < best[0]:
             best = (inertia, C.copy(), labels.copy())
     return best[1].astype(np.float32), best[2]

@@ -70,6 +70,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
+from pipeline.collect.client import reply_usage
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
 from pipeline.serve.batching import DecisionBatcher
@@ -286,30 +287,10 @@ def _auto_view_for(state, target: str | None) -> _AutoFormatView:
     return view
 
 
-def _paid(spec: AgentSpec, upstream: dict, data: dict) -> dict:
-    """The tokens and cost of one agent reply: its `usage` (OpenRouter's `cost` when present), else the agent's
-    list prices x tokens, the tokens estimated from characters when usage lacks them (as cascade_calls counts)."""
-    from pipeline.collect.client import parse_completion, usage_cost, usage_int
-    from pipeline.collect.replay import approx_tokens
-
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
-    if pt is None:
-        pt = approx_tokens(" ".join(str(m.get("content", "")) for m in upstream.get("messages", [])
-                                    if isinstance(m, dict)))
-    if ct is None:
-        try:
-            ct = approx_tokens(parse_completion(data)["text"] or "")
-        except ValueError:
-            ct = 0
-    cost = usage_cost(usage)
-    return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(spec.cost(pt, ct) if cost is None else cost)}
-
-
 def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> None:
     """A prompt-only reply: `usage.cost` (OpenRouter's field; estimated when the agent did not report it) and the
     header `X-Router-Cost-Usd` with the same value."""
-    paid = _paid(spec, upstream, data)
+    paid = reply_usage(spec, upstream, data)
     headers["X-Router-Cost-Usd"] = f"{paid['cost']:.8f}"
     usage = dict(data["usage"]) if isinstance(data.get("usage"), dict) else {}
     usage["prompt_tokens"], usage["completion_tokens"] = paid["prompt_tokens"], paid["completion_tokens"]
@@ -321,7 +302,7 @@ def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> N
 
 def _summed_usage(result, specs, upstream: dict, cost_header: str) -> dict:
     """A cascade reply's `usage`: the tokens of every call it made, summed, and `cost` = `X-Router-Cost-Usd`."""
-    paid = [_paid(specs[r.agent], upstream, r.data) for r in result.replies if r.data is not None]
+    paid = [reply_usage(specs[r.agent], upstream, r.data, r.text) for r in result.replies if r.data is not None]
     pt, ct = sum(p["prompt_tokens"] for p in paid), sum(p["completion_tokens"] for p in paid)
     return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct, "cost": float(cost_header),
             "calls": len(result.replies)}

@@ -24,8 +24,7 @@ import numpy as np
 
 from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
-from pipeline.collect.client import parse_completion, usage_cost, usage_int
-from pipeline.collect.replay import approx_tokens
+from pipeline.collect.client import parse_completion, reply_usage, usage_cost
 from pipeline.route.cascade import Policy, new_agents, stage_step
 
 
@@ -59,17 +58,6 @@ class CascadeResult:
         return [r.agent for r in self.replies]
 
 
-def _cost(spec: AgentSpec, upstream: dict, data: dict, text: str | None) -> float:
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    cost = usage_cost(usage)
-    if cost is not None and math.isfinite(cost):
-        return cost
-    pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
-    prompt = " ".join(str(m.get("content", "")) for m in upstream.get("messages", []) if isinstance(m, dict))
-    pt = approx_tokens(prompt) if pt is None else pt
-    return float(spec.cost(pt, approx_tokens(text or "") if ct is None else ct))
-
-
 async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dict, grader: str) -> Reply:
     """One non-streamed call of agent `j`; any failure becomes a Reply without data (never raises)."""
     import httpx
@@ -96,7 +84,8 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
     invalid = usage.get("cost") is not None and not _finite_cost(usage.get("cost"))
     if invalid and isinstance(data.get("usage"), dict):
         data["usage"] = {**usage, "cost": None}  # relayed to the client: never "inf"
-    return Reply(j, data, None, _cost(spec, upstream, data, text), (time.perf_counter() - t0) * 1000.0, text=text,
+    cost = reply_usage(spec, upstream, data, text)["cost"]
+    return Reply(j, data, None, cost, (time.perf_counter() - t0) * 1000.0, text=text,
                  cost_invalid=invalid)
 
 
