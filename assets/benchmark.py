@@ -206,14 +206,16 @@ def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: Fitt
                            png, marks, estimated, cascade, router_head["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
     _, R, _, C = to_arrays(rewards)
-    va = (split == "validation").to_numpy()
-    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
+    sel = router_head["operating_points"].get("selection") or {}
+    va = split.isin(["train", "validation"] if sel.get("method") == "crossfit" else ["validation"]).to_numpy()
+    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)  # the rows the head's path was read on
     rv = router_value(prof.name, verdict, value, head_aiq(aiq), cascade=cascade,
                       head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
                       prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"),
-                      imputed_cells=imputed_cells(rewards))
+                      imputed_cells=imputed_cells(rewards),
+                      head_selection=sel or None)
     return table, png, aiq, rv
 
 

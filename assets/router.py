@@ -15,7 +15,7 @@ from pipeline.core.progress import RateLog
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
-from pipeline.route.cascade_fit import fit_cascade_router
+from pipeline.route.cascade_fit import fit_cascade_router, selection_of
 from pipeline.route.embed import EmbeddingCache
 from pipeline.route.fit import fit_router, reward_arrays
 from pipeline.route.fitted import FittedRouter
@@ -94,6 +94,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
         "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),
         "gate": MetadataValue.json(fit.extra["gate"]),
         "shipped_router": MetadataValue.json(fit.extra["shipped"]),
+        "operating_points_selection": MetadataValue.json(fit.operating_points.get("selection", {})),
         "prompt_routers": MetadataValue.md(prompt_routers_markdown(fit.extra["kinds"], fit.extra["shipped"])),
         "value_line": value_line(fit.value, "parity"),
         "targets_held_out": MetadataValue.md(targets_markdown(fit.value)),
@@ -158,7 +159,8 @@ def _register(context, router, router_head: FittedRouter, preflight: pd.DataFram
 @asset(group_name="router", io_manager_key="router_io_manager",
        description="Cascade router fitted on the static matrix from the agents' recorded answers (zero API calls): "
                    "cheap agents asked first, their answer accepted when they agree, else a stronger agent; with and "
-                   "without the prompt router's predicted success; operating points chosen on validation.")
+                   "without the prompt router's predicted success; operating points chosen on validation or "
+                   "cross-fitted over train + validation (the profile's train.operating_points).")
 def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
                    prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame,
                    router_head: FittedRouter) -> Output[FittedRouter]:
@@ -169,7 +171,8 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     best = router_head["best_single"]
     router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
                                      t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
-                                     router_head.router, router_head.companions["scorer"], best, stats=grading)
+                                     router_head.router, router_head.companions["scorer"], best, stats=grading,
+                                     selection=selection_of(router_head["train_config"]))
     summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
     for variant, v in fit.variants.items():
@@ -183,6 +186,7 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
                      + table.to_markdown(index=False, floatfmt=".3f"))
     return Output(FittedRouter(router, summary), metadata=rounded({
         "chosen": fit.chosen, "validation_rows": fit.validation_rows, **grading,
+        "selection": MetadataValue.json(fit.selection),
         **{f"aiq_validation_{k}": v.aiq_validation for k, v in fit.variants.items()},
         **{f"aiq_test_{k}": v.aiq_test for k, v in fit.variants.items()},
         "targets_held_out": md_table(table, floatfmt=".3f"),  # `|` escaped, a plan one line per answer format
@@ -197,7 +201,8 @@ def registered_cascade(context: AssetExecutionContext, cascade_router: FittedRou
                        prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame, backbone: BackboneResource,
                        pool: PoolResource, storage: StorageResource) -> Output[dict]:
     path, entry = _register(context, cascade_router.router, router_head, preflight, backbone, pool, storage,
-                            training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"]},
+                            training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"],
+                                      "selection": cascade_router.summary.get("selection")},
                             data={"task_pool": task_pool, "reward_matrix": reward_matrix,
                                   "agent_answers": agent_answers, "prompt_embeddings": prompt_embeddings},
                             metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()})

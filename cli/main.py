@@ -132,7 +132,7 @@ def cmd_train(args) -> int:
     fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split, labels=labels)
     import pandas as pd
 
-    print("## Operating points (chosen on validation)\n\n"
+    print(f"## Operating points (chosen by {fit.operating_points['selection']['method']})\n\n"
           + pd.DataFrame(path_table(fit.operating_points)).to_markdown(index=False, floatfmt=".4f")
           + f"\n\n## Held-out value (split {args.held_out_split!r})\n\n" + targets_markdown(fit.value)
           + "\n" + value_line(fit.value, "parity") + "\n\n## Prompt routers (chosen on validation)\n\n"
@@ -145,7 +145,7 @@ def cmd_train(args) -> int:
     print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
                       "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}
                                   for k, v in fit.value["targets"].items()},
-                      "shipped": fit.extra["shipped"],
+                      "shipped": fit.extra["shipped"], "operating_points": fit.operating_points.get("selection"),
                       "prompt_routers": {k: {f: v[f] for f in ("validation", "test")}
                                          for k, v in fit.extra["kinds"].items()},
                       "registered": str(path), **({"cascade": cascade} if cascade else {})}, default=float))
@@ -169,14 +169,15 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
 
     from pipeline.report.value import targets_markdown
     from pipeline.route import registry
-    from pipeline.route.cascade_fit import fit_cascade_router
+    from pipeline.route.cascade_fit import fit_cascade_router, selection_of
     from pipeline.route.fit import reward_arrays
 
     arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
     agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
     router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
                                      fit.head, fit.scorer, fit.best_single,
-                                     grading=_grading_budget(args.grading_budget_ms))
+                                     grading=_grading_budget(args.grading_budget_ms),
+                                     selection=selection_of({n: getattr(args, n) for n in TRAIN_OPTIONS}))
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
     for variant, v in res.variants.items():
@@ -188,10 +189,11 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
               + pd.DataFrame([{"target": k, "plan": t["plan"]} for k, t in v.targets.items()]).to_markdown(
                   index=False), file=sys.stderr)
     path = registry.register_fitted(out, router, fit.to_fitted(), backbone=bb.manifest_fields(X.shape[1]),
-                                    training={"variant": res.chosen}, data_hashes=_file_hashes(args),
+                                    training={"variant": res.chosen, "selection": res.selection},
+                                    data_hashes=_file_hashes(args),
                                     metrics={k: v.aiq_validation for k, v in res.variants.items()})
     print(f"registered {path.name} at {path}", file=sys.stderr)
-    return {"chosen": res.chosen, "registered": str(path),
+    return {"chosen": res.chosen, "registered": str(path), "selection": res.selection,
             "aiq": {k: {"validation": v.aiq_validation, "test": v.aiq_test} for k, v in res.variants.items()},
             "targets": {k: {f: t[f] for f in ("quality", "cost_per_1k", "cost_ratio", "quality_ratio", "plan")}
                         for k, t in res.best.targets.items()}}
@@ -622,7 +624,7 @@ def _add_train_command(sub) -> None:
 # the `TrainConfig` options `router-lite train` takes; their defaults and help are TrainConfig's own (its docstring
 # table, docs/training.md), never repeated here
 TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship_confidence", "keep_confidence",
-                 "router")
+                 "router", "operating_points", "folds")
 
 
 def _add_train_options(p) -> None:

@@ -36,7 +36,8 @@ def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeyp
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert KEYS <= set(out)
-    assert "**Pool verdict: " in captured.err and "Operating points (chosen on validation)" in captured.err
+    assert "**Pool verdict: " in captured.err and "Operating points (chosen by crossfit)" in captured.err
+    assert out["operating_points"]["method"] == "crossfit" and out["operating_points"]["folds"] == 5
     assert out["pool_verdict"].startswith(("quality-dominated", "complementary"))
     assert {"max-quality", "parity", "quality>=0.98"} <= set(out["targets"])
     assert out["n_test"] == 128 and len(out["distribution"]) == 11

@@ -60,7 +60,8 @@ CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain"
 def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
                  head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
                  cascade_benchmark: dict | None = None, backbone: dict | None = None,
-                 prompt_routers: dict | None = None, shipped: dict | None = None, imputed_cells: int = 0) -> dict:
+                 prompt_routers: dict | None = None, shipped: dict | None = None, imputed_cells: int = 0,
+                 head_selection: dict | None = None) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
 
     `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
@@ -76,11 +77,16 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     gate refused the chosen kind).
 
     `imputed_cells`: cells of the reward matrix the routers were trained on that were estimated, not collected (new
-    agents asked on a sample, `collection.new_agent_sample`; 0 for a fully collected matrix)."""
+    agents asked on a sample, `collection.new_agent_sample`; 0 for a fully collected matrix).
+
+    Each router's `selection` says how its operating points (and its `aiq_validation`) were chosen: {"method":
+    "validation", "rows"} on the validation split, or {"method": "crossfit", "folds", "seed", "rows"} on the pooled
+    out-of-fold outcomes over train + validation (`train.operating_points`)."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
     routers = {"head": {"aiq_validation": head_validation_aiq, "aiq_test": aiq.get("head"),
+                        "selection": head_selection or {"method": "validation"},
                         "targets": {name: {**{k: t[k] for k in TARGET_KEYS},
                                            "quality_ratio": t["quality"] / value["best_single"]["quality"]
                                            if value["best_single"]["quality"] else None,
@@ -89,6 +95,7 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     for variant, v in ((cascade or {}).get("variants") or {}).items():
         routers[f"cascade:{variant}"] = {
             "aiq_validation": v["aiq_validation"], "aiq_test": (cascade_aiq or {}).get(variant, v["aiq_test"]),
+            "selection": cascade.get("selection") or {"method": "validation"},
             "targets": {name: {k: t.get(k) for k in CASCADE_TARGET_KEYS} for name, t in v["targets"].items()}}
     if cascade_benchmark and cascade:  # {target: summary} of the routed benchmark (real calls through the pool)
         routers[f"cascade:{cascade['chosen']}"]["routed_benchmark"] = {

@@ -23,7 +23,7 @@ gain over the best single agent is > 0, else the best single agent. z is measure
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import combinations
 
 import numpy as np
@@ -139,16 +139,22 @@ def outcome_stats(reward: np.ndarray, cost: np.ndarray, by: np.ndarray, n_calls:
 
 def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agents: list[str],
                  guard_z: float = GUARD_Z) -> dict:
-    """The operating path on these (validation) rows: one point per plan, sorted by cost; point 0 is the
-    max-quality point (best quality among points whose gain's one-sided 90 % lower bound is > 0, else the best
-    single agent) so that `targets.resolve` reads it like the head's path."""
+    """The operating path on these (validation) rows: one point per plan (`as_path`)."""
     pts = []
-    single = Plan(Policy((Stage((best,)),))).to_dict(agents)
     for plan in plans:
         o = run_plan(plan, R, C, E, order, P, graders)
         pts.append({"plan": plan.to_dict(agents), "describe": plan.describe(agents),
                     **outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)})
-    pts.sort(key=lambda s: (s["cost_per_1k"], -s["quality"]))
+    return as_path(pts, best, agents, guard_z, len(R))
+
+
+def as_path(pts: list[dict], best: int, agents: list[str], guard_z: float, n_rows: int,
+            selection: dict | None = None) -> dict:
+    """A path of points ({"plan", "describe", **outcome_stats}), sorted by cost; point 0 is the max-quality point
+    (best quality among points whose gain's one-sided 90 % lower bound is > 0, else the best single agent, whose
+    point must be among them) so that `targets.resolve` reads it like the head's path."""
+    single = Plan(Policy((Stage((best,)),))).to_dict(agents)
+    pts = sorted(pts, key=lambda s: (s["cost_per_1k"], -s["quality"]))
     base = next(i for i, s in enumerate(pts) if s["plan"] == single)
     sure = [i for i, s in enumerate(pts) if s["gain"] - MAX_QUALITY_CONFIDENCE_Z * s["gain_se"] > 0]
     top = max(sure, key=lambda i: (pts[i]["quality"], -pts[i]["cost_per_1k"])) if sure else base
@@ -158,7 +164,8 @@ def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agent
     b = next(s for s in pts if s["plan"] == single)
     return {"kind": "cascade", "agents": list(agents), "best_single": agents[best], "guard_z": guard_z,
             "best_single_validation": {k: b[k] for k in ("quality", "ci_low", "ci_high", "cost_per_1k")},
-            "n_validation": int(len(R)), "points": pts}
+            "n_validation": int(n_rows), "selection": selection or {"method": "validation", "rows": int(n_rows)},
+            "points": pts}
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,66 @@ def fit_cascade(train: Rows, validation: Rows, best: int, agents: list[str],
     v = validation
     path = cascade_path(plans, v.R, v.C, v.E, order, v.P, v.graders, best, agents, guard_z)
     return plans, path, order
+
+
+def plan_at(points: np.ndarray, lam: float) -> int:
+    """Index of the plan whose (mean cost, mean reward) `points` on its fitting rows maximise reward − λ·cost (ties:
+    the cheaper plan): the plan `fit_plans`' sweep chose at that λ (the plans are its λ vertices)."""
+    v = points[:, 1] - lam * points[:, 0]
+    ok = np.flatnonzero(v >= v.max() - 1e-12)
+    return int(ok[np.argmin(points[ok, 0])])
+
+
+def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selection: dict, p_of=None) -> list[dict]:
+    """Per cross-fitting fold (pipeline.route.select.dev_folds): the plans fitted on the other folds' rows (with the
+    prompt router's predicted success refitted there by `p_of(train_rows, val_rows)` when the rows carry one), their
+    (mean cost, mean reward) on those rows, the agent preference, the held rows."""
+    from dataclasses import replace
+
+    from pipeline.route.select import dev_folds
+
+    out = []
+    for held, t, v in dev_folds(train, val, selection.get("folds", 5), selection.get("seed", 0)):
+        r = rows if rows.P is None or p_of is None else replace(rows, P=p_of(t, v))
+        fit = r.take(t | v)
+        order = preference(fit.R)
+        plans = fit_plans(fit.R, fit.C, fit.E, fit.P, fit.graders, order, best)
+        out.append({"held": held, "rows": r, "order": order, "plans": plans, "points": test_points(plans, fit, order)})
+    return out
+
+
+def crossfit_path(plans: list[Plan], points: np.ndarray, folds: list[dict], best: int, agents: list[str],
+                  guard_z: float, selection: dict) -> dict:
+    """The operating path read on the pooled out-of-fold outcomes: for each λ of reward − λ·cost (every break point
+    of the final and the folds' train hulls), each fold's plan at λ runs on its held rows, and the point carries the
+    final fit's plan at λ (`plans`, their train `points`); the best single agent is a point too."""
+    lams = sorted({0.0, *(x for p in [points, *(f["points"] for f in folds)] for x in _hull_slopes(p))})
+    grid = [0.0] + [(a + b) / 2 for a, b in zip(lams, lams[1:])] + [lams[-1] * 2 + 1.0]
+    dev = np.logical_or.reduce([f["held"] for f in folds])
+    runs: dict = {}
+    pts, seen = [], set()
+    for lam in grid:
+        key = (plan_at(points, lam), *(plan_at(f["points"], lam) for f in folds))
+        if key in seen:
+            continue
+        seen.add(key)
+        o = {k: np.zeros(len(dev), t) for k, t in (("reward", float), ("cost", float), ("by", np.int64),
+                                                    ("calls", np.int64))}
+        for i, (f, k) in enumerate(zip(folds, key[1:])):
+            h = f["rows"].take(f["held"])
+            r = runs.setdefault((i, k), run_plan(f["plans"][k], h.R, h.C, h.E, f["order"], h.P, h.graders))
+            for name, x in (("reward", r.reward), ("cost", r.cost), ("by", r.answered_by), ("calls", r.n_calls)):
+                o[name][f["held"]] = x
+        R = folds[0]["rows"].R
+        pts.append({"plan": plans[key[0]].to_dict(agents), "describe": plans[key[0]].describe(agents),
+                    **outcome_stats(o["reward"][dev], o["cost"][dev], o["by"][dev], o["calls"][dev], R[dev, best],
+                                    agents)})
+    single = Plan(Policy((Stage((best,)),)))
+    R, C = folds[0]["rows"].R[dev], folds[0]["rows"].C[dev]
+    pts.append({"plan": single.to_dict(agents), "describe": single.describe(agents),
+                **outcome_stats(R[:, best], C[:, best], np.full(len(R), best), np.ones(len(R), np.int64), R[:, best],
+                                agents)})
+    return as_path(pts, best, agents, guard_z, int(dev.sum()), {**selection, "rows": int(dev.sum())})
 
 
 # ------------------------------------------------------------------------------------------- held-out value
@@ -260,6 +327,7 @@ class CascadeFit:
     validation_rows: int
     guard_z: float
     chosen: str = ""
+    selection: dict = field(default_factory=lambda: {"method": "validation"})  # how the operating points were chosen
 
     @property
     def best(self) -> CascadeVariant:
@@ -270,22 +338,33 @@ class CascadeFit:
 
 
 def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | None, graders, masks: dict,
-                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z) -> CascadeFit:
-    """Both variants fitted on train, pathed on validation and scored on the held-out rows; `chosen` is the variant
-    with the higher validation AIQ (the held-out rows choose nothing). Zero API calls: R, C, E, P are the matrix."""
+                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z, selection: dict | None = None,
+                 p_of=None) -> CascadeFit:
+    """Both variants fitted on train, pathed on validation (or, with `selection` {"method": "crossfit", "folds",
+    "seed"}, on the pooled out-of-fold outcomes over train + validation: `fold_fits`, `crossfit_path`; `p_of`
+    refits the prompt router's predicted success per fold) and scored on the held-out rows; `chosen` is the variant
+    with the higher AIQ on the rows its path was read on (the held-out rows choose nothing). Zero API calls: R, C,
+    E, P are the matrix."""
     from pipeline.route.frontier import aiq, cost_span
 
     tr, va, te = masks["train"], masks["validation"], masks["held_out"]
+    cross = (selection or {}).get("method") == "crossfit" and bool(va.any())
     if not va.any():
         va = tr  # no validation rows: the path is read on train (said in the summary)
-    span_va, span_te = cost_span(R[va], C[va]), cost_span(R[te], C[te])
-    out = CascadeFit({}, int(va.sum()), guard_z)
+    read = (tr | va) if cross else va
+    span_va, span_te = cost_span(R[read], C[read]), cost_span(R[te], C[te])
+    out = CascadeFit({}, int(va.sum()), guard_z, selection={**selection, "rows": int(read.sum())} if cross
+                     else {"method": "validation", "rows": int(va.sum())})
     for variant in VARIANTS:
         use_p = variant == "combined"
         if use_p and P is None:
             continue
         rows = Rows(R, C, E, P if use_p else None, np.asarray(graders, dtype=object))
         plans, path, order = fit_cascade(rows.take(tr), rows.take(va), best, agents, guard_z=guard_z)
+        if cross:
+            folds = fold_fits(rows, tr, va, best, selection, p_of)
+            path = crossfit_path(plans, test_points(plans, rows.take(tr), order), folds, best, agents, guard_z,
+                                 out.selection)
         test = rows.take(te)
         pts = test_points(plans, test, order)
         out.variants[variant] = CascadeVariant(
@@ -295,18 +374,41 @@ def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | No
     return out
 
 
+def success_refit(scorer, X: np.ndarray, U: np.ndarray):
+    """`p_of(train_rows, val_rows)` for `fold_fits`: the prompt router's predicted success (n, K) of a value scorer
+    refitted on a fold's rows (`scorer`'s standardisation, ridge strength chosen on the fold's validation rows)."""
+    from pipeline.route.value import fit_value_scorer
+
+    def p_of(t: np.ndarray, v: np.ndarray) -> np.ndarray:
+        v = v if v.any() else t
+        return fit_value_scorer(scorer, X[t], U[t], X[v], U[v])[0].scores(X)
+
+    return p_of
+
+
+def selection_of(train_config: dict | None) -> dict:
+    """The cascade's operating-point selection from a TrainConfig dict (`operating_points`, `folds`, `fold_seed`)."""
+    tc = train_config or {}
+    return {"method": tc.get("operating_points", "validation"), "folds": int(tc.get("folds", 5)),
+            "seed": int(tc.get("fold_seed", 0))}
+
+
 def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.ndarray, fallback, scorer, best: int,
-                       targets=None, grading=None, stats: dict | None = None) -> tuple[CascadeRouter, CascadeFit]:
+                       targets=None, grading=None, stats: dict | None = None,
+                       selection: dict | None = None) -> tuple[CascadeRouter, CascadeFit]:
     """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agents' recorded
     `answers` (n rows of K, agent order) and each row's `graders`, falling back on the prompt router `fallback` whose
     value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
     `cascade_router` asset and `router-lite train` call it. `grading` (pipeline.collect.bounded.Budget, default its
-    default) bounds each comparison of two answers; `stats` gets the comparisons left without a verdict."""
+    default) bounds each comparison of two answers; `stats` gets the comparisons left without a verdict;
+    `selection` (`selection_of`): how the operating points are chosen (None: on validation)."""
     from pipeline.collect.answers import Agreement
     from pipeline.route.targets import REPORT_TARGETS
 
     graders = np.asarray(graders, dtype=object)
     E = Agreement(answers, graders.tolist(), budget=grading, stats=stats)  # lazy: only the pairs the plans read
-    fit = fit_cascades(arrays.R_eff, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
-                       REPORT_TARGETS if targets is None else targets)
+    U = arrays.R_eff
+    fit = fit_cascades(U, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
+                       REPORT_TARGETS if targets is None else targets, selection=selection,
+                       p_of=success_refit(scorer, X, U))
     return CascadeRouter(fallback, fit.best.path, fit.best.order, arrays.agents), fit

@@ -158,7 +158,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     best = best_single_agent(R[tr], B[tr])
     trained = head
     # every prompt kind fitted and reported, one shipped (pipeline/route/select.py); the head sets the operating points
-    routers, chosen, val_rewards, crossfit = choose_router(cfg, head, agents, X, R, B, C, tr, va)
+    routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, agents, X, R, B, C, tr, va)
     head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
@@ -168,8 +168,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     if gate["shipped"] != "head":
         head = constant_head(trained, best)
     knn = KnnRouter(agents=agents).fit(X[tr], R[tr], X[va] if has_val else None, R[va] if has_val else None)
-    # the guard's threshold comes from in-distribution rows that were not trained on
-    guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])
+    guard = OODGuard().fit(X[tr], X[va] if has_val else X[tr])  # threshold: in-distribution rows not trained on
     raw_picks = head.pick(X[te])
     picks = guard.route(raw_picks, X[te], best)
     knn_picks = knn.pick(X[te])
@@ -192,7 +191,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                         "selection": "crossfit" if crossfit else "validation",
                         "validation": gate.get("head_validation") if gate["shipped"] == "head"
                         else gate.get("best_single_validation"), "test": metrics["head"]}
-    value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks)
+    value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks, cfg,
+                             (oof or {}).get(chosen) if gate["shipped"] == "head" else None)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
         extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents, score_head=head)
@@ -226,43 +226,58 @@ def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_h
 
 
 def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
-                     labels, picks_te, knn_picks_te) -> dict:
-    """The value scorer, the λ path on validation (pipeline.route.targets) and the held-out value report."""
+                     labels, picks_te, knn_picks_te, cfg: TrainConfig | None = None,
+                     oof_picks: np.ndarray | None = None) -> dict:
+    """The value scorer, the λ path the targets resolve on (on validation, or cross-fitted: `choice_rows`) and the
+    held-out value report."""
     from pipeline.route.targets import operating_path
-    from pipeline.route.value import (
-        agent_costs,
-        fit_cost_scorer,
-        fit_value_scorer,
-        held_out_value,
-        label_router_metrics,
-        pick_costs,
-    )
+    from pipeline.route.value import agent_costs, fit_scorers, held_out_value, label_router_metrics
 
-    tr, va, te = m["train"], m["validation"], m["held_out"]
-    fit_rows = va if va.any() else tr
+    tr, te = m["train"], m["held_out"]
     R_eff = effective_rewards(R, B)
-    scorer, info = fit_value_scorer(trained, X[tr], R_eff[tr], X[fit_rows], R_eff[fit_rows])
+    scorer, cost_scorer, info = fit_scorers(trained, X, R_eff, C, tr, m["validation"])
     cost = agent_costs(C[tr])
-    cost_scorer = None
-    if np.any(C[tr] > 0):
-        cost_scorer, cinfo = fit_cost_scorer(trained, X[tr], C[tr], X[fit_rows], C[fit_rows])
-        info = {**info, "cost_alpha": cinfo["alpha"], "cost_val_r2": cinfo["val_r2"]}
-    path = operating_path(scorer.scores(X[fit_rows]), guard.route(shipped.pick(X[fit_rows]), X[fit_rows], best),
-                          R_eff[fit_rows], C[fit_rows], cost, best, agents,
-                          pick_cost_val=pick_costs(cost_scorer, X[fit_rows], cost))
+    rows, pred, picks0, pick_cost, selection = choice_rows(trained, shipped, guard, X, R_eff, C, m, best, scorer,
+                                                           cost_scorer, cfg or TrainConfig(), oof_picks)
+    path = operating_path(pred, picks0, R_eff[rows], C[rows], cost, best, agents, pick_cost_val=pick_cost)
     path["scorer"] = info
     path["cost_model"] = "predicted per query" if cost_scorer is not None else "agent mean"
+    path["selection"] = selection
     value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard,
                            cost_scorer=cost_scorer)
-    rows = np.arange(int(te.sum()))
-    value["knn"] = float(R_eff[te][rows, knn_picks_te].mean())
+    n = np.arange(int(te.sum()))
+    value["knn"] = float(R_eff[te][n, knn_picks_te].mean())
     if labels is not None:
         labels = np.asarray(labels, dtype=object)
         value["label_router"] = label_router_metrics(labels[tr], R_eff[tr], labels[te], R_eff[te], best, picks_te,
                                                      agents)
-    value["head_minus_knn"] = paired_gain_ci(np.zeros(len(rows), np.int64),
-                                             np.column_stack([R_eff[te][rows, picks_te],
-                                                              R_eff[te][rows, knn_picks_te]]),
+    value["head_minus_knn"] = paired_gain_ci(np.zeros(len(n), np.int64),
+                                             np.column_stack([R_eff[te][n, picks_te], R_eff[te][n, knn_picks_te]]),
                                              1)
     return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
 
+
+def choice_rows(trained: Head, shipped: Router, guard: OODGuard, X, R_eff, C, m: dict, best: int, scorer: Head,
+                cost_scorer: Head | None, cfg: TrainConfig, oof_picks: np.ndarray | None):
+    """The rows the targets choose their λ on, as (row mask, predicted rewards, max-quality picks, pick-time costs,
+    {"method", ...}): the validation rows with the scorers fitted on train (`operating_points: validation`, or no
+    validation rows), or every train + validation row with the predictions of the scorers fitted on the other
+    folds (`crossfit`, pipeline.route.select.dev_folds) and the shipped router's out-of-fold picks `oof_picks` (the
+    best single agent's when the ship gate refused). The test rows are never read."""
+    from pipeline.route.select import dev_folds
+    from pipeline.route.value import agent_costs, fit_scorers, pick_costs
+
+    tr, va = m["train"], m["validation"]
+    if cfg.operating_points != "crossfit" or not va.any():
+        rows = va if va.any() else tr
+        picks0 = guard.route(shipped.pick(X[rows]), X[rows], best)
+        return (rows, scorer.scores(X[rows]), picks0, pick_costs(cost_scorer, X[rows], agent_costs(C[tr])),
+                {"method": "validation", "rows": int(rows.sum())})
+    pred, pick_cost = np.zeros(R_eff.shape), np.zeros(R_eff.shape)
+    for held, t, v in dev_folds(tr, va, cfg.folds, cfg.fold_seed):
+        s, cs, _ = fit_scorers(trained, X, R_eff, C, t, v)
+        pred[held], pick_cost[held] = s.scores(X[held]), pick_costs(cs, X[held], agent_costs(C[t]))
+    rows = tr | va
+    picks0 = np.full(int(rows.sum()), best) if oof_picks is None else oof_picks[rows]
+    return (rows, pred[rows], picks0, pick_cost[rows],
+            {"method": "crossfit", "folds": int(cfg.folds), "seed": int(cfg.fold_seed), "rows": int(rows.sum())})

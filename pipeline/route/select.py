@@ -7,10 +7,12 @@ reads the agents' answers) have no such `fit` and are not candidates here.
 
 `select_router` chooses by the **validation** reward of each kind's picks (the mean tie-aware reward; ties -> the
 earlier kind of `candidate_kinds`, the head first), or, with `train.select: crossfit` (the default), by the
-**cross-fitted** reward (`crossfit_rewards`): the train + validation rows are cut into 5 seeded folds, every kind is
-fitted on the other folds exactly as the lineage fits it (their training rows to train, their validation rows for
-early stopping and hyper-parameters) and scored on the held fold, so the choice rests on every development row
-instead of one small validation split. The test rows choose nothing: `kind_figures` measures every kind
+**cross-fitted** reward (`crossfit_picks`, `crossfit_rewards`): the train + validation rows are cut into
+`train.folds` (5) seeded folds (`dev_folds`), every kind is fitted on the other folds exactly as the lineage fits it
+(their training rows to train, their validation rows for early stopping and hyper-parameters) and scored on the held
+fold, so the choice rests on every development row instead of one small validation split. The same folds and
+out-of-fold picks serve the cross-fitted operating points (`train.operating_points`, pipeline/route/fit.py and
+cascade_fit.py). The test rows choose nothing: `kind_figures` measures every kind
 on the held-out rows afterwards, for the report only. Every kind chose its own hyper-parameters on the same validation
 rows (the head's ridge alpha and early stopping, kNN's k; the cluster router chooses its k on train), so those
 validation figures are a little optimistic; the ship gate (pipeline/route/fit.py) still demands that the chosen
@@ -84,27 +86,44 @@ def select_router(routers: dict[str, Router], X_val: np.ndarray | None, U_val: n
     return best, val
 
 
-def crossfit_rewards(kinds: list[str], train_head_fn, agents: list[str], X, R, B, train: np.ndarray,
-                     val: np.ndarray, folds: int = 5, seed: int = 0) -> dict[str, float]:
-    """{kind: out-of-fold mean reward} over the train + validation rows (see the module docstring). `train_head_fn(
-    rows_train, rows_val)` returns the head fitted on those row masks (the lineage's trainer and config)."""
-    from pipeline.route.train import effective_rewards
-
-    U = effective_rewards(R, B)
+def dev_folds(train: np.ndarray, val: np.ndarray, folds: int = 5, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
+    """The cross-fitting folds of the train + validation rows, seeded: one (held, train & ~held, val & ~held) triple
+    of row masks per fold (the held rows of the folds partition the development rows; test rows are in none). Every
+    cross-fitted choice cuts its folds here: the prompt kinds (`crossfit_rewards`), the head's operating points
+    (pipeline/route/fit.py) and the cascade's plans (pipeline/route/cascade_fit.py)."""
+    if int(folds) < 2:
+        raise RouterLiteError(f"cross-fitting needs at least 2 folds, got {folds}")
     dev = np.flatnonzero(train | val)
-    fold = np.random.default_rng(seed).permutation(len(dev)) % folds
-    oof = {k: np.empty(len(dev)) for k in kinds}
-    for f in range(folds):
-        held = np.zeros(len(R), bool)
+    fold = np.random.default_rng(seed).permutation(len(dev)) % int(folds)
+    out = []
+    for f in range(int(folds)):
+        held = np.zeros(len(train), bool)
         held[dev[fold == f]] = True
-        tr, va = train & ~held, val & ~held
+        out.append((held, train & ~held, val & ~held))
+    return out
+
+
+def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], X, R, B, train: np.ndarray, val: np.ndarray,
+                   folds: int = 5, seed: int = 0) -> dict[str, np.ndarray]:
+    """{kind: (n,) out-of-fold picks}: each development row picked by the kind fitted on the other folds (see the
+    module docstring); -1 on the other rows. `train_head_fn(rows_train, rows_val)` returns the head fitted on those
+    row masks (the lineage's trainer and config)."""
+    oof = {k: np.full(len(R), -1, np.int64) for k in kinds}
+    for held, tr, va in dev_folds(train, val, folds, seed):
         head = train_head_fn(tr, va) if "head" in kinds else None
         routers = fit_candidates(kinds, head, agents, X[tr], R[tr], B[tr], *((X[va], R[va], B[va]) if va.any()
                                                                               else (None,) * 3))
-        rows = dev[fold == f]
         for k, r in routers.items():
-            oof[k][fold == f] = U[rows, np.asarray(r.pick(X[rows]))]
-    return {k: float(v.mean()) for k, v in oof.items()}
+            oof[k][held] = np.asarray(r.pick(X[held]))
+    return oof
+
+
+def crossfit_rewards(picks: dict[str, np.ndarray], R, B) -> dict[str, float]:
+    """{kind: out-of-fold mean (tie-aware) reward} over the development rows of `crossfit_picks`' picks."""
+    from pipeline.route.train import effective_rewards
+
+    U = effective_rewards(R, B)
+    return {k: float(U[np.flatnonzero(p >= 0), p[p >= 0]].mean()) for k, p in picks.items()}
 
 
 def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best: int, X_te: np.ndarray,
@@ -127,8 +146,9 @@ def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best:
 
 def choose_router(cfg, head: Router, agents: list[str], X, R, B, C, train: np.ndarray, val: np.ndarray):
     """(every candidate kind fitted {kind: router}, the chosen kind, {kind: validation reward}, {kind: cross-fitted
-    reward} or None): what `fit_router` ships before its ship gate. `cfg.router` "auto" lets every kind compete, a kind
-    name ships that kind (all are still fitted, for the report); `cfg.select` says how "auto" chooses."""
+    reward} or None, {kind: out-of-fold picks} or None): what `fit_router` ships before its ship gate. `cfg.router`
+    "auto" lets every kind compete, a kind name ships that kind (all are still fitted, for the report); `cfg.select`
+    says how "auto" chooses."""
     from dataclasses import replace
 
     from pipeline.route.train import effective_rewards, train_head
@@ -139,12 +159,15 @@ def choose_router(cfg, head: Router, agents: list[str], X, R, B, C, train: np.nd
     routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
                              X[train], R[train], B[train], *((X[val], R[val], B[val]) if has_val else (None,) * 3))
     allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
-    crossfit = None
-    if cfg.select == "crossfit" and len(allowed) > 1:
+    crossfit = oof = None
+    compete = cfg.select == "crossfit" and len(allowed) > 1
+    if compete or (cfg.operating_points == "crossfit" and has_val):  # cross-fitted kinds and / or targets
         def head_on(t, v):
             return train_head(X[t], R[t], B[t], X[v] if v.any() else None, R[v] if v.any() else None,
                               B[v] if v.any() else None, replace(cfg, log_every=0), cost_train=C[t],
                               cost_val=C[v] if v.any() else None, agents=agents)[0]
-        crossfit = crossfit_rewards(list(routers), head_on, agents, X, R, B, train, val)
+        oof = crossfit_picks(list(routers if compete else allowed), head_on, agents, X, R, B, train, val, cfg.folds,
+                             cfg.fold_seed)
+        crossfit = crossfit_rewards(oof, R, B) if compete else None
     chosen, _ = select_router(allowed, X[val] if has_val else None, U[val] if has_val else None, scores=crossfit)
-    return routers, chosen, (validation_rewards(routers, X[val], U[val]) if has_val else {}), crossfit
+    return routers, chosen, (validation_rewards(routers, X[val], U[val]) if has_val else {}), crossfit, oof

@@ -123,6 +123,17 @@ class TrainConfig:
         How "auto" chooses among the kinds: "crossfit" = by the out-of-fold reward over the train + validation rows
         (5 seeded folds; every kind fitted on the other folds as the lineage fits it, ~5 more head trainings);
         "validation" = by the reward on the one validation split. The test rows choose nothing either way.
+    operating_points = "crossfit"
+        How the named targets (``quality>=F``, ``parity``, ``budget=B``) choose their operating point on the head's λ
+        path and on the cascade's plans: "crossfit" = on the pooled out-of-fold predictions over the train +
+        validation rows (`folds` seeded folds; each fold's value and cost scorers, or cascade plans and prompt
+        scorer, fitted on the other folds; the λ (head) or the λ of reward − λ·cost (cascade) chosen there is applied
+        to the router fitted on train); "validation" = on the one validation split. Recorded as ``selection`` in the
+        path, the train JSON and router_value.json. The test rows choose nothing either way.
+    folds = 5
+        Number of cross-fitting folds (``select`` and ``operating_points``); at least 2.
+    fold_seed = 0
+        Seed of the fold cut (`pipeline.route.select.dev_folds`): same data + same seed -> same folds and choices.
     """
 
     generations: int = 60
@@ -149,6 +160,9 @@ class TrainConfig:
     ship_gate: bool = True
     router: str = "auto"
     select: str = "crossfit"
+    operating_points: str = "crossfit"
+    folds: int = 5
+    fold_seed: int = 0
 
     def validate(self) -> None:
         if self.generations < 0:
@@ -171,6 +185,11 @@ class TrainConfig:
             raise RouterLiteError("TrainConfig.l2 and cost_lambda must be >= 0 and temperature > 0")
         if self.select not in SELECTIONS:
             raise RouterLiteError(f"TrainConfig.select must be one of {SELECTIONS}, got {self.select!r}")
+        if self.operating_points not in SELECTIONS:
+            raise RouterLiteError(f"TrainConfig.operating_points must be one of {SELECTIONS}, got "
+                                  f"{self.operating_points!r}")
+        if int(self.folds) < 2:
+            raise RouterLiteError(f"TrainConfig.folds must be >= 2, got {self.folds}")
         if not 0.0 <= self.keep_confidence < 1.0:
             raise RouterLiteError(f"TrainConfig.keep_confidence must be in [0, 1), got {self.keep_confidence}")
         if not 0.0 <= self.ship_confidence < 1.0:

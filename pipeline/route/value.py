@@ -53,6 +53,20 @@ def pick_costs(cost_scorer: Head | None, X: np.ndarray, agent_cost) -> np.ndarra
     return np.maximum(cost_scorer.scores(X).astype(np.float64), 1e-9)
 
 
+def fit_scorers(head: Head, X: np.ndarray, R_eff: np.ndarray, C: np.ndarray, train: np.ndarray,
+                val: np.ndarray) -> tuple[Head, Head | None, dict]:
+    """(value scorer, cost scorer or None when the matrix has no costs, {"alpha", "val_mse", "cost_alpha",
+    "cost_val_r2"}) fitted on the `train` rows, ridge strengths chosen on the `val` rows (on `train` without any).
+    The lineage fits them once on its train split and, to cross-fit the operating points, once per fold."""
+    fit_rows = val if val.any() else train
+    scorer, info = fit_value_scorer(head, X[train], R_eff[train], X[fit_rows], R_eff[fit_rows])
+    cost_scorer = None
+    if np.any(C[train] > 0):
+        cost_scorer, cinfo = fit_cost_scorer(head, X[train], C[train], X[fit_rows], C[fit_rows])
+        info = {**info, "cost_alpha": cinfo["alpha"], "cost_val_r2": cinfo["val_r2"]}
+    return scorer, cost_scorer, info
+
+
 def fit_value_scorer(head: Head, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray,
                      R_val: np.ndarray, alphas=VALUE_ALPHAS) -> tuple[Head, dict]:
     """(scorer head predicting each agent's reward, {"alpha", "val_mse"}); standardisation from `head`."""

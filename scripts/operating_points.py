@@ -1,0 +1,176 @@
+"""Single-split vs cross-fitted operating points on a materialised lineage (`router-lite run` first; zero API calls).
+
+For the head's λ path and the cascade's plans (both variants), per named target and per selection method
+(`train.operating_points`: "validation" = the one validation split, "crossfit" = pooled out-of-fold outcomes over
+train + validation, `--folds` seeded folds): the chosen point, its held-out test quality as a fraction of the best
+single agent's and its test cost as a fraction of that agent's cost, each with a paired 95 % bootstrap CI. Then the
+**hindsight bounds**, read on the test rows, which no honest selection may use: the best test quality any point of
+the fitted family reaches at <= `--cap` of the best single agent's cost, and the cheapest point of the family that
+holds `--quality` of its quality; for the cascade also the wider candidate family (every combination of the answer
+formats' Pareto policies, chosen on test: bench/cascade.py's `family_bound`). The selection reads no test row.
+
+    ROUTER_LITE_HOME=.router-lite python scripts/operating_points.py            # demo: ~10 min on 2 busy cores
+    ROUTER_LITE_HOME=.router-lite python scripts/operating_points.py --families cascade --fold-seed 1
+
+Prints Markdown tables; writes $ROUTER_LITE_HOME/reports/operating_points.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pipeline.route.cascade import Plan, run_plan  # noqa: E402
+from pipeline.route.cascade_fit import fit_cascades, ratio_ci, success_refit  # noqa: E402
+from pipeline.route.fit import fit_router  # noqa: E402
+from pipeline.route.fitted import FittedRouter  # noqa: E402
+from pipeline.route.targets import operating_path, resolve  # noqa: E402
+from pipeline.route.train import TrainConfig  # noqa: E402
+from pipeline.route.value import agent_costs, pick_costs, target_picks  # noqa: E402
+from resources.storage import asset_path  # noqa: E402
+
+METHODS = ("validation", "crossfit")
+
+
+def load(home: Path) -> dict:
+    """The lineage's reward matrix, split, embeddings, answers' agreement, labels and train config (bench/cascade.py's
+    `load`, plus what `fit_router` takes)."""
+    from bench.cascade import load as load_cascade
+    from pipeline.report.pool_report import domain_column, labels_of
+
+    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
+    tasks = pd.read_parquet(asset_path(home, "task_pool"))
+    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id").loc[rm["task_id"]]
+    t = rm[["task_id"]].merge(tasks, on="task_id", how="left")
+    split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood").reset_index(drop=True)
+    head = FittedRouter.load(asset_path(home, "router_head", suffix=""))
+    tc = {k: tuple(v) if isinstance(v, list) else v for k, v in head["train_config"].items()
+          if k in TrainConfig.__dataclass_fields__}
+    agents, R, C, E, P, g, masks = load_cascade(home)
+    return {"rewards": rm, "split": split, "X": np.stack(emb["embedding"].to_numpy()).astype(np.float32),
+            "labels": labels_of(t, domain_column(t)), "cfg": replace(TrainConfig(**tc), log_every=0),
+            "agents": agents, "R": R, "C": C, "E": E, "P": P, "g": g, "masks": masks,
+            "best": int(head["best_single"]), "scorer": head.companions["scorer"]}
+
+
+def ratios(reward: np.ndarray, cost: np.ndarray, R_te: np.ndarray, C_te: np.ndarray, best: int) -> dict:
+    """Test quality and cost as fractions of the best single agent's, with paired 95 % bootstrap CIs."""
+    q, c = ratio_ci(reward, R_te[:, best]), ratio_ci(cost, C_te[:, best])
+    return {"quality": float(reward.mean() / R_te[:, best].mean()), "quality_ci": list(q),
+            "cost": float(cost.mean() / C_te[:, best].mean()), "cost_ci": list(c)}
+
+
+def bound(points: np.ndarray, bq: float, bc: float, cap: float, quality: float) -> dict:
+    """Hindsight on test over (cost, quality) `points`: the best quality at <= cap x the best single agent's cost, and
+    the cheapest point holding `quality` x its quality (fractions of that agent's)."""
+    q, c = points[:, 1] / bq, points[:, 0] / bc
+    under = np.flatnonzero(c <= cap + 1e-12)
+    hold = np.flatnonzero(q >= quality - 1e-12)
+    return {"best_quality_under_cap": None if not len(under) else [float(q[under].max()),
+                                                                    float(c[under][np.argmax(q[under])])],
+            "cheapest_holding_quality": None if not len(hold) else [float(q[hold][np.argmin(c[hold])]),
+                                                                     float(c[hold].min())]}
+
+
+def head_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]:
+    """The head's value-scorer λ path: each selection method's choice per target on test, and its test bound."""
+    rows, out = [], {}
+    te = d["masks"]["held_out"]
+    for method in METHODS:
+        cfg = replace(d["cfg"], operating_points=method, folds=args.folds, fold_seed=args.fold_seed)
+        fit = fit_router(d["X"], d["rewards"], d["split"], cfg, labels=d["labels"])
+        R_te, C_te, X_te, best = d["R"][te], d["C"][te], d["X"][te], fit.best_single
+        picks0 = fit.guard.route(fit.head.pick(X_te), X_te, best)
+        cost = agent_costs(d["C"][d["masks"]["train"]])
+        for t in targets:
+            picks, point = target_picks(t, fit.operating_points, X_te, picks0, fit.scorer, cost, fit.guard, best,
+                                        fit.cost_scorer)
+            n = np.arange(len(picks))
+            rows.append({"family": "head", "selection": method, "target": t, "chosen": f"λ={point['lambda']:.3g}",
+                         **ratios(R_te[n, picks], C_te[n, picks], R_te, C_te, best)})
+        if method == "crossfit":  # the test path of the same scorers: the family, read in hindsight
+            path = operating_path(fit.scorer.scores(X_te), picks0, R_te, C_te, cost, best, fit.agents,
+                                  pick_cost_val=pick_costs(fit.cost_scorer, X_te, cost))
+            pts = np.array([(p["cost_per_1k"], p["quality"]) for p in path["points"]])
+            out = bound(pts, R_te[:, best].mean(), 1000 * C_te[:, best].mean(), args.cap, args.quality)
+    return rows, out
+
+
+def cascade_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]:
+    """Both cascade variants: each selection method's plan per target on test, the chosen variant, the bounds."""
+    from bench.cascade import family_bound
+
+    te, best, rows, out = d["masks"]["held_out"], d["best"], [], {}
+    R_te, C_te = d["R"][te], d["C"][te]
+    for method in METHODS:
+        sel = {"method": method, "folds": args.folds, "seed": args.fold_seed}
+        fit = fit_cascades(d["R"], d["C"], d["E"], d["P"], d["g"], d["masks"], best, d["agents"], targets,
+                           selection=sel, p_of=success_refit(d["scorer"], d["X"], d["R"]))
+        for variant, v in fit.variants.items():
+            P_te = None if variant == "cascade" else d["P"][te]
+            for t in targets:
+                plan = Plan.from_dict(v.path["points"][resolve(t, v.path)["index"]]["plan"], d["agents"])
+                o = run_plan(plan, R_te, C_te, d["E"][te], np.array(v.order), P_te, d["g"][te])
+                rows.append({"family": f"cascade:{variant}" + (" ★" if variant == fit.chosen else ""),
+                             "selection": method, "target": t, "chosen": plan.describe(d["agents"]),
+                             **ratios(o.reward, o.cost, R_te, C_te, best)})
+            if method == "crossfit":
+                out[variant] = bound(np.array(v.points_test), R_te[:, best].mean(), C_te[:, best].mean(), args.cap,
+                                     args.quality)
+    P = d["P"] if "combined" in out else np.zeros_like(d["R"])
+    out["candidate_family"] = family_bound(d["agents"], d["R"], d["C"], d["E"], P, d["g"], d["masks"], best,
+                                           args.cap)
+    return rows, out
+
+
+def table(rows: list[dict]) -> str:
+    fmt = [{"family": r["family"], "selection": r["selection"], "target": r["target"],
+            "test quality × best [95 % CI]": f"{r['quality']:.1%} [{r['quality_ci'][0]:.1%}, {r['quality_ci'][1]:.1%}]",
+            "test cost × best [95 % CI]": f"{r['cost']:.0%} [{r['cost_ci'][0]:.0%}, {r['cost_ci'][1]:.0%}]",
+            "chosen": r["chosen"]} for r in rows]
+    return pd.DataFrame(fmt).to_markdown(index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--families", default="head,cascade")
+    ap.add_argument("--targets", default="quality>=0.98,quality>=0.95,parity")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--fold-seed", type=int, default=0)
+    ap.add_argument("--cap", type=float, default=0.55, help="cost cap of the goal, x the best single agent's cost")
+    ap.add_argument("--quality", type=float, default=0.98, help="quality of the goal, x the best single agent's")
+    args = ap.parse_args(argv)
+    home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite"))
+    t0 = time.perf_counter()
+    d = load(home)
+    targets = args.targets.split(",")
+    rows, bounds = [], {}
+    for fam, fn in (("head", head_family), ("cascade", cascade_family)):
+        if fam in args.families.split(","):
+            r, bounds[fam] = fn(d, targets, args)
+            rows += r
+    print(f"## Operating points on {home}: single split vs cross-fitted ({args.folds} folds, seed {args.fold_seed})"
+          f"\n\nHeld-out test n={int(d['masks']['held_out'].sum())}; fractions of the best single agent "
+          f"({d['agents'][d['best']]}); ★ = the cascade variant chosen (AIQ on the rows the path was read on).\n\n"
+          + table(rows) + "\n\n## Hindsight bounds on test (no honest selection may use them)\n\n"
+          + json.dumps(bounds, indent=1, default=float) + "\n")
+    out = home / "reports" / "operating_points.json"
+    out.write_text(json.dumps({"args": vars(args), "rows": rows, "bounds": bounds,
+                               "seconds": time.perf_counter() - t0}, indent=1, default=float))
+    print(f"wrote {out} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
