@@ -190,6 +190,6 @@ def test_the_docs_run_as_written(scratch):
     log = [json.loads(line) for line in (work / "serve.log").read_text().splitlines()]
     assert log[-1]["status"] == 200 and log[-1]["cost_usd"] == star["usage"]["cost"] and "prompt" not in log[-1]
     trained = json.loads((work / "trained.json").read_text())
-    manifest = json.loads((Path(trained["registered"]) / "manifest.json").read_text())
+    manifest = json.loads((work / trained["registered"] / "manifest.json").read_text())  # relative to the pages
     assert "my_llama" in [a["name"] for a in manifest["agents"]]
     print("\n".join(["skipped:", *skipped]))
