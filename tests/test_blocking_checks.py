@@ -130,14 +130,14 @@ def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, mo
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
     rewards = asset_path(home, "reward_matrix")
     stamp = rewards.stat().st_mtime_ns
-    real = collection.run_collect
+    real = collection.collect_with_sample  # the collection step of graded_calls (run_collect, new agents sampled)
 
     def planted(*args, **kwargs):
-        calls = real(*args, **kwargs)
+        calls, asked = real(*args, **kwargs)
         calls.loc[calls.index[0], ["status", "correct"]] = ["error", False]  # an error graded as wrong
-        return calls
+        return calls, asked
 
-    monkeypatch.setattr(collection, "run_collect", planted)
+    monkeypatch.setattr(collection, "collect_with_sample", planted)
     with pytest.raises(RouterLiteError) as exc:
         run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
     assert str(exc.value).startswith("graded calls (partition ")

@@ -76,12 +76,10 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     the one the lineage shipped (`fit.extra["shipped"]`: {kind, validation, test}; kind "best_single" when the ship
     gate refused the chosen kind).
 
-    `imputed_cells`: cells of the reward matrix the routers were trained on that were estimated, not collected (new
-    agents asked on a sample, `collection.new_agent_sample`; 0 for a fully collected matrix).
-
-    Each router's `selection` says how its operating points (and its `aiq_validation`) were chosen: {"method":
-    "validation", "rows"} on the validation split, or {"method": "crossfit", "folds", "seed", "rows"} on the pooled
-    out-of-fold outcomes over train + validation (`train.operating_points`)."""
+    `imputed_cells`: reward-matrix cells estimated, not collected (new agents asked on a sample,
+    `collection.new_agent_sample`; 0 for a fully collected matrix). Each router's `selection` says how its operating
+    points (and `aiq_validation`) were chosen: {"method": "validation", "rows"} on the validation split, or {"method":
+    "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
