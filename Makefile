@@ -34,7 +34,7 @@ test-fast: install
 	$(BIN)/pytest -m "not slow"
 
 # every fenced shell block of README.md and docs/ run as written on a scratch demo home (tests/test_docs_commands.py;
-# opt-in: the whole lineage from scratch, then every page, 20+ minutes on 2 cores)
+# opt-in: the whole lineage from scratch, then every page: 14 min 45 s on 2 idle cores (2026-12-02), not in CI's budget)
 test-docs: install
 	ROUTER_LITE_DOCS_RUN=1 $(BIN)/pytest tests/test_docs_commands.py
 

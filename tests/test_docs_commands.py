@@ -171,7 +171,7 @@ def _run_page(page: str, scratch, timeout: int) -> list[str]:
 
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(not os.environ.get("ROUTER_LITE_DOCS_RUN"),
-                    reason="the whole demo lineage from scratch, then every page (20+ minutes on 2 cores): opt in "
+                    reason="the whole demo lineage from scratch, then every page (about 15 minutes on 2 cores): opt in "
                            "with ROUTER_LITE_DOCS_RUN=1 (`make test-docs`)")
 def test_the_docs_run_as_written(scratch):
     """README's `make run` first (the demo home), then each page; the ★ router answers a recorded held-out question
