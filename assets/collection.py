@@ -214,8 +214,6 @@ def sampled_agents(prof: Profile, agents: list[str]) -> list[str]:
 def rest_of(storage: StorageResource, pool_name: str) -> list[str]:
     """New agents whose remaining calls are collected: those the last decision on this pool (reports/
     new_agents.json, written by `reward_matrix`) marked `collect_rest`."""
-    import json
-
     path = storage.path("reports") / NEW_AGENTS_REPORT
     if not path.is_file():
         return []
