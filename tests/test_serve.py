@@ -523,3 +523,31 @@ def test_slowloris_connections_are_closed_and_capped(world, pool):
         r = httpx.post(srv.base_url + "/chat/completions", timeout=60,
                        json={"model": reg.name, "messages": user(tasks["prompt"].iloc[0])})
         assert r.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_connection_the_agent_drops_unanswered_is_sent_once_more(world, stream):
+    """A connection closed or reset under the request (a stale keep-alive connection, the race CI met) is retried
+    once within the deadline; a status from the agent is not retried; two drops in a row are the 502."""
+    from fault_server import FaultServer
+
+    reg, bb, agents, tasks = world
+    with FaultServer(answer="fine") as up:
+        def client_for(agent):
+            return openai.AsyncOpenAI(api_key=SECRET, base_url=up.base_url, max_retries=0, timeout=20)
+
+        def ask():
+            return httpx.post(srv.base_url + "/chat/completions", timeout=60,
+                              json={"model": reg.name, "messages": user(tasks["prompt"].iloc[0]), "stream": stream})
+
+        with serve_in_thread(build_app(reg, bb, agents, client_for)) as srv:
+            up.script("reset")
+            r = ask()
+            assert r.status_code == 200 and "fine" in r.text and up.total_hits == 2
+            up.script("server_error")
+            r = ask()
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error" and up.total_hits == 3
+            up.script("reset", times=2)
+            r = ask()
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_connection"
+            assert up.total_hits == 5

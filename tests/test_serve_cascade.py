@@ -241,3 +241,28 @@ def test_serve_without_head_serves_the_star_router_of_the_latest_run(smoke_home,
             assert r.headers["x-router-grader"] == "mcq_letter" and "x-router-agents-called" in r.headers
     log = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
     assert [x["request_id"] for x in log] == [r.headers["x-request-id"] for r in replies]
+
+
+def test_a_cheap_call_dropped_unanswered_is_sent_once_more(world):
+    """A stage call whose connection the agent closed under it (a stale keep-alive connection) is retried once, so
+    the cheap pair still agrees with two replies instead of escalating."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fault_server import FaultServer
+
+    reg, _, agents, pool, (strong, c1, c2), agree, _ = world
+    store = pool.store()
+    with FaultServer(answer=lambda model, prompt: store.text_for(model, prompt)) as up:
+        def client_for(agent):
+            if agent.name == agents[c1].name:
+                return openai.AsyncOpenAI(api_key="unused", base_url=up.base_url, max_retries=0, timeout=20)
+            return pool.client_for(agent)
+
+        up.script("reset")
+        with _serve(world, client_for) as srv:
+            r = _ask(srv, agree, router_grader="mcq_letter", router_target="quality>=0.5")
+        assert up.total_hits == 2
+    assert r.status_code == 200, r.text
+    assert sorted(r.headers["x-router-agents-called"].split(",")) == sorted([agents[c1].name, agents[c2].name])

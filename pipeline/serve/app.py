@@ -77,12 +77,12 @@ from pipeline.serve.batching import DecisionBatcher
 from pipeline.serve.relay import (
     DISCONNECTED,
     deadline_of,
+    post_chat,
     relay,
     unless_disconnected,
     upstream_error,
     upstream_timing,
     whole_reply,
-    within,
 )
 from pipeline.serve.requests import RequestError, error_response, parse_chat_request, read_body, show
 from pipeline.serve.settings import ServeSettings
@@ -409,7 +409,6 @@ async def _chat(request):
 
 
 async def _answer(request):
-    import httpx
     from starlette.responses import StreamingResponse
 
     state = request.app.state
@@ -432,8 +431,7 @@ async def _answer(request):
     payload = {"model": spec.model, **req.upstream}
     t_up, deadline = time.perf_counter(), deadline_of(state.upstream_opts)  # the whole call: head and body
     try:
-        resp = await within(deadline, client.post("/chat/completions", body=payload, cast_to=httpx.Response,
-                                                  options=state.upstream_opts, stream=True))
+        resp = await post_chat(client, payload, state.upstream_opts, deadline, stream=True)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502

@@ -26,6 +26,7 @@ from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import parse_completion, reply_usage, usage_cost
 from pipeline.route.cascade import Policy, new_agents, stage_step
+from pipeline.serve.relay import deadline_of, post_chat, within
 
 
 @dataclasses.dataclass
@@ -60,20 +61,20 @@ class CascadeResult:
 
 async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dict, grader: str) -> Reply:
     """One non-streamed call of agent `j`; any failure becomes a Reply without data (never raises)."""
-    import httpx
 
     t0 = time.perf_counter()
 
     async def call() -> dict:
-        resp = await client.post("/chat/completions", body={"model": spec.model, **upstream, "stream": False},
-                                 cast_to=httpx.Response, options=options)
+        resp = await post_chat(client, {"model": spec.model, **upstream, "stream": False}, options, deadline,
+                               stream=False)
         try:
             return json.loads(await resp.aread(), parse_constant=str)  # NaN / Infinity: strings, never relayed
         finally:
             await resp.aclose()
 
+    deadline = deadline_of(options)
     try:
-        data = await asyncio.wait_for(call(), float(options.get("timeout") or 180.0))  # the whole call
+        data = await within(deadline, call())  # the whole call
         fields = parse_completion(data)
     except asyncio.CancelledError:
         raise

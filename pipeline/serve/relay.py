@@ -33,6 +33,32 @@ async def within(deadline: float, aw):
     return await asyncio.wait_for(aw, max(0.0, deadline - time.monotonic()))
 
 
+def no_response(exc: BaseException) -> bool:
+    """True when `exc` is a connection failure before any response head: the connection could not be opened, or it
+    was closed or reset under the request, typically a pooled keep-alive connection the agent closed as it was
+    reused (a race every HTTP client that keeps connections meets). Timeouts are not: their time is spent."""
+    import openai
+
+    # the SDK's own classes: its transport (httpx or httpx2, by openai version) maps timeouts to APITimeoutError
+    return isinstance(exc, openai.APIConnectionError) and not isinstance(exc, openai.APITimeoutError)
+
+
+async def post_chat(client: Any, payload: dict, options: dict, deadline: float, stream: bool):
+    """The agent's `httpx.Response` to `POST /chat/completions` (`client` is an `openai.AsyncOpenAI` with
+    max_retries=0): sent once more, within `deadline`, when the first attempt got `no_response` (as the openai SDK's
+    own retries would; no reply was relayed, so the client sees one answer). Other failures (a status, a timeout)
+    are the caller's 502 at once, and a reply cut short after its head is never sent again."""
+    import httpx
+
+    for attempt in (0, 1):
+        try:
+            return await within(deadline, client.post("/chat/completions", body=payload, cast_to=httpx.Response,
+                                                      options=options, stream=stream))
+        except Exception as exc:  # noqa: BLE001 - re-raised unless retried
+            if attempt or not no_response(exc) or deadline - time.monotonic() <= 0:
+                raise
+
+
 async def unless_disconnected(request, aw):
     """The result of coroutine `aw`, run as a task while the client's connection is watched; when the client
     disconnects first the task is cancelled (with it its in-flight upstream calls, and no later stage starts) and
