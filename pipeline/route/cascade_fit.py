@@ -273,7 +273,8 @@ def ratio_ci(reward: np.ndarray, best_reward: np.ndarray, n_boot: int = 2000, se
 
 def held_out_cascade(path: dict, rows: Rows, order, best: int, agents: list[str], targets) -> dict:
     """Per target: the plan the validation path selects, scored on these (test) `rows`, in the shape of
-    pipeline.route.value.held_out_value's targets (plus quality ratio with its paired CI, calls per query, plan)."""
+    pipeline.route.value.held_out_value's targets (plus quality and cost ratios with their paired CIs, calls per query,
+    plan). scripts/operating_points.py reports these very figures."""
     from pipeline.route.targets import resolve
 
     R, C = rows.R, rows.C
@@ -285,11 +286,13 @@ def held_out_cascade(path: dict, rows: Rows, order, best: int, agents: list[str]
         o = run_plan(plan, R, C, rows.E, order, rows.P, rows.graders)
         s = outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)
         lo, hi = ratio_ci(o.reward, R[:, best])
+        clo, chi = ratio_ci(o.cost, C[:, best])
         out[point["target"]] = {
             **{k: s[k] for k in ("quality", "ci_low", "ci_high", "cost_per_1k", "gain", "gain_low", "gain_high",
                                  "shares", "calls_per_query")},
             "cost_ratio": s["cost_per_1k"] / bc if bc > 0 else None, "lambda": point["lambda"],
             "quality_ratio": s["quality"] / bq if bq > 0 else None, "quality_ratio_ci": [lo, hi],
+            "cost_ratio_ci": [clo, chi],
             "val_quality": point["quality"], "val_cost_per_1k": point["cost_per_1k"],
             "plan": plan.describe(agents)}
     return out
