@@ -121,6 +121,12 @@ def disagreement(base_rewards: np.ndarray) -> np.ndarray:
     return (m > 0) & (m < 1)
 
 
+def sample_size(n_tasks: int, fraction: float) -> int:
+    """How many of a source's `n_tasks` a new agent is asked: round(fraction x n), at least MIN_PER_SOURCE, at most
+    all (`choose_sample` draws this many; the forecast counts them)."""
+    return min(int(n_tasks), max(MIN_PER_SOURCE, int(round(fraction * n_tasks))))
+
+
 def choose_sample(task_ids, sources, base_rewards, fraction: float, strategy: str = "disagreement", seed: int = 0,
                   agent: str = "") -> np.ndarray:
     """Sorted indices of the tasks `agent` is called on: per source round(fraction x its tasks) (at least
@@ -140,7 +146,7 @@ def choose_sample(task_ids, sources, base_rewards, fraction: float, strategy: st
     for src in sorted(set(sources)):
         idx = np.flatnonzero(sources == src)
         idx = idx[np.argsort(task_ids[idx], kind="stable")]  # the draw does not depend on the rows' order
-        k = min(len(idx), max(MIN_PER_SOURCE, int(round(fraction * len(idx)))))
+        k = sample_size(len(idx), fraction)
         rng = np.random.default_rng(stable_seed(seed, agent, src, len(idx)))
         first = np.array([], dtype=int)
         if strategy == "disagreement":
