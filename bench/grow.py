@@ -124,8 +124,8 @@ def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strat
         embedding_features,
         estimate_agent,
         frontier_decision,
-        on_frontier,
     )
+    from pipeline.core.pareto import on_frontier
     from pipeline.profile import load_profile
     from resources.pool import default_agents_file
 

@@ -13,9 +13,9 @@ from pipeline.collect.sampling import (
     disagreement,
     estimate_agent,
     imputed_cells,
-    on_frontier,
 )
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.pareto import on_frontier, pareto
 
 
 def _toy(n_per=50, sources=("a", "b", "c"), K=3, seed=0):
@@ -77,6 +77,12 @@ def test_the_estimate_reads_only_the_sample_and_covers_a_predictable_agent():
 def test_on_frontier():
     assert on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 2.0], 2)
     assert not on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 3.5], 2)
+    assert on_frontier([0.7, 0.7], [2.0, 2.0], 1)  # a tie with an existing agent is not dominated
+    rng = np.random.default_rng(0)  # without ties, the one-agent test and the frontier set agree
+    for _ in range(50):
+        q, c = rng.random(7), rng.random(7)
+        front = set(pareto(np.c_[c, q]).tolist())
+        assert {j for j in range(7) if on_frontier(q, c, j)} == front
 
 
 def _rows(R, C, agents):

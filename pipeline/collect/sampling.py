@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.pareto import on_frontier
 
 STRATEGIES = ("disagreement", "random")
 MODELS = ("logistic", "irt")
@@ -343,13 +344,6 @@ def estimate_agent(base_rewards: np.ndarray, base_costs: np.ndarray, sources, y:
 
 
 # --- the frontier decision ---------------------------------------------------------------------------------------
-def on_frontier(q, c, j: int) -> bool:
-    """Agent j is on the cost-quality frontier: no other agent at least as good and at most as costly, one of the
-    two strictly."""
-    q, c = np.asarray(q, float), np.asarray(c, float)
-    return not any(q[k] >= q[j] and c[k] <= c[j] and (q[k] > q[j] or c[k] < c[j]) for k in range(len(q)) if k != j)
-
-
 def frontier_decision(base_quality, base_cost, est: AgentEstimate, confidence: float = 0.9) -> dict:
     """Whether the new agent joins the frontier of the existing agents (`base_quality`, `base_cost` per agent) with
     its point estimate, the share of bootstrap draws in which it does, and whether its remaining calls should be
