@@ -33,6 +33,7 @@ import pandas as pd
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.call_log import DONE_STATUSES, call_key
 from pipeline.collect.replay import approx_tokens
+from pipeline.collect.sample_size import sample_size
 from pipeline.collect.settings import CollectionSettings
 
 TEMPLATE_TOKENS = 32  # chat-template tokens around one user message, on the high side
@@ -162,8 +163,6 @@ def _sampled_calls(by_rep: list[list[int]], sources: list[str], est: list[int], 
     """(calls high, calls low, prompt tokens low, expected, high) of a sampled agent whose not-yet-logged tasks are
     `by_rep` (task indices per repetition): per source and repetition the sample's size, less what may already be
     logged, over the shortest / mean / longest prompts of what is left."""
-    from pipeline.collect.sampling import sample_size
-
     size = collections.Counter(sources)
     n = n_low = pt_low = pt_high = 0
     pt_est = 0.0

@@ -5,7 +5,7 @@ When agents join a pool (the wider pool of the re-collection schedule, or a run 
 and the profile sets `collection.new_agent_sample.fraction` > 0, the collection calls each NEW agent (an agent of
 the run's pool that the profile's own pool lacks) only on `choose_sample`'s tasks:
 
-- stratified: `fraction` of each source's tasks (at least `MIN_PER_SOURCE`), the collection's partitions being per
+- stratified: `fraction` of each source's tasks (`sample_size`: at least 2), the collection's partitions being per
   source, each partition samples its own source;
 - informative (strategy `disagreement`): half of a source's quota among the tasks where the existing agents disagree
   (some right, some wrong), the other half uniformly among the rest of the source, so the estimate still sees the
@@ -43,13 +43,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.collect.sample_size import sample_size
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.pareto import on_frontier
 
 STRATEGIES = ("disagreement", "random")
 MODELS = ("logistic", "irt")
 COMPLETE = ("joiners", "all", "none")
-MIN_PER_SOURCE = 2
 EMBEDDING_DIMS = 16  # prompt embeddings enter the estimate as their first principal components
 
 
@@ -122,16 +122,10 @@ def disagreement(base_rewards: np.ndarray) -> np.ndarray:
     return (m > 0) & (m < 1)
 
 
-def sample_size(n_tasks: int, fraction: float) -> int:
-    """How many of a source's `n_tasks` a new agent is asked: round(fraction x n), at least MIN_PER_SOURCE, at most
-    all (`choose_sample` draws this many; the forecast counts them)."""
-    return min(int(n_tasks), max(MIN_PER_SOURCE, int(round(fraction * n_tasks))))
-
-
 def choose_sample(task_ids, sources, base_rewards, fraction: float, strategy: str = "disagreement", seed: int = 0,
                   agent: str = "") -> np.ndarray:
     """Sorted indices of the tasks `agent` is called on: per source round(fraction x its tasks) (at least
-    MIN_PER_SOURCE, at most all), drawn as the module docstring says. `base_rewards` (n, K) are the existing agents'
+    2, at most all: `sample_size`), drawn as the module docstring says. `base_rewards` (n, K) are the existing agents'
     rewards on the same tasks (K may be 0: then `disagreement` draws uniformly)."""
     task_ids = np.asarray([str(t) for t in task_ids])
     sources = np.asarray([str(s) for s in sources])
