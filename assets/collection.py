@@ -155,8 +155,9 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
     # the collection's forecast (issue 29), before it makes a call: the passed agents, less the logged calls
-    fc = collection_forecast(prof, pool.kind, storage, task_pool, [a for a in agents if a.name in
-                                                                     set(result.query("passed")["agent"])], result)
+    passed = [a for a in agents if a.name in set(result.query("passed")["agent"])]
+    fc = collection_forecast(prof, pool.kind, storage, task_pool, passed, result,
+                             sampled=sampled_fractions(prof, [a.name for a in passed], storage, pool.pool))
     context.log.info(f"collection forecast: {fc['calls']:,} calls, USD {fc['usd_low']:.4f} .. {fc['usd_high']:.4f}")
     return Output(result, metadata={**forecast_metadata(fc),
         "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
@@ -209,6 +210,13 @@ def profile_pool_agents(prof: Profile) -> list[str]:
 def sampled_agents(prof: Profile, agents: list[str]) -> list[str]:
     """The new agents collected on a sample (none with `collection.new_agent_sample` off)."""
     return new_agents(agents, profile_pool_agents(prof)) if prof.collection.new_agent_sample.on else []
+
+
+def sampled_fractions(prof: Profile, agents: list[str], storage: StorageResource, pool_name: str) -> dict[str, float]:
+    """The new agents this collection asks on a sample (agent -> fraction): `sampled_agents` less those whose rest
+    is collected (`rest_of`): what the forecast counts."""
+    rest = set(rest_of(storage, pool_name))
+    return {a: prof.collection.new_agent_sample.fraction for a in sampled_agents(prof, agents) if a not in rest}
 
 
 def rest_of(storage: StorageResource, pool_name: str) -> list[str]:

@@ -36,14 +36,15 @@ def logged_calls(dirs: list[Path]) -> pd.DataFrame:
 
 def collection_forecast(prof: Profile, kind: str, storage: StorageResource, task_pool: pd.DataFrame,
                         agents: list[AgentSpec], preflight: pd.DataFrame | None = None,
-                        live_prices: dict | None = None) -> dict:
-    """The forecast of the profile's collection from what its call logs already hold."""
+                        live_prices: dict | None = None, sampled: dict[str, float] | None = None) -> dict:
+    """The forecast of the profile's collection from what its call logs already hold (`sampled`: the new agents
+    asked on a sample, agent -> fraction; `sampled_fractions`)."""
     calls = logged_calls(collection_dirs(storage, kind, prof))
     sh = prof.collection.hash()
     same = calls[calls["settings_hash"] == sh] if len(calls) else calls
     done = same.loc[same["status"].isin(("ok", "empty")), "call_key"] if len(same) else []
     lengths = completion_lengths(same, preflight)
-    return forecast(task_pool, agents, prof.repetitions, prof.collection, done, lengths, live_prices)
+    return forecast(task_pool, agents, prof.repetitions, prof.collection, done, lengths, live_prices, sampled)
 
 
 def forecast_metadata(fc: dict) -> dict:

@@ -15,9 +15,9 @@ Per K, the stages the lineage runs after the collection, each timed with the sam
 - registration: pipeline.route.registry.register_fitted of the shipped prompt router and of the cascade (a temporary
   registry).
 
-Writes `refresh_seconds: {K: s}` (and per stage, `refresh`) into $ROUTER_LITE_HOME/bench/grow.json, keeping its other
-keys (bench/grow.py writes the pools). Prints the seconds side by side, the ratio to K = 10 next to K / 10, and the
-slope (seconds per agent) from 10 agents up.
+Writes `refresh_seconds: {K used: s}` (and per stage, keyed by K asked, `refresh`) into
+$ROUTER_LITE_HOME/bench/grow.json, keeping its other keys (bench/grow.py writes the pools). Prints the seconds side
+by side, the ratio to K = 10 next to K / 10, and the slope (seconds per agent) from 10 agents up.
 
     python bench/refresh.py [--k 5,10,20,40] [--generations N]
 """
@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     out = home / "bench" / "grow.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc["refresh_seconds"] = seconds
+    # keyed by the pool width measured: a K asked beyond the models there are is the capped width's figure
+    doc["refresh_seconds"] = {str(used[str(k)]): seconds[str(k)] for k in ks}
     doc["refresh"] = {"k_used": used, "stages": stages, "cpu_seconds": cpu, "slope_s_per_agent": slope,
                       "grading_budget_ms": grading.budget_ms, "train_generations": prof.train.generations,
                       "every": args.every,

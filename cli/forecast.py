@@ -46,8 +46,11 @@ def compute_forecast(prof, pool_name: str | None, home: str) -> tuple[dict, str]
     agents = pool.agents()
     pool.check_setup(agents)  # a bad pool or base URL fails here; a missing key does not
     live, note = provider_prices(pool)
-    fc = collection_forecast(prof, pool.kind, StorageResource(home=home), profile_task_pool(prof), agents,
-                             _preflight_of(home, pool.pool), live)
+    from assets.collection import sampled_fractions
+
+    storage = StorageResource(home=home)
+    fc = collection_forecast(prof, pool.kind, storage, profile_task_pool(prof), agents, _preflight_of(home, pool.pool),
+                             live, sampled_fractions(prof, [a.name for a in agents], storage, pool.pool))
     return {"profile": prof.name, "pool": pool.pool, "kind": pool.kind, "prices": note, **fc}, note
 
 

@@ -11,7 +11,13 @@ import yaml
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.budget import Budget, check_max_usd, collection_state, stop_line
 from pipeline.collect.call_log import CallLog, call_key
-from pipeline.collect.forecast import call_cost_high, completion_lengths, forecast, prompt_tokens_high
+from pipeline.collect.forecast import (
+    call_cost_high,
+    completion_lengths,
+    forecast,
+    forecast_line,
+    prompt_tokens_high,
+)
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 
@@ -270,3 +276,26 @@ def test_run_max_usd_stops_with_one_line_and_resumes(tmp_path, temp_instance_dir
 def _replay_rows(home) -> pd.DataFrame:
     return pd.DataFrame([json.loads(line) for f in sorted((home / "calls" / "replay").glob("*/rep*/*.jsonl"))
                          for line in f.read_text().splitlines()])
+
+
+def test_a_sampled_agent_is_forecast_on_its_sample_only():
+    """Per source and repetition the sample's size (round(fraction x n), at least 2); a partly logged source gives a
+    range: the logged tasks may or may not be in the sample."""
+    tasks = pd.DataFrame({"task_id": [f"t{i}" for i in range(30)], "prompt": ["x" * (40 + 4 * i) for i in range(30)],
+                          "source": ["s"] * 20 + ["u"] * 10})
+    settings = CollectionSettings(max_tokens=100)
+    a, b = _agent("a"), _agent("b")
+    full = forecast(tasks, [a, b], 2, settings)
+    fc = forecast(tasks, [a, b], 2, settings, sampled={"b": 0.3})
+    assert fc["per_agent"]["a"] == full["per_agent"]["a"]  # an agent not sampled: forecast as before
+    assert fc["per_agent"]["a"]["calls"] == 60 and fc["per_agent"]["b"]["calls"] == 2 * (6 + 3)
+    assert fc["per_agent"]["b"]["calls_low"] == 18 and fc["sampled"] == ["b"]
+    assert fc["per_agent"]["b"]["usd_high"] < full["per_agent"]["b"]["usd_high"] * 0.4
+    fb = fc["per_agent"]["b"]
+    assert 0 < fb["usd_low"] <= fb["usd_expected"] <= fb["usd_high"]
+    sh = settings.hash()
+    done = [call_key("b", f"t{i}", 0, sh) for i in range(15)]  # 15 of source s's 20 logged in repetition 0
+    fc = forecast(tasks, [b], 2, settings, done, sampled={"b": 0.3})
+    # rep 0: s has 5 left, its sample of 6 needs 0 (all 6 among the logged 15) to 5 of them; u 3; rep 1: 6 + 3
+    assert (fc["calls_low"], fc["calls"]) == (0 + 3 + 9, 5 + 3 + 9)
+    assert "b on a sample: 12 to 17 calls" in forecast_line(fc)

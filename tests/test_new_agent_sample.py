@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.collect.forecast import forecast
 from pipeline.collect.sampling import (
     NewAgentSample,
     choose_sample,
@@ -12,9 +13,9 @@ from pipeline.collect.sampling import (
     disagreement,
     estimate_agent,
     imputed_cells,
-    on_frontier,
 )
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.pareto import on_frontier, pareto
 
 
 def _toy(n_per=50, sources=("a", "b", "c"), K=3, seed=0):
@@ -76,6 +77,12 @@ def test_the_estimate_reads_only_the_sample_and_covers_a_predictable_agent():
 def test_on_frontier():
     assert on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 2.0], 2)
     assert not on_frontier([0.5, 0.9, 0.7], [1.0, 3.0, 3.5], 2)
+    assert on_frontier([0.7, 0.7], [2.0, 2.0], 1)  # a tie with an existing agent is not dominated
+    rng = np.random.default_rng(0)  # without ties, the one-agent test and the frontier set agree
+    for _ in range(50):
+        q, c = rng.random(7), rng.random(7)
+        front = set(pareto(np.c_[c, q]).tolist())
+        assert {j for j in range(7) if on_frontier(q, c, j)} == front
 
 
 def _rows(R, C, agents):
@@ -149,6 +156,7 @@ def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_task
     new = [a.name for a in agents if a.name not in base]
     setting = NewAgentSample(fraction=0.25, boot=20)
     settings = CollectionSettings(concurrency=8)
+    fc = forecast(demo_tasks, agents, 1, settings, sampled={a: 0.25 for a in new})  # before any call
     frames = []
     for source, tasks in demo_tasks.groupby("source"):
         log = CallLog(tmp_path / source)
@@ -161,6 +169,10 @@ def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_task
         assert len(log.read()) == before  # the same sample again: every call already logged
         frames.append(calls)
     calls = pd.concat(frames, ignore_index=True)
+    assert fc["sampled"] == sorted(new) and fc["calls"] == fc["calls_low"] == 3 * 40 * len(base) + 3 * 10 * len(new)
+    for a, f in fc["per_agent"].items():  # the forecast counted each agent's calls, and its range holds the bill
+        bill = float(calls.loc[calls["agent"] == a, "cost_usd"].sum())
+        assert f["calls"] == (calls["agent"] == a).sum() and f["usd_low"] <= bill <= f["usd_high"], (a, f, bill)
     m = reward_matrix(calls, [a.name for a in agents], sampled=new)
     assert len(m.rows) == len(demo_tasks)
     src = m.rows[["task_id"]].merge(demo_tasks[["task_id", "source"]])["source"].to_numpy()
@@ -266,4 +278,10 @@ def test_calls_already_logged_for_a_new_agent_are_kept_not_imputed(demo_tasks, t
     calls, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings,
                                        NewAgentSample(fraction=0.25))
     assert asked[first.name] == 12 and all(n == 3 for a, n in asked.items() if a != first.name)
+    # the forecast of that collection, had it been made first: 3 calls for each new agent (12 x 0.25), none for
+    # `first` (all 12 logged: its sample is among them)
+    done = set(CallLog(tmp_path / "log").read().query("agent == @first.name")["call_key"])
+    fc = forecast(tasks, agents, 1, settings, done, sampled={a.name: 0.25 for a in agents if a.name not in base})
+    assert fc["per_agent"][first.name]["calls"] == fc["per_agent"][first.name]["calls_low"] == 0
+    assert all(fc["per_agent"][a]["calls"] == 3 for a in asked if a != first.name)
     assert (calls["agent"] == first.name).sum() == 12

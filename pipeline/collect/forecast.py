@@ -13,10 +13,18 @@ Per call, for an agent priced `p_in` / `p_out` USD per million tokens:
 - prices: the list price (config/prices.yaml, on the agent); where the provider's models endpoint gave one (a key is
   set) low takes the lower and high the higher of the two, expected the provider's.
 
+A new agent collected on a sample (`collection.new_agent_sample`; `sampled`: agent -> fraction) is asked, per source
+and repetition, `sampling.sample_size` of the source's tasks, which ones chosen only once the existing agents have
+answered: its calls are that size less the sample's tasks already logged, between `calls_low` (every logged task in
+the sample) and `calls` (none); its prompt tokens range from the shortest to the longest prompts of that many
+not-yet-logged tasks (expected: their mean). Its remaining calls, when the decision says it may join, are the next
+collection's and are forecast then (the agent is no longer in `sampled`).
+
 `call_cost_high` is the worst case of one call: what the budget (`pipeline.collect.budget`) reserves before sending.
 """
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable, Mapping
 
@@ -25,6 +33,7 @@ import pandas as pd
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.call_log import DONE_STATUSES, call_key
 from pipeline.collect.replay import approx_tokens
+from pipeline.collect.sample_size import sample_size
 from pipeline.collect.settings import CollectionSettings
 
 TEMPLATE_TOKENS = 32  # chat-template tokens around one user message, on the high side
@@ -77,19 +86,28 @@ def _price_range(agent: AgentSpec, live: Mapping[str, tuple[float, float]] | Non
 
 def forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, settings: CollectionSettings,
              done_keys: Iterable[str] = (), lengths: Mapping[str, dict] | None = None,
-             live_prices: Mapping[str, tuple[float, float]] | None = None) -> dict:
-    """The calls of (tasks x agents x repetitions 0..repetitions-1) not in `done_keys`, and their USD range:
-    {calls, calls_total, calls_done, usd_low, usd_expected, usd_high, max_tokens, per_agent: {agent: {...}}}."""
+             live_prices: Mapping[str, tuple[float, float]] | None = None,
+             sampled: Mapping[str, float] | None = None) -> dict:
+    """The calls of (tasks x agents x repetitions 0..repetitions-1) not in `done_keys` (for an agent of `sampled`,
+    the sample's), and their USD range: {calls, calls_low, calls_total, calls_done, usd_low, usd_expected, usd_high,
+    max_tokens, sampled, per_agent: {agent: {...}}}."""
     done = set(done_keys)
     sh = settings.hash()
     ids = [str(t) for t in tasks["task_id"]]
     est = [approx_tokens(p) for p in tasks["prompt"]]
     high = [prompt_tokens_high(p) for p in tasks["prompt"]]
+    sources = [str(s) for s in tasks["source"]] if "source" in tasks.columns else [""] * len(ids)
+    sampled = dict(sampled or {})
     per_agent = {}
     for a in agents:
-        todo = [i for r in range(repetitions) for i, t in enumerate(ids) if call_key(a.name, t, r, sh) not in done]
-        n = len(todo)
-        pt_est, pt_high = sum(est[i] for i in todo), sum(high[i] for i in todo)
+        by_rep = [[i for i, t in enumerate(ids) if call_key(a.name, t, r, sh) not in done] for r in range(repetitions)]
+        todo = [i for rep in by_rep for i in rep]
+        if a.name in sampled:
+            n, n_low, pt_low, pt_est, pt_high = _sampled_calls(by_rep, sources, est, high, sampled[a.name])
+        else:
+            n = n_low = len(todo)
+            pt_est, pt_high = sum(est[i] for i in todo), sum(high[i] for i in todo)
+            pt_low = pt_est
         ln = dict((lengths or {}).get(a.name) or {"low": float(DEFAULT_COMPLETION_LOW),
                                                    "mean": float(DEFAULT_COMPLETION_MEAN), "n": 0,
                                                    "source": "default"})
@@ -97,19 +115,21 @@ def forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, set
         ln["low"], ln["mean"] = min(ln["low"], cap), min(ln["mean"], cap)
         p_low, p_exp, p_high, price_source = _price_range(a, live_prices)
         per_agent[a.name] = {
-            "model": a.model, "calls": n, "calls_total": len(ids) * repetitions,
-            "calls_done": len(ids) * repetitions - n, "prompt_tokens": pt_est,
+            "model": a.model, "calls": n, "calls_low": n_low, "calls_total": len(ids) * repetitions,
+            "calls_done": len(ids) * repetitions - len(todo), "prompt_tokens": pt_est,
+            "sample_fraction": sampled.get(a.name),
             "completion_tokens_low": ln["low"], "completion_tokens_mean": ln["mean"],
             "completion_measured_n": ln["n"], "completion_source": ln["source"],
             "price_in_per_mtok": p_exp[0], "price_out_per_mtok": p_exp[1], "price_source": price_source,
-            "usd_low": (pt_est * p_low[0] + n * ln["low"] * p_low[1]) / 1e6,
-            "usd_expected": (pt_est * p_exp[0] + n * ln["mean"] * p_exp[1]) / 1e6,
+            "usd_low": (pt_low * p_low[0] + n_low * ln["low"] * p_low[1]) / 1e6,
+            "usd_expected": (pt_est * p_exp[0] + (n + n_low) / 2 * ln["mean"] * p_exp[1]) / 1e6,
             "usd_high": (pt_high * p_high[0] + n * int(settings.max_tokens) * p_high[1]) / 1e6,
         }
-    total = {k: sum(v[k] for v in per_agent.values()) for k in ("calls", "calls_total", "calls_done")}
+    total = {k: sum(v[k] for v in per_agent.values()) for k in ("calls", "calls_low", "calls_total", "calls_done")}
     usd = {k: math.fsum(v[k] for v in per_agent.values()) for k in ("usd_low", "usd_expected", "usd_high")}
     return {**total, **usd, "max_tokens": int(settings.max_tokens), "repetitions": int(repetitions),
-            "tasks": len(ids), "per_agent": per_agent}
+            "tasks": len(ids), "sampled": sorted(a.name for a in agents if a.name in sampled),
+            "per_agent": per_agent}
 
 
 def forecast_table(fc: Mapping) -> str:
@@ -130,6 +150,32 @@ def forecast_table(fc: Mapping) -> str:
 
 def forecast_line(fc: Mapping) -> str:
     """One line: calls and the USD range."""
-    return (f"{fc['calls']:,} calls wanted ({fc['calls_done']:,} of {fc['calls_total']:,} done), "
+    sampled = fc.get("sampled") or []
+    on_sample = (f"; {', '.join(sampled)} on a sample: {fc.get('calls_low', fc['calls']):,} to {fc['calls']:,} calls"
+                 if sampled else "")
+    return (f"{fc['calls']:,} calls wanted ({fc['calls_done']:,} of {fc['calls_total']:,} done{on_sample}), "
             f"USD {fc['usd_low']:,.4f} .. {fc['usd_high']:,.4f} (expected {fc['usd_expected']:,.4f}; high = "
             f"max_tokens {fc['max_tokens']} on every call)")
+
+
+def _sampled_calls(by_rep: list[list[int]], sources: list[str], est: list[int], high: list[int],
+                   fraction: float) -> tuple[int, int, int, float, int]:
+    """(calls high, calls low, prompt tokens low, expected, high) of a sampled agent whose not-yet-logged tasks are
+    `by_rep` (task indices per repetition): per source and repetition the sample's size, less what may already be
+    logged, over the shortest / mean / longest prompts of what is left."""
+    size = collections.Counter(sources)
+    n = n_low = pt_low = pt_high = 0
+    pt_est = 0.0
+    for rep in by_rep:
+        left: dict[str, list[int]] = collections.defaultdict(list)
+        for i in rep:
+            left[sources[i]].append(i)
+        for src, idx in left.items():
+            k = sample_size(size[src], fraction)
+            hi, lo = min(k, len(idx)), max(0, k - (size[src] - len(idx)))  # lo: every logged task in the sample
+            by_est = sorted(est[i] for i in idx)
+            n, n_low = n + hi, n_low + lo
+            pt_low += sum(by_est[:lo])
+            pt_est += (lo + hi) / 2 * (sum(by_est) / len(by_est))
+            pt_high += sum(sorted((high[i] for i in idx), reverse=True)[:hi])
+    return n, n_low, pt_low, pt_est, pt_high

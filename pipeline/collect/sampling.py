@@ -5,7 +5,7 @@ When agents join a pool (the wider pool of the re-collection schedule, or a run 
 and the profile sets `collection.new_agent_sample.fraction` > 0, the collection calls each NEW agent (an agent of
 the run's pool that the profile's own pool lacks) only on `choose_sample`'s tasks:
 
-- stratified: `fraction` of each source's tasks (at least `MIN_PER_SOURCE`), the collection's partitions being per
+- stratified: `fraction` of each source's tasks (`sample_size`: at least 2), the collection's partitions being per
   source, each partition samples its own source;
 - informative (strategy `disagreement`): half of a source's quota among the tasks where the existing agents disagree
   (some right, some wrong), the other half uniformly among the rest of the source, so the estimate still sees the
@@ -43,12 +43,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.collect.sample_size import sample_size
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.pareto import on_frontier
 
 STRATEGIES = ("disagreement", "random")
 MODELS = ("logistic", "irt")
 COMPLETE = ("joiners", "all", "none")
-MIN_PER_SOURCE = 2
 EMBEDDING_DIMS = 16  # prompt embeddings enter the estimate as their first principal components
 
 
@@ -124,7 +125,7 @@ def disagreement(base_rewards: np.ndarray) -> np.ndarray:
 def choose_sample(task_ids, sources, base_rewards, fraction: float, strategy: str = "disagreement", seed: int = 0,
                   agent: str = "") -> np.ndarray:
     """Sorted indices of the tasks `agent` is called on: per source round(fraction x its tasks) (at least
-    MIN_PER_SOURCE, at most all), drawn as the module docstring says. `base_rewards` (n, K) are the existing agents'
+    2, at most all: `sample_size`), drawn as the module docstring says. `base_rewards` (n, K) are the existing agents'
     rewards on the same tasks (K may be 0: then `disagreement` draws uniformly)."""
     task_ids = np.asarray([str(t) for t in task_ids])
     sources = np.asarray([str(s) for s in sources])
@@ -140,7 +141,7 @@ def choose_sample(task_ids, sources, base_rewards, fraction: float, strategy: st
     for src in sorted(set(sources)):
         idx = np.flatnonzero(sources == src)
         idx = idx[np.argsort(task_ids[idx], kind="stable")]  # the draw does not depend on the rows' order
-        k = min(len(idx), max(MIN_PER_SOURCE, int(round(fraction * len(idx)))))
+        k = sample_size(len(idx), fraction)
         rng = np.random.default_rng(stable_seed(seed, agent, src, len(idx)))
         first = np.array([], dtype=int)
         if strategy == "disagreement":
@@ -337,13 +338,6 @@ def estimate_agent(base_rewards: np.ndarray, base_costs: np.ndarray, sources, y:
 
 
 # --- the frontier decision ---------------------------------------------------------------------------------------
-def on_frontier(q, c, j: int) -> bool:
-    """Agent j is on the cost-quality frontier: no other agent at least as good and at most as costly, one of the
-    two strictly."""
-    q, c = np.asarray(q, float), np.asarray(c, float)
-    return not any(q[k] >= q[j] and c[k] <= c[j] and (q[k] > q[j] or c[k] < c[j]) for k in range(len(q)) if k != j)
-
-
 def frontier_decision(base_quality, base_cost, est: AgentEstimate, confidence: float = 0.9) -> dict:
     """Whether the new agent joins the frontier of the existing agents (`base_quality`, `base_cost` per agent) with
     its point estimate, the share of bootstrap draws in which it does, and whether its remaining calls should be

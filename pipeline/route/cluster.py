@@ -26,17 +26,18 @@ per-cluster agent scores (no pickle), so it registers, routes and serves like th
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.route.router_file import read_table_file, write_table_file
 from pipeline.route.routers import register_router
 
 K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_K = 8
 FILE_NAME = "cluster.safetensors"
+FILE_KIND = "router-lite-cluster"
 
 
 def _normalise(X: np.ndarray) -> np.ndarray:
@@ -193,41 +194,16 @@ class ClusterRouter:
 
     def save_files(self, directory: str | Path) -> dict:
         """Write ``cluster.safetensors`` (centroids, per-cluster scores, agents) into `directory`."""
-        from safetensors.numpy import save_file
-
-        from pipeline.core.io import atomic_write
-
-        tensors = {"centroids": np.ascontiguousarray(self.centroids, np.float32),
-                   "scores": np.ascontiguousarray(self.S, np.float32)}
-        meta = {"kind": "router-lite-cluster", "k": str(int(self.k_)), "agents": json.dumps(self.agents)}
-        atomic_write(Path(directory) / FILE_NAME, lambda p: save_file(tensors, str(p), metadata=meta))
+        write_table_file(Path(directory) / FILE_NAME, FILE_KIND, {"centroids": self.centroids, "scores": self.S},
+                         self.agents, k=int(self.k_))
         return {"files": {"weights": FILE_NAME}, "k": int(self.k_)}
 
     @classmethod
     def from_files(cls, directory: str | Path, manifest: dict) -> ClusterRouter:
-        from safetensors import safe_open
-
         f = Path(directory) / manifest.get("files", {}).get("weights", FILE_NAME)
-        names = [a["name"] for a in manifest["agents"]]
-        if not f.is_file():
-            raise RouterLiteError(f"cluster router file {f} does not exist")
-        try:
-            with safe_open(str(f), framework="numpy") as fh:
-                meta = dict(fh.metadata() or {})
-                C, S = np.array(fh.get_tensor("centroids")), np.array(fh.get_tensor("scores"))
-            if meta.get("kind") != "router-lite-cluster":
-                raise ValueError("not a router-lite cluster file (metadata kind missing)")
-            agents = json.loads(meta.get("agents", "null"))
-        except Exception as e:  # corrupt bytes, bad header, missing tensors, ...
-            raise RouterLiteError(f"cluster router file {f} is corrupt: {type(e).__name__}: {e}") from None
-        if C.ndim != 2 or S.ndim != 2 or len(C) != len(S) or len(C) == 0 or not np.all(np.isfinite(C)) \
-                or not np.all(np.isfinite(S)):
-            raise RouterLiteError(f"cluster router file {f} is invalid: centroids {C.shape}, scores {S.shape}")
-        if C.shape[1] != int(manifest["dim"]) or S.shape[1] != len(names) or (agents is not None and agents != names):
-            raise RouterLiteError(f"cluster router file {f} ({C.shape[1]} dims, agents {agents}) does not fit the "
-                                  f"manifest ({manifest['dim']} dims, agents {names})")
-        router = cls(k=len(C), agents=names)
-        router.centroids, router.S, router.k_ = C.astype(np.float32), S.astype(np.float32), len(C)
+        C, S, _ = read_table_file(f, FILE_KIND, ("centroids", "scores"), manifest, "cluster router")
+        router = cls(k=len(C), agents=[a["name"] for a in manifest["agents"]])
+        router.centroids, router.S, router.k_ = C, S, len(C)
         return router
 
     def fingerprint(self) -> tuple[list[bytes], list]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.pareto import pareto as core_pareto
 
 DEFAULT_N_LAMBDAS = 200
 
@@ -139,15 +140,8 @@ def route_points(scores, quality, cost, lambdas=None) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------ hull / AIQ
 def pareto(points, tol: float = 0.0) -> np.ndarray:
     """Indices of the non-dominated (cost, quality) points, cheapest first: a point stays when its quality beats
-    every cheaper-or-equal point's by more than `tol`."""
-    p = _points("points", points)
-    order = np.lexsort((-p[:, 1], p[:, 0]))  # cost ascending, quality descending within a cost
-    keep, best = [], -np.inf
-    for i in order:
-        if p[i, 1] > best + tol:  # strictly better than every cheaper-or-equal point
-            keep.append(int(i))
-            best = p[i, 1]
-    return np.array(keep, dtype=np.int64)
+    every cheaper-or-equal point's by more than `tol` (`pipeline.core.pareto`, after the points are checked)."""
+    return core_pareto(_points("points", points), tol)
 
 
 def upper_hull(points, tol: float = 0.0) -> np.ndarray:

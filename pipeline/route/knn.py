@@ -11,17 +11,18 @@ its file ``knn.safetensors`` holds the normalised training embeddings, their (ti
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.route.router_file import read_table_file, write_table_file
 from pipeline.route.routers import register_router
 
 K_GRID = (5, 10, 20, 50, 100, 200, 400)
 DEFAULT_K = 100      # used when neither k nor validation rows are given
 FILE_NAME = "knn.safetensors"
+FILE_KIND = "router-lite-knn"
 
 
 def _normalise(X: np.ndarray) -> np.ndarray:
@@ -109,41 +110,22 @@ class KnnRouter:
     def save_files(self, directory: str | Path) -> dict:
         """Write ``knn.safetensors`` (embeddings, rewards, the fitted `k_` under the key "k", agents) into `directory`;
         its manifest fields (`k`: the fitted k, as entries have always recorded it)."""
-        from safetensors.numpy import save_file
-
-        from pipeline.core.io import atomic_write
-
-        tensors = {"X": np.ascontiguousarray(self.X, np.float32), "R": np.ascontiguousarray(self.R, np.float32)}
-        meta = {"kind": "router-lite-knn", "k": str(int(self.k_)), "agents": json.dumps(self.agents)}
-        atomic_write(Path(directory) / FILE_NAME, lambda p: save_file(tensors, str(p), metadata=meta))
+        write_table_file(Path(directory) / FILE_NAME, FILE_KIND, {"X": self.X, "R": self.R}, self.agents,
+                         k=int(self.k_))
         return {"files": {"weights": FILE_NAME}, "k": int(self.k_), "n_reference": int(len(self.X))}
 
     @classmethod
     def from_files(cls, directory: str | Path, manifest: dict) -> KnnRouter:
-        from safetensors import safe_open
-
         f = Path(directory) / manifest.get("files", {}).get("weights", FILE_NAME)
-        names = [a["name"] for a in manifest["agents"]]
-        if not f.is_file():
-            raise RouterLiteError(f"kNN router file {f} does not exist")
+        X, R, meta = read_table_file(f, FILE_KIND, ("X", "R"), manifest, "kNN router")
         try:
-            with safe_open(str(f), framework="numpy") as fh:
-                meta = dict(fh.metadata() or {})
-                X, R = np.array(fh.get_tensor("X")), np.array(fh.get_tensor("R"))
-            if meta.get("kind") != "router-lite-knn":
-                raise ValueError("not a router-lite kNN file (metadata kind missing)")
             k = int(meta["k"])
-            agents = json.loads(meta.get("agents", "null"))
-        except Exception as e:  # corrupt bytes, bad header, missing tensors, ...
-            raise RouterLiteError(f"kNN router file {f} is corrupt: {type(e).__name__}: {e}") from None
-        if X.ndim != 2 or R.ndim != 2 or len(X) != len(R) or len(X) == 0 or not np.all(np.isfinite(X)) \
-                or not np.all(np.isfinite(R)) or k < 1:
-            raise RouterLiteError(f"kNN router file {f} is invalid: embeddings {X.shape}, rewards {R.shape}, k={k}")
-        if X.shape[1] != int(manifest["dim"]) or R.shape[1] != len(names) or (agents is not None and agents != names):
-            raise RouterLiteError(f"kNN router file {f} ({X.shape[1]} dims, agents {agents}) does not fit the "
-                                  f"manifest ({manifest['dim']} dims, agents {names})")
-        knn = cls(k=k, agents=names)  # the stored k is the fitted one: refitting this router keeps it
-        knn.X, knn.R, knn.k_ = X.astype(np.float32), R.astype(np.float32), k
+        except (KeyError, ValueError):
+            k = 0
+        if k < 1:
+            raise RouterLiteError(f"kNN router file {f} is invalid: k={meta.get('k')!r}")
+        knn = cls(k=k, agents=[a["name"] for a in manifest["agents"]])  # the stored k is the fitted one: kept
+        knn.X, knn.R, knn.k_ = X, R, k
         return knn
 
     def fingerprint(self) -> tuple[list[bytes], list]:
