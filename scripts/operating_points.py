@@ -14,7 +14,7 @@ the cascade's `held_out_cascade`), so on the home a lineage ran, the rows of its
 its reports/router_value.json: the "Beside the lineage" table checks this and names the pool (a script figure is
 only comparable with a README figure of the same home and pool; `--strict` exits 1 otherwise).
 
-    ROUTER_LITE_HOME=.router-lite python scripts/operating_points.py            # demo: ~10 min on 2 busy cores
+    ROUTER_LITE_HOME=.router-lite python scripts/operating_points.py --strict   # demo: 4-10 min on 2 busy cores
     ROUTER_LITE_HOME=.router-lite python scripts/operating_points.py --families cascade --fold-seed 1
 
 Prints Markdown tables; writes $ROUTER_LITE_HOME/reports/operating_points.json.
