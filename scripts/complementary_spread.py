@@ -4,7 +4,12 @@ it runs float32 and the two rows agree), sep-CMA-ES seeds 42 (the default) and 1
 head against the best single agent with the paired 95 % CI of the gain (docs/training.md, "The complementary pool").
 
     python scripts/complementary_spread.py
+    python scripts/complementary_spread.py --backend torch --generations 30   # real bf16 math on any CPU
+
+`--backend torch` embeds through PyTorch, whose CPU autocast computes in bfloat16 whether or not the CPU has bf16
+units (slower without them): the bf16 rows then differ from the float32 ones on every machine.
 """
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,15 +40,20 @@ def complementary_rows():
     return [s.query_text[i] for i in keep], rewards, pd.Series(np.array(s.split)[keep]), ev[keep], Q
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", default="auto", help="the backbone's backend: auto (OpenVINO where installed), torch")
+    ap.add_argument("--generations", default="30,100", help="sep-CMA-ES generations to try (comma-separated)")
+    ap.add_argument("--seeds", default="42,1,2,3,4")
+    args = ap.parse_args(argv)
     texts, rewards, split, evals, _ = complementary_rows()
     print("| embeddings | seed | generations | head | best single | label router | kNN | gain CI (head − best) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in ("float32", "bfloat16"):
-        bb = Backbone(None, max_seq_length=128, dtype=dtype)
+        bb = Backbone(None, max_seq_length=128, dtype=dtype, backend=args.backend)
         X = bb.encode(texts)
-        for seed in (42, 1, 2, 3, 4):
-            for gens in (30, 100):
+        for seed in [int(x) for x in args.seeds.split(",")]:
+            for gens in [int(x) for x in args.generations.split(",")]:
                 fit = fit_router(X, rewards, split, TrainConfig(generations=gens, log_every=0, seed=seed),
                                  labels=evals)
                 m, ci = fit.metrics, fit.extra["head_gain_ci"]
