@@ -16,7 +16,8 @@ validation gain replaces the start, the old rule). Test rows choose nothing.
     python scripts/router_kinds.py                 # prints the tables
     python scripts/router_kinds.py --write         # and writes them into docs/training.md between the markers
 
-Embeddings are cached under $ROUTER_LITE_HOME/embeddings (a rerun embeds nothing).
+Embeddings are cached under $ROUTER_LITE_HOME/embeddings (a rerun embeds nothing). `--backend torch` embeds the
+complementary pool through PyTorch, whose CPU autocast computes in bf16 on any CPU (OpenVINO needs bf16 units).
 """
 from __future__ import annotations
 
@@ -57,13 +58,13 @@ def ci(c: dict) -> str:
     return f"{c['gain']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]"
 
 
-def complementary(seeds=SEEDS, generations: int = 30) -> str:
+def complementary(seeds=SEEDS, generations: int = 30, backend: str = "auto") -> str:
     texts, rewards, split, evals, _ = complementary_rows()
     rows = ["| embeddings | seed | best single | label router | kNN | cluster (k) | head, guard 0.9 (gain CI) | "
             "head, no guard (gain CI) | shipped → test (the choice) |", "|---|---|---|---|---|---|---|---|---|"]
     worst, done, notes = {}, set(), []
     for dtype in ("float32", "bfloat16"):
-        X, bb = embed(texts, max_seq_length=128, dtype=dtype)
+        X, bb = embed(texts, max_seq_length=128, dtype=dtype, backend=backend)
         if bb.cache_key in done:  # no bf16 units here: the backbone ran float32 again, the same rows
             notes.append(f"{dtype} asked, {bb.backend} {bb.precision} ran (no bf16 units on this machine): "
                          f"identical embeddings, rows not repeated")
@@ -145,8 +146,10 @@ def main() -> None:
     ap.add_argument("--pools", default="demo,routerbench,complementary")
     ap.add_argument("--write", action="store_true", help="write the tables into docs/training.md")
     ap.add_argument("--no-guard-ablation", action="store_true", help="routerbench: the default trainer only")
+    ap.add_argument("--backend", default="auto", help="the complementary pool's backbone backend (auto, torch)")
     args = ap.parse_args()
-    run = {"demo": demo, "routerbench": lambda: routerbench(not args.no_guard_ablation), "complementary": complementary}
+    run = {"demo": demo, "routerbench": lambda: routerbench(not args.no_guard_ablation),
+           "complementary": lambda: complementary(backend=args.backend)}
     parts = [run[p]() for p in args.pools.split(",")]
     text = "\n".join(parts)
     print(text)
