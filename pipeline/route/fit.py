@@ -185,7 +185,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
         "head_gain_ci": paired_gain_ci(picks, U_te, best),
         "knn_gain_ci": paired_gain_ci(knn_picks, U_te, best),
         # every prompt kind side by side: validation (the choice) and test (the report only)
-        "kinds": kind_figures(routers, val_rewards, guard, best, X[te], U_te, crossfit),
+        "kinds": kind_figures(routers, val_rewards, guard, best, X[te], U_te, crossfit, shipped=chosen),
     }
     extra["shipped"] = {"kind": chosen if gate["shipped"] == "head" else "best_single", "chosen": chosen,
                         "selection": "crossfit" if crossfit else "validation",

@@ -127,20 +127,28 @@ def crossfit_rewards(picks: dict[str, np.ndarray], R, B) -> dict[str, float]:
 
 
 def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best: int, X_te: np.ndarray,
-                 U_te: np.ndarray, crossfit: dict[str, float] | None = None) -> dict[str, dict]:
+                 U_te: np.ndarray, crossfit: dict[str, float] | None = None,
+                 shipped: str | None = None) -> dict[str, dict]:
     """Per kind: validation reward (the choice), held-out test reward with the OOD guard (the report), the paired 95 %
-    CI of its test gain over the best single agent, and the kind's own hyper-parameter (k) where it has one."""
+    CI of its test gain over the best single agent, the kind's own hyper-parameter (k) where it has one, and, beside
+    the `shipped` kind, the paired 95 % CI of its test reward minus the shipped kind's (`minus_shipped`: whether a
+    gap between kinds is more than row noise)."""
     from pipeline.route.evaluate import paired_gain_ci
 
     rows = np.arange(len(U_te))
+    picks = {k: guard.route(np.asarray(r.pick(X_te)), X_te, best) if guard is not None else np.asarray(r.pick(X_te))
+             for k, r in routers.items()}
     out = {}
     for k, r in routers.items():
-        picks = guard.route(np.asarray(r.pick(X_te)), X_te, best) if guard is not None else np.asarray(r.pick(X_te))
-        ci = paired_gain_ci(picks, U_te, best)
+        ci = paired_gain_ci(picks[k], U_te, best)
         out[k] = {"validation": val.get(k), **({"crossfit": crossfit[k]} if crossfit else {}),
-                  "test": float(U_te[rows, picks].mean()),
+                  "test": float(U_te[rows, picks[k]].mean()),
                   "test_gain": ci["gain"], "test_gain_low": ci["low"], "test_gain_high": ci["high"],
                   **({"k": int(r.k_)} if getattr(r, "k_", None) is not None else {})}
+        if shipped in picks and k != shipped:  # the two kinds' rewards side by side, paired over the test rows
+            pair = np.column_stack([U_te[rows, picks[k]], U_te[rows, picks[shipped]]])
+            d = paired_gain_ci(np.zeros(len(rows), np.int64), pair, 1)
+            out[k]["minus_shipped"] = {"gain": d["gain"], "low": d["low"], "high": d["high"]}
     return out
 
 
