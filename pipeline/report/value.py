@@ -118,17 +118,24 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     }
 
 
+def _ci_text(d: dict | None) -> str:
+    return "" if not d else f"{d['gain']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+
+
 def prompt_routers_markdown(kinds: dict, shipped: dict | None) -> str:
     """Every prompt-only router kind at max quality: validation reward, cross-fitted reward over train + validation
     (the choice, when selected so) and test reward with its paired 95 % CI of the gain over the best single agent
-    (the report only); ★ = the kind chosen (never on test rows)."""
+    and, where measured, of its difference to the chosen kind (the report only: is a gap more than row noise?);
+    ★ = the kind chosen (never on test rows)."""
     import pandas as pd
 
     chosen = (shipped or {}).get("chosen")
     rows = [{"prompt router": k + (" ★" if k == chosen else ""), "k": r.get("k", ""), "validation": r["validation"],
              **({"cross-fitted (train + validation)": r["crossfit"]} if "crossfit" in r else {}), "test": r["test"],
              "test − best single [95 % CI]": f"{r['test_gain']:+.4f} [{r['test_gain_low']:+.4f}, "
-                                             f"{r['test_gain_high']:+.4f}]"}
+                                             f"{r['test_gain_high']:+.4f}]",
+             **({"test − ★ [95 % CI]": _ci_text(r.get("minus_shipped"))}
+                if any("minus_shipped" in v for v in kinds.values()) else {})}
             for k, r in kinds.items()]
     note = ""
     if shipped:
