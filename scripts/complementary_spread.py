@@ -1,7 +1,9 @@
 """How robust is the complementary-pool result of tests/test_complementary.py? The same 1,200 RouterBench rows and
 4-agent pool, embedded by the bundled MiniLM in float32 and in bf16 (OpenVINO; bf16 needs a CPU with bf16 units, else
 it runs float32 and the two rows agree), sep-CMA-ES seeds 42 (the default) and 1-4, 30 and 100 generations. Prints the
-head against the best single agent with the paired 95 % CI of the gain (docs/training.md, "The complementary pool").
+shipped prompt router (the head, or the kind the choice among kinds ships; scripts/router_kinds.py shows the head
+beside it) against the best single agent with the paired 95 % CI of the gain (docs/training.md, "The complementary
+pool").
 
     python scripts/complementary_spread.py
     python scripts/complementary_spread.py --backend torch --generations 30   # real bf16 math on any CPU
@@ -47,7 +49,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", default="42,1,2,3,4")
     args = ap.parse_args(argv)
     texts, rewards, split, evals, _ = complementary_rows()
-    print("| embeddings | seed | generations | head | best single | label router | kNN | gain CI (head − best) |")
+    print("| embeddings | seed | generations | shipped router (kind) | best single | label router | kNN | "
+          "gain CI (shipped − best) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in ("float32", "bfloat16"):
         bb = Backbone(None, max_seq_length=128, dtype=dtype, backend=args.backend)
@@ -57,7 +60,8 @@ def main(argv=None) -> None:
                 fit = fit_router(X, rewards, split, TrainConfig(generations=gens, log_every=0, seed=seed),
                                  labels=evals)
                 m, ci = fit.metrics, fit.extra["head_gain_ci"]
-                print(f"| {bb.backend} {bb.precision} | {seed} | {gens} | {m['head']:.4f} | {m['best_single']:.4f} | "
+                print(f"| {bb.backend} {bb.precision} | {seed} | {gens} | {m['head']:.4f} "
+                      f"({fit.extra['shipped']['kind']}) | {m['best_single']:.4f} | "
                       f"{fit.value['label_router']['quality']:.4f} | {m['knn']:.4f} | "
                       f"[{ci['low']:+.4f}, {ci['high']:+.4f}] |", flush=True)
 
