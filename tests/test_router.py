@@ -73,3 +73,17 @@ def test_ship_gate_wants_a_gain_beyond_validation_noise():
     assert gated["shipped"] == "best_single" and gated["gain_lower_bound"] < 0
     R[11:20, 0] = 0.0        # now it wins 11 rows and loses none: a real gain
     assert ship_gate(head, 0, X, R, None, confidence=0.9)["shipped"] == "head"
+
+
+def test_paired_gain_ci_against_another_policys_picks():
+    """A per-row baseline (router against router) bootstraps the same row differences as those two policies' rewards
+    set side by side as two agents."""
+    from pipeline.route.evaluate import paired_gain_ci
+
+    rng = np.random.default_rng(3)
+    R = (rng.random((300, 4)) > 0.4).astype(float)
+    a, b = rng.integers(0, 4, 300), rng.integers(0, 4, 300)
+    rows = np.arange(300)
+    stacked = paired_gain_ci(np.zeros(300, np.int64), np.column_stack([R[rows, a], R[rows, b]]), 1)
+    assert paired_gain_ci(a, R, b) == stacked
+    assert paired_gain_ci(a, R, np.full(300, 2)) == paired_gain_ci(a, R, 2)  # a constant policy = that agent

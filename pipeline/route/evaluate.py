@@ -90,9 +90,10 @@ def routing_report(picks, R, best_mask=None, *, best_single: int | None = None,
     return out
 
 
-def paired_gain_ci(picks, R_eff: np.ndarray, baseline: int, *, n_boot: int = 2000, level: float = 0.95,
+def paired_gain_ci(picks, R_eff: np.ndarray, baseline, *, n_boot: int = 2000, level: float = 0.95,
                    one_sided: float | None = None, seed: int = 0) -> dict:
-    """Gain of `picks` over always picking agent `baseline` on the same rows, with a paired bootstrap interval.
+    """Gain of `picks` over `baseline` on the same rows, with a paired bootstrap interval. `baseline` is an agent
+    (always picking it: the best single agent) or another policy's per-row picks (router against router).
 
     On a few hundred held-out rows a router and the best single agent differ on few rows, so a point gain of
     +0.005 can be noise; resampling rows (the same rows for both policies) says how much. Returns gain, low, high
@@ -104,7 +105,9 @@ def paired_gain_ci(picks, R_eff: np.ndarray, baseline: int, *, n_boot: int = 200
     n = len(picks)
     if n == 0 or R_eff.shape[0] != n:
         raise RouterLiteError(f"paired_gain_ci: {n} picks for {R_eff.shape[0]} reward rows")
-    diff = R_eff[np.arange(n), picks] - R_eff[:, int(baseline)]
+    base = (R_eff[:, int(baseline)] if np.ndim(baseline) == 0
+            else R_eff[np.arange(n), np.asarray(baseline).astype(np.int64)])
+    diff = R_eff[np.arange(n), picks] - base
     means = bootstrap_means(diff, n_boot, seed)
     tail = (1.0 - level) / 2.0
     out = {"gain": float(diff.mean()), "low": float(np.quantile(means, tail)),

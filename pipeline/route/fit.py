@@ -251,9 +251,7 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
         labels = np.asarray(labels, dtype=object)
         value["label_router"] = label_router_metrics(labels[tr], R_eff[tr], labels[te], R_eff[te], best, picks_te,
                                                      agents)
-    value["head_minus_knn"] = paired_gain_ci(np.zeros(len(n), np.int64),
-                                             np.column_stack([R_eff[te][n, picks_te], R_eff[te][n, knn_picks_te]]),
-                                             1)
+    value["head_minus_knn"] = paired_gain_ci(picks_te, R_eff[te], knn_picks_te)
     return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
 
 

@@ -145,9 +145,8 @@ def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best:
                   "test": float(U_te[rows, picks[k]].mean()),
                   "test_gain": ci["gain"], "test_gain_low": ci["low"], "test_gain_high": ci["high"],
                   **({"k": int(r.k_)} if getattr(r, "k_", None) is not None else {})}
-        if shipped in picks and k != shipped:  # the two kinds' rewards side by side, paired over the test rows
-            pair = np.column_stack([U_te[rows, picks[k]], U_te[rows, picks[shipped]]])
-            d = paired_gain_ci(np.zeros(len(rows), np.int64), pair, 1)
+        if shipped in picks and k != shipped:  # paired over the test rows
+            d = paired_gain_ci(picks[k], U_te, picks[shipped])
             out[k]["minus_shipped"] = {"gain": d["gain"], "low": d["low"], "high": d["high"]}
     return out
 

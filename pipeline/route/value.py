@@ -96,9 +96,7 @@ def label_router_metrics(labels_train: np.ndarray, R_train: np.ndarray, labels_t
     rows = np.arange(len(picks))
     per_domain = {g: agents[int(picks[np.asarray(labels_test, object) == g][0])]
                   for g in sorted(set(np.asarray(labels_test, object).tolist()))}
-    # head − label router, paired over the test rows
-    diff_R = np.column_stack([R_eff_test[rows, head_picks], R_eff_test[rows, picks]])
-    ci = paired_gain_ci(np.zeros(len(rows), np.int64), diff_R, 1)
+    ci = paired_gain_ci(head_picks, R_eff_test, picks)  # head − label router, paired over the test rows
     return {"quality": float(R_eff_test[rows, picks].mean()), "picks_per_domain": per_domain,
             "head_minus_label_router": ci}
 
