@@ -228,6 +228,7 @@ def crossfit_path(plans: list[Plan], points: np.ndarray, folds: list[dict], best
     lams = sorted({0.0, *(x for p in [points, *(f["points"] for f in folds)] for x in _hull_slopes(p))})
     grid = [0.0] + [(a + b) / 2 for a, b in zip(lams, lams[1:])] + [lams[-1] * 2 + 1.0]
     dev = np.logical_or.reduce([f["held"] for f in folds])
+    R, C = folds[0]["rows"].R[dev], folds[0]["rows"].C[dev]  # every fold's rows are the same matrix
     runs: dict = {}
     pts, seen = [], set()
     for lam in grid:
@@ -242,12 +243,10 @@ def crossfit_path(plans: list[Plan], points: np.ndarray, folds: list[dict], best
             r = runs.setdefault((i, k), run_plan(f["plans"][k], h.R, h.C, h.E, f["order"], h.P, h.graders))
             for name, x in (("reward", r.reward), ("cost", r.cost), ("by", r.answered_by), ("calls", r.n_calls)):
                 o[name][f["held"]] = x
-        R = folds[0]["rows"].R
         pts.append({"plan": plans[key[0]].to_dict(agents), "describe": plans[key[0]].describe(agents),
-                    **outcome_stats(o["reward"][dev], o["cost"][dev], o["by"][dev], o["calls"][dev], R[dev, best],
+                    **outcome_stats(o["reward"][dev], o["cost"][dev], o["by"][dev], o["calls"][dev], R[:, best],
                                     agents)})
     single = Plan(Policy((Stage((best,)),)))
-    R, C = folds[0]["rows"].R[dev], folds[0]["rows"].C[dev]
     pts.append({"plan": single.to_dict(agents), "describe": single.describe(agents),
                 **outcome_stats(R[:, best], C[:, best], np.full(len(R), best), np.ones(len(R), np.int64), R[:, best],
                                 agents)})
