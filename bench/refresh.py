@@ -11,7 +11,8 @@ Per K, the stages the lineage runs after the collection, each timed with the sam
 - reward_matrix: pipeline.collect.rewards.reward_matrix + pipeline.collect.answers.agent_answers of the graded calls;
 - router_head: pipeline.route.fit.fit_router (the prompt router kinds, the ship gate, the operating points), the
   profile's train config;
-- cascade_router: pipeline.route.cascade_fit.fit_cascade_router (agreement, search, validation path, held-out);
+- cascade_router: pipeline.route.cascade_fit.fit_cascade_router (agreement, search, the path chosen as the profile's
+  `train.operating_points` says, cross-fitted by default, as the asset does; held-out);
 - registration: pipeline.route.registry.register_fitted of the shipped prompt router and of the cascade (a temporary
   registry).
 
@@ -24,6 +25,7 @@ by side, the ratio to K = 10 next to K / 10, and the slope (seconds per agent) f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -86,7 +88,7 @@ def refresh(calls: pd.DataFrame, agents: list[str], models: dict[str, str], task
     from pipeline.core.io import frame_version
     from pipeline.report.pool_report import domain_column, labels_of
     from pipeline.route import registry
-    from pipeline.route.cascade_fit import fit_cascade_router
+    from pipeline.route.cascade_fit import fit_cascade_router, selection_of
     from pipeline.route.fit import fit_router, reward_arrays
 
     clock = Clock()
@@ -107,7 +109,8 @@ def refresh(calls: pd.DataFrame, agents: list[str], models: dict[str, str], task
     arrays = reward_arrays(rewards, split, "test")
     cascade, cfit = fit_cascade_router(arrays, answers_matrix(answers, rewards["task_id"], arrays.agents),
                                        t["grader"].to_numpy(), X, head.router, head.companions["scorer"],
-                                       head["best_single"], grading=grading, stats={})
+                                       head["best_single"], grading=grading, stats={},
+                                       selection=selection_of(dataclasses.asdict(prof.train)))  # as the asset does
     clock.stop("cascade_router")
 
     clock.start()
