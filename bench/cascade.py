@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 from pipeline.collect.answers import agreement, answers_matrix  # noqa: E402
 from pipeline.collect.rewards import to_arrays  # noqa: E402
 from pipeline.report.value import ablation_markdown  # noqa: E402
-from pipeline.route.cascade import Plan, run_plan, run_policy  # noqa: E402
+from pipeline.route.cascade import Plan, run_plan, run_policies  # noqa: E402
 from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
 from pipeline.route.fit import split_masks  # noqa: E402
 from pipeline.route.fitted import FittedRouter  # noqa: E402
@@ -78,7 +78,7 @@ def family_bound(agents, R, C, E, P, g, masks, best, cap: float = 0.55) -> dict:
     for x in sorted(set(g[te])):
         m = te & (g == x)
         pool = candidates(R[m], C[m], P[m])
-        outs = [run_policy(p, R[m], C[m], E[m], order, P[m]) for p in pool]
+        outs = run_policies(pool, R[m], C[m], E[m], order, P[m])
         pts = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
         fronts.append(pts[pareto(pts, 1e-12)])
     n, budget = te.sum(), cap * bc * te.sum()

@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 
 from pipeline.collect.answers import Agreement, agreement
-from pipeline.route.cascade import ALONE, SKIPPED, STAGES, Outcome, agreeing_rep, run_policy, shortcuts, uses_prediction
+from pipeline.route.cascade import (
+    ALONE,
+    SKIPPED,
+    STAGES,
+    Outcome,
+    agreeing_rep,
+    run_policies,
+    run_policy,
+    shortcuts,
+    uses_prediction,
+)
 from pipeline.route.cascade_fit import candidates, fit_plans, preference
 
 
@@ -87,6 +97,27 @@ def test_restricted_run_policy_equals_full(seed, K):
         assert np.allclose(a.cost, b.cost, rtol=0, atol=1e-12), pol
         if K < 8:  # fewer than 8 columns: numpy sums them one by one, so the costs are bit-identical
             assert np.array_equal(a.cost, b.cost), pol
+
+
+@pytest.mark.parametrize("seed,K", [(8, 5), (9, 11)])
+def test_shared_stage_runs_equal_one_by_one(seed, K):
+    """`run_policies` (the stages of policies that differ only in their prompt shortcuts run once) gives every
+    candidate of the search exactly what `run_policy` gives it, on rows where the shortcuts answer and where not."""
+    R, C, answers, graders, P = random_pool(seed, 150, K)
+    E = agreement_eager(answers, graders)
+    order = preference(R)
+    pols = candidates(R, C, P)
+    assert sum(p.skip_below is not None or p.accept_above is not None for p in pols) > len(pols) // 2
+    shared = run_policies(pols, R, C, E, order, P)
+    assert len(shared) == len(pols)
+    direct = 0
+    for pol, a in zip(pols, shared):
+        b = run_policy(pol, R, C, E, order, P)
+        for f in ("reward", "cost", "answered_by", "n_calls", "stage"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), (pol, f)
+            assert getattr(a, f).dtype == getattr(b, f).dtype, (pol, f)
+        direct += int((a.stage < 0).sum())
+    assert direct > 0  # the shortcuts did answer rows
 
 
 @pytest.mark.parametrize("seed,K", [(4, 5), (5, 10)])

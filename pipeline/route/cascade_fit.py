@@ -28,7 +28,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policy
+from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policies
 from pipeline.route.targets import bootstrap_mean_ci
 
 GUARD_Z = 1.0
@@ -100,7 +100,7 @@ def fit_plans(R, C, E, P, graders, order, best: int) -> list[Plan]:
     cands, sums = {}, {}
     for g, m in groups.items():
         pool = candidates(R[m], C[m], None if P is None else P[m])
-        outs = [run_policy(p, R[m], C[m], E[m], order, None if P is None else P[m]) for p in pool]
+        outs = run_policies(pool, R[m], C[m], E[m], order, None if P is None else P[m])
         cands[g] = pool
         sums[g] = np.array([(o.cost.sum(), o.reward.sum()) for o in outs])
     lams = sorted({0.0, *[x for g in sums for x in _hull_slopes(sums[g])]})
