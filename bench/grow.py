@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     for wide in [p for p in args.pools.split(",") if p]:
         profile, base = POOLS[wide]
         r = measure_pool(wide, profile, base, args.fraction, args.strategy, models, args.boot, args.seed)
-        result["pools"][wide] = {**result["pools"].get(wide, {}), **r}
+        result["pools"][wide] = r  # a pool measured again replaces its figures (no stale key survives)
         for name, a in r["agents"].items():
             print(f"{wide} {name}: {a['calls']}/{a['calls_full']} calls ({a['calls_fraction']:.1%}), quality full "
                   f"{a['quality_full']:.4f} est {a['quality_estimate']:.4f} [{a['ci_low']:.4f}, {a['ci_high']:.4f}]"

@@ -70,6 +70,7 @@ class Clock:
 
     def __init__(self):
         self.wall, self.cpu = {}, {}
+        self.grading: dict = {}  # the cascade's Agreement stats (pairs compared, overruns)
 
     def start(self) -> None:
         self._w, self._c = time.perf_counter(), time.process_time()
@@ -109,9 +110,11 @@ def refresh(calls: pd.DataFrame, agents: list[str], models: dict[str, str], task
     arrays = reward_arrays(rewards, split, "test")
     cascade, cfit = fit_cascade_router(arrays, answers_matrix(answers, rewards["task_id"], arrays.agents),
                                        t["grader"].to_numpy(), X, head.router, head.companions["scorer"],
-                                       head["best_single"], grading=grading, stats={},
+                                       head["best_single"], grading=grading, stats=clock.grading,
                                        selection=selection_of(dataclasses.asdict(prof.train)))  # as the asset does
     clock.stop("cascade_router")
+    n_pairs = len(agents) * (len(agents) - 1) // 2
+    print(f"  agreement pairs compared: {clock.grading.get('agreement_pairs', 0)} of {n_pairs}", flush=True)
 
     clock.start()
     data = {"reward_matrix": frame_version(rewards), "agent_answers": frame_version(answers)}
@@ -162,7 +165,7 @@ def main(argv=None) -> int:
     emb = pd.DataFrame({"task_id": tasks["task_id"], "embedding": list(X)})
     print(f"{len(tasks)} tasks of profile {args.profile}; {len(order)} models with a reply to every one "
           f"(data/zeroeval_graded); K asked {wanted}", flush=True)
-    seconds, stages, cpu, used = {}, {}, {}, {}
+    seconds, stages, cpu, used, pairs = {}, {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for k in wanted:
             kk = min(k, len(order))
@@ -174,6 +177,7 @@ def main(argv=None) -> int:
             seconds[str(k)], used[str(k)] = round(c.wall["total"], 2), kk
             stages[str(k)] = {n: round(v, 2) for n, v in c.wall.items()}
             cpu[str(k)] = {n: round(v, 2) for n, v in c.cpu.items()}
+            pairs[str(k)] = c.grading.get("agreement_pairs", 0)
             print(f"K={k} (agents used {kk}): " + ", ".join(f"{n} {v:.1f} s" for n, v in c.wall.items())
                   + " | CPU " + ", ".join(f"{n} {v:.1f} s" for n, v in c.cpu.items()), flush=True)
     ks = list(wanted)
@@ -202,6 +206,7 @@ def main(argv=None) -> int:
     # keyed by the pool width measured: a K asked beyond the models there are is the capped width's figure
     doc["refresh_seconds"] = {str(used[str(k)]): seconds[str(k)] for k in ks}
     doc["refresh"] = {"k_used": used, "stages": stages, "cpu_seconds": cpu, "slope_s_per_agent": slope,
+                      "agreement_pairs": pairs,  # agent pairs the cascade search compared (of K(K-1)/2)
                       "grading_budget_ms": grading.budget_ms, "train_generations": prof.train.generations,
                       "every": args.every,
                       "tasks": len(tasks),

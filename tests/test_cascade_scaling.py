@@ -125,7 +125,8 @@ def test_lazy_agreement_equals_eager(seed, K):
     _, _, answers, graders, _ = random_pool(seed, 80, K)
     E = agreement_eager(answers, graders)
     assert np.array_equal(agreement(answers, graders.tolist()), E)
-    lazy = Agreement(answers, graders.tolist())
+    stats: dict = {}
+    lazy = Agreement(answers, graders.tolist(), stats=stats)
     rng = np.random.default_rng(seed)
     m = rng.random(80) < 0.6
     view = lazy[m][np.arange(int(m.sum()))[::2]]  # a view of a view
@@ -134,6 +135,7 @@ def test_lazy_agreement_equals_eager(seed, K):
     assert view.shape == (len(E[m][::2]), K, K) and len(view) == view.shape[0]
     done = lazy._s["done"]
     assert done.sum() == K + 6  # the diagonal and the 3 pairs asked, both orders: nothing else compared
+    assert stats["agreement_pairs"] == 3
     assert np.array_equal(lazy.full(), E)
 
 

@@ -70,7 +70,8 @@ def answers_matrix(answers: pd.DataFrame, task_ids, agents: list[str]) -> list[l
 def agreement(answers: list[list[str | None]], graders: list[str], budget: bounded.Budget | None = None,
               stats: dict | None = None) -> np.ndarray:
     """(n, K, K) bool: E[i, j, l] = agents j and l give equivalent answers to task i (E[i, j, j] = j answered).
-    `stats` (optional) gets `grading_overruns` / `grading_errors`: comparisons that disagree for lack of a verdict."""
+    `stats` (optional) gets `grading_overruns` / `grading_errors`: comparisons that disagree for lack of a verdict,
+    and `agreement_pairs`: the agent pairs compared (on every task)."""
     return Agreement(answers, graders, budget, stats).full()
 
 
@@ -132,6 +133,7 @@ class Agreement:
         if stats is not None:
             stats["grading_overruns"] = stats.get("grading_overruns", 0) + bad["overrun"]
             stats["grading_errors"] = stats.get("grading_errors", 0) + bad["error"]
+            stats["agreement_pairs"] = stats.get("agreement_pairs", 0) + 1  # agent pairs compared on every task
 
     def _ensure(self, agents) -> None:
         done = self._s["done"]
