@@ -361,6 +361,7 @@ def cmd_serve(args) -> int:
     from resources.storage import home_of
 
     _check_serve_args(args)
+    _take_stop_signals()
     _use_override(args)
     profile = load_profile(args.profile)
     from pipeline.collect import bounded
@@ -399,6 +400,20 @@ def cmd_serve(args) -> int:
                             **settings.uvicorn_options())
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _take_stop_signals() -> None:
+    """A server stops on SIGTERM and Ctrl-C whatever it inherited: a signal mask survives exec, so a parent that
+    started it with them blocked (a thread inside a multiprocessing helper's spawn, a supervisor) would have a
+    supervisor's SIGTERM held forever; an ignored one (a shell's `&`) is restored. uvicorn, and `_serve_workers`,
+    install their handlers after this."""
+    import signal
+
+    stop = (signal.SIGTERM, signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+    for sig in stop:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def _check_serve_args(args) -> None:

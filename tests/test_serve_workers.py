@@ -56,21 +56,21 @@ def _head_dir(tmp_path):
     return head_dir, prompts
 
 
-def _start(head_dir, tmp_path, port: int | None = None):
+def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexec_fn=None):
     if port is None:
         with __import__("socket").socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
-                             "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "mmlu_pro", "--port", str(port), "--workers", str(workers)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec_fn)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # read as it comes
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
         assert proc.poll() is None, "".join(lines)
-        if sum("router-lite serve: head " in ln for ln in lines) == 2:
+        if sum("router-lite serve: head " in ln for ln in lines) == workers:
             break
         time.sleep(0.3)
     return proc, port, lines
@@ -124,3 +124,32 @@ def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _stop_signals_held_and_ignored() -> None:
+    """What a careless parent hands down: SIGTERM and SIGINT blocked (the mask survives exec) and ignored."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers):
+    """A serve process whose parent blocked and ignored SIGTERM still stops on it (before the fix it held the
+    signal forever: a supervisor's stop hung and, after its SIGKILL, the workers stayed on the port)."""
+    head_dir, _ = _head_dir(tmp_path)
+    proc, port, lines = _start(head_dir, tmp_path, workers=workers, preexec_fn=_stop_signals_held_and_ignored)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
+        children = _children(proc.pid) if workers > 1 else []  # (one process: its children are grading helpers)
+        proc.send_signal(signal.SIGTERM)
+        # stopped, not held: one process re-raises the signal after uvicorn's graceful stop (-15), the parent of
+        # workers stops them and returns 0
+        assert proc.wait(30) == (0 if workers > 1 else -signal.SIGTERM), "".join(lines)
+        time.sleep(0.5)
+        assert not any(Path(f"/proc/{w}").exists() and "zombie" not in
+                       Path(f"/proc/{w}/status").read_text().lower() for w in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
