@@ -108,6 +108,14 @@ class Outcome:
     stage: np.ndarray  # (n,) index of the stage that answered (-1: accepted alone, -2: skipped to the last)
 
 
+def preference_rank(order) -> np.ndarray:
+    """rank[j] = position of agent j in `order` (agent preference, best first)."""
+    order = np.asarray(order, dtype=np.int64)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
 def agreeing_rep(E: np.ndarray, called: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each row: (size of the largest class of agreeing answers among the `called` agents (n, K) bool, the agent
     of that class that comes first in `order` (agent preference, best first)). Ties between classes of equal size
@@ -116,9 +124,7 @@ def agreeing_rep(E: np.ndarray, called: np.ndarray, order: np.ndarray) -> tuple[
     cm = called[:, :, None] & called[:, None, :]
     counts = (E & cm).sum(axis=2) * called  # (n, K): agents agreeing with j (itself included), among the called
     size = counts.max(axis=1)
-    rank = np.empty(K, dtype=np.int64)
-    rank[order] = np.arange(K)
-    best = np.where(counts == size[:, None], rank[None, :], K + 1)
+    best = np.where(counts == size[:, None], preference_rank(order)[None, :], K + 1)
     return size, order[np.minimum(best.min(axis=1), K - 1)]
 
 
@@ -198,18 +204,10 @@ def sub_agreement(E, agents: np.ndarray) -> np.ndarray:
     return np.asarray(E)[:, agents[:, None], agents[None, :]]
 
 
-def preference_rank(order) -> np.ndarray:
-    """rank[j] = position of agent j in `order` (agent preference, best first)."""
-    order = np.asarray(order, dtype=np.int64)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return rank
-
-
-def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarray,
-               P: np.ndarray | None = None, rank: np.ndarray | None = None) -> Outcome:
-    """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first),
-    `rank` its `preference_rank` when the caller has it.
+def run_stages(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarray,
+               rank: np.ndarray | None = None) -> Outcome:
+    """`policy`'s stages on every row, its prompt shortcuts not applied (`with_shortcuts` applies them); `order` =
+    agent preference (best first), `rank` its `preference_rank` when the caller has it.
 
     Only the L agents the policy can call are read (R, C, E restricted to them): a policy's cost is O(n L^2)
     whatever the pool's width K, so the cascade search over O(K) policies grows linearly with K. Exact: an agent
@@ -228,13 +226,6 @@ def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarra
     by = np.full(n, -1, dtype=np.int64)
     stage_of = np.full(n, STAGES, dtype=np.int64)
     called = np.zeros((n, L), dtype=bool)
-    if uses_prediction(policy):
-        code, agent = shortcuts(policy, None if P is None else P[:, policy.lead])
-        for c, j in ((ALONE, policy.lead), (SKIPPED, policy.final)):
-            m = code == c
-            reward[m], cost[m], by[m], stage_of[m] = R[m, j], C[m, j], j, c
-            called[m, local[j]] = True
-        open_ &= code == STAGES
     for t, s in enumerate(policy.stages):
         if not open_.any():
             break
@@ -257,29 +248,38 @@ def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarra
     return Outcome(reward, cost, by, called.sum(axis=1), stage_of)
 
 
+def with_shortcuts(policy: Policy, stages: Outcome, R: np.ndarray, C: np.ndarray, P: np.ndarray | None) -> Outcome:
+    """`policy`'s outcome from its stages' outcome on every row (`run_stages`): a row a prompt shortcut answers is
+    the lead's or the last agent's reply alone (one call); every other row is the stages' (rows never interact)."""
+    if not uses_prediction(policy):
+        return stages
+    code, agent = shortcuts(policy, None if P is None else P[:, policy.lead])
+    direct = code != STAGES
+    j = np.where(direct, agent, 0)
+    rows = np.arange(len(code))
+    return Outcome(np.where(direct, R[rows, j], stages.reward), np.where(direct, C[rows, j], stages.cost),
+                   np.where(direct, agent, stages.answered_by), np.where(direct, 1, stages.n_calls),
+                   np.where(direct, code, stages.stage))
+
+
+def run_policy(policy: Policy, R: np.ndarray, C: np.ndarray, E, order: np.ndarray,
+               P: np.ndarray | None = None) -> Outcome:
+    """Score a policy on the static matrix (see the module docstring); `order` = agent preference (best first),
+    `P` the prompt router's predicted success its shortcuts read."""
+    return with_shortcuts(policy, run_stages(policy, R, C, E, order), R, C, P)
+
+
 def run_policies(policies: list[Policy], R: np.ndarray, C: np.ndarray, E, order: np.ndarray,
                  P: np.ndarray | None = None) -> list[Outcome]:
-    """`run_policy` of each policy, equal to it field by field, with the stages of policies that differ only in
-    their prompt shortcuts run once: a row a shortcut answers is the lead's or the last agent's alone, and every
-    other row goes through the stages as it would without shortcuts (rows never interact). The cascade search
-    scores ~25 threshold pairs per stage structure, so this divides its work by about that."""
+    """`run_policy` of each policy, with the stages of policies that differ only in their prompt shortcuts run once:
+    the cascade search scores ~25 threshold pairs per stage structure, so this divides its work by about that."""
     rank = preference_rank(order)
-    rows = np.arange(R.shape[0])
     plain: dict[tuple[Stage, ...], Outcome] = {}
     out = []
     for policy in policies:
-        base = plain.get(policy.stages)
-        if base is None:
-            base = plain[policy.stages] = run_policy(Policy(policy.stages), R, C, E, order, None, rank)
-        if not uses_prediction(policy):
-            out.append(base)
-            continue
-        code, agent = shortcuts(policy, None if P is None else P[:, policy.lead])
-        direct = code != STAGES
-        j = np.where(direct, agent, 0)
-        out.append(Outcome(np.where(direct, R[rows, j], base.reward), np.where(direct, C[rows, j], base.cost),
-                           np.where(direct, agent, base.answered_by), np.where(direct, 1, base.n_calls),
-                           np.where(direct, code, base.stage)))
+        if policy.stages not in plain:
+            plain[policy.stages] = run_stages(policy, R, C, E, order, rank)
+        out.append(with_shortcuts(policy, plain[policy.stages], R, C, P))
     return out
 
 
