@@ -59,13 +59,13 @@ def cmd_forecast(args) -> int:
     from pipeline.collect.forecast import forecast_line, forecast_table
     from pipeline.core.io import atomic_write_json
     from pipeline.profile import load_profile
-    from resources.storage import default_home
+    from resources.storage import home_of
 
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
     _use_override(args)
     prof = load_profile(args.profile)
-    home = default_home()
+    home = str(home_of(prof))  # this profile's folder: the home's root, or profiles/<name> beside another's lineage
     fc, note = compute_forecast(prof, args.pool, home)
     out = Path(home) / "reports" / "forecast.json"
     out.parent.mkdir(parents=True, exist_ok=True)

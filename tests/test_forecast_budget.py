@@ -247,10 +247,16 @@ def _cli(args, home, env_extra=None):
 
 @pytest.mark.slow
 def test_forecast_of_the_pilot_needs_no_key(tmp_path):
+    """... and writes into the pilot's own folder of a home whose root holds another profile's (demo's) lineage."""
+    from resources.storage import OWNER_FILE, PROFILES_DIR
+
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / OWNER_FILE).write_text("demo\n")
     p = _cli(["forecast", "--profile", "pilot"], tmp_path / "home")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "16,650 calls wanted (0 of 16,650 done), USD " in p.stdout and "no OPENROUTER_API_KEY" in p.stdout
-    fc = json.loads((tmp_path / "home" / "reports" / "forecast.json").read_text())
+    assert not (tmp_path / "home" / "reports").exists()  # not the demo's folder
+    fc = json.loads((tmp_path / "home" / PROFILES_DIR / "pilot" / "reports" / "forecast.json").read_text())
     assert fc["calls"] == 16650 and 0 < fc["usd_low"] < fc["usd_expected"] < fc["usd_high"]
     assert set(fc["per_agent"]) == {"frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"}
 
