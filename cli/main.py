@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from assets.definitions import build_definitions
-    from cli.run import run_lineage, stages_of
+    from cli.run import Interrupted, calls_logged, run_lineage, stages_of
     from cli.summary import print_summary, star_headline, what_next
     from pipeline.profile import load_profile
     from resources.storage import home_of
@@ -68,8 +68,13 @@ def cmd_run(args) -> int:
     profile = load_profile(args.profile)  # read once: the definitions and the run take the typed profile
     profile = profile_with_backbone(profile, args.backbone)
     defs = build_definitions(profile=profile)
-    times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
-                        asset_config=config)
+    try:
+        times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
+                            asset_config=config)
+    except (Interrupted, KeyboardInterrupt):  # Ctrl-C: one line, the shell's code for SIGINT (128 + 2)
+        print(f"router-lite: interrupted; rerun resumes: {calls_logged(defs.resources['storage']):,} calls logged",
+              file=sys.stderr, flush=True)
+        return 130
     home = str(home_of(profile))  # this profile's lineage: the home's root, or profiles/<name> beside another's
     print_summary(home, [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
     print_stage_times(times, home)

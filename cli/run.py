@@ -45,6 +45,30 @@ def user_error(result) -> str | None:
     return None
 
 
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) stopped the lineage in stage `args[0]`; nothing is lost: the call logs are append-only and every
+    asset written before stays, so a rerun resumes."""
+
+
+_INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
+
+
+def interrupted(result) -> bool:
+    """Whether a failed run failed because it was interrupted (Dagster turns SIGINT inside a step into
+    DagsterExecutionInterruptedError; inside an asyncio task group it arrives wrapped in an exception group)."""
+    for event in result.all_events:
+        err = getattr(event.event_specific_data, "error", None)
+        if err is not None and any(name in err.to_string() for name in _INTERRUPTS):
+            return True
+    return False
+
+
+def calls_logged(storage) -> int:
+    """The calls in the home's call logs (complete lines of every agent's log file): what a rerun will not ask again."""
+    root = storage.path("calls")
+    return sum(f.read_bytes().count(b"\n") for f in root.rglob("*.jsonl"))
+
+
 def failed_blocking_check(result) -> str | None:
     """The message of the first failed blocking check (ERROR severity) of a run, None when there is none: Dagster
     skipped the check's downstream assets in the run, and `router-lite run` stops before the next stage."""
@@ -205,13 +229,18 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
     for stage, keys, partitions_def in stages:
         t0 = time.time()
         for pk in _partition_keys(partitions_def):
-            result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
-                                 resources=resources, partition_key=str(pk) if pk is not None else None,
-                                 raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),
-                                 tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
+            try:
+                    result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
+                                     resources=resources, partition_key=str(pk) if pk is not None else None,
+                                     raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),
+                                     tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
+            except KeyboardInterrupt:  # between Dagster's own interrupt handling (e.g. while a run starts)
+                raise Interrupted(stage) from None
             _step_seconds(instance, result.run_id, times["steps"])
             if replay_warnings:
                 _print_warnings(instance, result.run_id, log)
+            if not result.success and interrupted(result):
+                raise Interrupted(stage)
             if not result.success or failed_blocking_check(result):
                 raise _failure(result, stage, pk)
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]

@@ -30,6 +30,8 @@ def instance_dagster_yaml(root: Path, capture_logs: bool = True) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if "sqlite" in cfg.get("storage", {}):
         cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
+    if "base_dir" in cfg.get("compute_logs", {}).get("config", {}):
+        cfg["compute_logs"]["config"]["base_dir"] = str(root / "storage")
     if "local_artifact_storage" in cfg:
         cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
     (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))

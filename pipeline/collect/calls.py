@@ -227,14 +227,31 @@ def _bounded_grade(text, gold: str, grader: str, budget: bounded.Budget) -> tupl
     return extracted, correct
 
 
+def _stop_in(group: BaseExceptionGroup) -> BaseException | None:
+    """The interrupt a task group wrapped (a BaseException that is no Exception: Ctrl-C as KeyboardInterrupt or as an
+    orchestrator's own interrupt), None when it holds only errors."""
+    for e in group.exceptions:
+        found = _stop_in(e) if isinstance(e, BaseExceptionGroup) else None if isinstance(e, Exception) else e
+        if found is not None:
+            return found
+    return None
+
+
 def run_sync(coro):
-    """Run a coroutine from synchronous code: its own event loop, in a helper thread inside a running loop."""
+    """Run a coroutine from synchronous code: its own event loop, in a helper thread inside a running loop. An
+    interrupt inside one of its tasks leaves as itself, not wrapped in an exception group, so the caller sees a stop."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(asyncio.run, coro).result()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            return ex.submit(asyncio.run, coro).result()
+    except BaseExceptionGroup as group:
+        stop = None if isinstance(group, Exception) else _stop_in(group)
+        if stop is None:
+            raise
+        raise stop from None
 
 
 def run_collect(*args: Any, **kwargs: Any) -> pd.DataFrame:

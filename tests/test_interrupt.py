@@ -1,0 +1,57 @@
+"""Ctrl-C of `router-lite run` during the collection: one line and the shell's code for SIGINT, no traceback (the
+mirroring helpers of Dagster's compute-log capture take no Ctrl-C: resources/compute_logs.py); the rerun resumes
+from the call logs, no call lost or made twice."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, instance_dagster_yaml
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_LITE_PROFILE", "ROUTER_LITE_LOG_LEVEL")}
+    env.update({"ROUTER_LITE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(instance_dagster_yaml(tmp / "dh")),
+                "PYTHONPATH": str(REPO)})
+    # its own process group, as a terminal's foreground job: the SIGINT below reaches every process of it
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--profile", "smoke", "--upto", "graded_calls",
+                             *args], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _call_keys(home: Path) -> list[str]:
+    return [json.loads(line)["call_key"] for f in (home / "calls").rglob("*.jsonl") for line in f.open()]
+
+
+def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path):
+    proc = _run(tmp_path)
+    err: list[str] = []
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:  # the collection stage starts after this line
+        err.append(line)
+        if line.startswith("[collection]") or time.monotonic() > deadline:
+            break
+    time.sleep(2.0)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    rest = proc.stderr.read()
+    proc.wait(60)
+    after = [ln for ln in rest.splitlines() if " INFO " not in ln]  # the log lines the run printed before it stopped
+    assert proc.returncode == 130, "".join(err) + rest
+    assert "Traceback" not in rest and len(after) <= 3, rest
+    assert after[-1].startswith("router-lite: interrupted; rerun resumes: ") and after[-1].endswith(" calls logged")
+    logged = len(_call_keys(tmp_path / "home"))
+    assert f"{logged:,} calls logged" in after[-1]
+
+    again = _run(tmp_path)
+    out, err2 = again.communicate(timeout=600)
+    assert again.returncode == 0, err2[-3000:]
+    keys = _call_keys(tmp_path / "home")
+    assert len(keys) == len(set(keys)) > logged  # nothing twice, the rest made
+    assert "already done" in err2
