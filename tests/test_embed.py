@@ -1,6 +1,7 @@
 """Backbone + EmbeddingCache: offline MiniLM, last-token pooling on a tiny random Qwen3, cache re-use."""
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,6 +59,16 @@ def test_minilm_key_and_progress(minilm):
     seen = []
     minilm.encode(PROMPTS, progress=lambda done, total: seen.append((done, total)))
     assert seen == [(2, 5), (4, 5), (5, 5)]
+
+
+def test_progress_lines_only_for_work_of_several_batches(minilm, caplog):
+    """A lineage's prompts log their progress; one batch (what `serve` embeds per request) logs at debug only."""
+    with caplog.at_level(logging.INFO, logger="pipeline.route.embed"):
+        minilm.encode(PROMPTS[:2])
+        assert not [r for r in caplog.records if "embedded" in r.getMessage()]
+        minilm.encode(PROMPTS)
+    assert [r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records if "embedded" in r.getMessage()] \
+        == ["embedded 5/5 prompts"]
 
 
 def test_bad_inputs_raise_clear_errors():

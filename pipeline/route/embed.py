@@ -367,8 +367,10 @@ class Backbone:
             if (b + 1) % self.log_every == 0 or b + 1 == n_batches:
                 dt = time.perf_counter() - t0
                 rate = done / dt if dt > 0 else float("inf")
-                log.info("backbone %s: embedded %d/%d prompts (%.1f prompts/s, ETA %.0f s)", self.model_id, done, n,
-                         rate, (n - done) / rate if rate > 0 else 0.0)
+                # progress is for work of several batches (a lineage's prompts); one batch is a served request's
+                log.log(logging.INFO if n_batches > 1 else logging.DEBUG,
+                        "backbone %s: embedded %d/%d prompts (%.1f prompts/s, ETA %.0f s)", self.model_id, done, n,
+                        rate, (n - done) / rate if rate > 0 else 0.0)
         return out
 
     def _encode_batch(self, batch: list[str]) -> np.ndarray:
