@@ -42,20 +42,22 @@ def cell(value) -> str:
 _PLAN_PART = re.compile(r" \| (?=(?:[A-Za-z_][\w.-]*|other formats): )")
 
 
-def plan_cell(plan: str) -> str:
-    """A cascade plan as one table cell: one line per answer format."""
-    return "<br>".join(cell(part) for part in _PLAN_PART.split(str(plan)))
+def plan_lines(plan: str) -> list[str]:
+    """A cascade plan as table cells, one per answer format."""
+    return [cell(part) for part in _PLAN_PART.split(str(plan))]
 
 
 def md_table(df: pd.DataFrame, plans: tuple[str, ...] = ("plan",), **to_markdown) -> MetadataValue:
-    """A DataFrame as a Markdown entry whose text cells cannot break the table (`cell`), the columns in `plans`
-    one line per answer format (`plan_cell`)."""
-    shown = df.copy()
-    for c in shown.columns:
-        if c in plans:
-            shown[c] = shown[c].map(plan_cell)
-        elif shown[c].dtype == object:
-            shown[c] = shown[c].map(lambda v: v if v is None or not isinstance(v, str) else cell(v))
+    """A DataFrame as a Markdown entry whose text cells cannot break the table (`cell`). A column in `plans` takes one
+    table row per answer format, the row's other cells on its first line only: Dagster's Markdown drops `<br>`, so
+    line breaks inside a cell would fuse the formats."""
+    rows = []
+    for rec in df.to_dict("records"):
+        lines = {c: plan_lines(v) for c, v in rec.items() if c in plans and isinstance(v, str)}
+        for i in range(max((len(v) for v in lines.values()), default=1)):
+            rows.append({c: (lines[c][i] if i < len(lines[c]) else None) if c in lines
+                         else (cell(v) if isinstance(v, str) else v) if i == 0 else None for c, v in rec.items()})
+    shown = pd.DataFrame(rows, columns=df.columns, dtype=object)
     return MetadataValue.md(shown.to_markdown(index=False, **to_markdown))
 
 
