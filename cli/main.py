@@ -27,6 +27,7 @@ def _use_override(args) -> None:
 
 
 DEFAULT_WORKERS = 2  # `serve` processes: on 2 cores, 2 gave ~1.4x the cold requests/s of 1 at the same p99
+DEVICE_HELP = "where the backbone runs: auto (cuda when present, else cpu), cpu, cuda or cuda:N (default: auto)"
 BACKBONE_HELP = ("embedding model: a hub id or local dir (sentence-transformers / transformers), `static` (Model2Vec "
                  "distilled from the bundled MiniLM, built once under $ROUTER_LITE_HOME/backbones) or a static model "
                  "dir (docs/backbones.md)")
@@ -572,7 +573,7 @@ def _serve_workers(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="router-lite", description=__doc__)
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging (and uvicorn's access log for serve)")
     ap.add_argument("--debug", action="store_true",
                     help="show the stack trace of a user error (default: one error line, exit code 2)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -630,12 +631,15 @@ def _add_train_command(sub) -> None:
     p.add_argument("--rewards", required=True,
                    help="reward rows (Parquet/JSONL/CSV): task_id, agent_order, mean_reward, ...")
     p.add_argument("--tasks", required=True, help="tasks (Parquet/JSONL/CSV): task_id, prompt, split")
-    p.add_argument("--held-out-split", default="test")
+    p.add_argument("--held-out-split", default="test",
+                   help="the tasks' split value kept out of training and reported on (default: %(default)s)")
     _add_train_options(p)
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
-    p.add_argument("--pooling", default="mean", choices=["mean", "last_token"])
-    p.add_argument("--max-seq-length", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--pooling", default="mean", choices=["mean", "last_token"],
+                   help="how the backbone's token vectors become one (mean: sentence encoders; last_token: decoders)")
+    p.add_argument("--max-seq-length", type=int, default=256,
+                   help="tokens of a prompt the backbone reads; longer prompts are cut (default: %(default)s)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--out", default=None, help="registry directory (default: $ROUTER_LITE_HOME/registry)")
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.set_defaults(fn=cmd_train)
@@ -645,6 +649,13 @@ def _add_train_command(sub) -> None:
 # table, docs/training.md), never repeated here
 TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship_confidence", "keep_confidence",
                  "router", "operating_points", "folds")
+
+
+# where TrainConfig's meaning names fields the command line does not take, its short form for --help
+CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start's score spread per agent (an absolute "
+                         "step when the start is all zeros; docs/training.md, TrainConfig.sigma0).",
+               "folds": "Number of cross-fitting folds of the prompt-router kind selection and of --operating-points "
+                        "crossfit; at least 2."}
 
 
 def _add_train_options(p) -> None:
@@ -659,19 +670,19 @@ def _add_train_options(p) -> None:
         f = fields[name]
         kind = {"int": int, "float": float, "int | None": int, "str": str}[str(f.type)]
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
-                       help=meaning[name].replace("%", "%%") + " (default: %(default)s)")
+                       help=CLI_MEANING.get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
 
 
 def _add_route_command(sub) -> None:
     p = sub.add_parser("route", help="print the agent a registered head picks for each prompt")
     p.add_argument("--head", required=True, help="registry/<name> directory")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--target", default=None, help=TARGET_HELP)
     p.add_argument("--grader", default=None,
                    help="a cascade router: the prompts' answer format (e.g. integer); prints which agents are asked "
                         "first and when it escalates. Without it: the cascade's plan per format, then the "
                         "prompt-only picks")
-    p.add_argument("prompt", nargs="+")
+    p.add_argument("prompt", nargs="+", help="one or more prompts (quote each)")
     p.set_defaults(fn=cmd_route)
 
 
@@ -683,10 +694,12 @@ def _add_regrade_command(sub) -> None:
 
 def _add_replicate_command(sub) -> None:
     p = sub.add_parser("replicate", help="RouterBench-style replication table on a bundled suite")
-    p.add_argument("--suite", default="routerbench")
+    p.add_argument("--suite", default="routerbench",
+                   help="a suite of config/suites.yaml (default: %(default)s, the bundled RouterBench subset)")
     p.add_argument("--backbone", default="sentence-transformers/all-MiniLM-L6-v2", help=BACKBONE_HELP)
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--max-seq-length", type=int, default=128,
+                   help="tokens of a prompt the backbone reads; longer prompts are cut (default: %(default)s)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(fn=cmd_replicate)
 
 
@@ -710,13 +723,15 @@ def _add_serve_command(sub) -> None:
                                                    "(default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--override", default=None, metavar="FILE",
                    help="a YAML file merged over the profile (also ROUTER_LITE_OVERRIDE)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback only)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free port)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--dtype", default="auto", help="backbone dtype: auto | float32 | float16 | bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-messages", type=int, default=64)
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body; a larger one gets 400 body_too_large (default: %(default)s)")
+    p.add_argument("--max-messages", type=int, default=64,
+                   help="most messages in one request; more get 400 (default: %(default)s)")
     p.add_argument("--target", default=None, help=TARGET_HELP.replace("max-quality (default)", "max-quality")
                    + " when a request names none (header X-Router-Target or body field router_target; default: the "
                      "profile's serve.target, quality>=0.98 in the shipped profiles)")

@@ -1,6 +1,7 @@
 """`router-lite train` on a reward matrix the project did not produce: the RouterBench subset (11 models), written
 as plain reward rows + tasks files — then `route` and the registry's standalone reference code agree."""
 import json
+import re
 import subprocess
 import sys
 
@@ -89,3 +90,31 @@ def test_train_takes_its_defaults_and_help_from_train_config(capsys):
     meaning = dict((name, text) for name, _, text in option_table(TrainConfig))
     for name in TRAIN_OPTIONS:
         assert "--" + name.replace("_", "-") in help_text and " ".join(meaning[name].split()[:6]) in help_text
+
+
+def test_every_option_of_every_command_has_help():
+    """`router-lite X --help` explains every option and argument, and names no option the command lacks."""
+    import argparse
+    import dataclasses
+
+    from cli.main import build_parser
+    from pipeline.route.train import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}  # the options a help text may name as ``field``
+    missing, dangling = [], []
+
+    def walk(parser, path):
+        options = {o for a in parser._actions for o in a.option_strings}
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif a.dest != "help" and not a.help:
+                missing.append(f"{path} {'/'.join(a.option_strings) or a.dest}")
+            elif a.help and a.help is not argparse.SUPPRESS:
+                dangling.extend(f"{path} {a.dest}: {o}" for o in re.findall(r"``(\w+)``", a.help)
+                                if o in fields and "--" + o.replace("_", "-") not in options)
+
+    walk(build_parser(), "router-lite")
+    assert not missing, missing
+    assert not dangling, dangling
