@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, instance_dagster_yaml
-
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp: Path, *args: str) -> subprocess.Popen:
+def _run(tmp: Path, dagster_home: Path, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_LITE_PROFILE", "ROUTER_LITE_LOG_LEVEL")}
-    env.update({"ROUTER_LITE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(instance_dagster_yaml(tmp / "dh")),
+    env.update({"ROUTER_LITE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(dagster_home),
                 "PYTHONPATH": str(REPO)})
     # its own process group, as a terminal's foreground job: the SIGINT below reaches every process of it
     return subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--profile", "smoke", "--upto", "graded_calls",
@@ -30,8 +29,8 @@ def _call_keys(home: Path) -> list[str]:
     return [json.loads(line)["call_key"] for f in (home / "calls").rglob("*.jsonl") for line in f.open()]
 
 
-def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path):
-    proc = _run(tmp_path)
+def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path, temp_instance_dir):
+    proc = _run(tmp_path, temp_instance_dir)
     err: list[str] = []
     deadline = time.monotonic() + 300
     for line in proc.stderr:  # the collection stage starts after this line
@@ -49,7 +48,7 @@ def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path):
     logged = len(_call_keys(tmp_path / "home"))
     assert f"{logged:,} calls logged" in after[-1]
 
-    again = _run(tmp_path)
+    again = _run(tmp_path, temp_instance_dir)
     out, err2 = again.communicate(timeout=600)
     assert again.returncode == 0, err2[-3000:]
     keys = _call_keys(tmp_path / "home")
