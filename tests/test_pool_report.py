@@ -84,3 +84,14 @@ def test_needs_training_rows():
     R, C, dom, _split, _X = _world(False, n=30)
     with pytest.raises(RouterLiteError, match="no training rows"):
         pool_report(R, C, AGENTS, dom, np.full(30, "test", dtype=object))
+
+
+def test_a_cascade_pays_only_when_it_holds_the_targets_quality():
+    from pipeline.report.pool_report import pays
+
+    cheap_and_good = {"cost_ratio": 0.36, "quality_ratio": 0.99, "quality_ratio_ci": [0.97, 1.01]}
+    cheap_and_bad = {"cost_ratio": 0.36, "quality_ratio": 0.571, "quality_ratio_ci": [0.50, 0.64]}  # the tutorial's
+    dear = {"cost_ratio": 1.02, "quality_ratio": 1.0, "quality_ratio_ci": [1.0, 1.0]}
+    assert pays(cheap_and_good, "quality>=0.98") and not pays(cheap_and_bad, "quality>=0.98")
+    assert not pays(dear, "quality>=0.98") and not pays({"cost_ratio": None, "quality_ratio_ci": None}, "parity")
+    assert pays(cheap_and_good, "parity") and not pays({**cheap_and_good, "quality_ratio_ci": [0.9, 0.99]}, "parity")
