@@ -97,3 +97,23 @@ def test_rlpr_partition_fails_with_the_config_key(tmp_path):
     assert not result.success
     assert "sources.rlpr.path" in str(result.all_events)
     assert not asset_path(tmp_path, "source_tasks", "rlpr").exists()
+
+
+def test_proportions_check_allows_what_rounding_forces_in_a_small_pool(home):
+    """The tutorial's 63-task pilot slice: 9 strata, each split by rounding, cannot hold ±2 points (it is 6.57 off);
+    the check allows the rounding and still fails a pool whose split is really off."""
+    import dataclasses
+
+    from pipeline.tasks.task_pool import build_task_pool
+
+    root, _ = home
+    profile = build_resources(str(root), profile="pilot")["profile"]
+    cfg = profile.get().task_pool
+    small = build_task_pool(pd.read_parquet(asset_path(root, "task_pool")).drop(columns=["split", "ood"]),
+                            dataclasses.replace(cfg, size=63))
+    assert len(small) == 63
+    check = tasks.task_pool_proportions(task_pool=small, profile=profile)
+    assert check.passed and max(check.metadata["all_points_off"].data.values()) > 2.0
+    skewed = small.copy()
+    skewed.loc[skewed.index[skewed["split"] == "train"][:12], "split"] = "test"
+    assert tasks.task_pool_proportions(task_pool=skewed, profile=profile).passed is False
