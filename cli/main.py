@@ -726,7 +726,9 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback only)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s; 0: any free port)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--dtype", default="auto", help="backbone dtype: auto | float32 | float16 | bfloat16")
+    p.add_argument("--dtype", default="auto",
+                   help="backbone dtype: auto (float16 on CUDA; on the CPU bfloat16 where it has bf16 units, else "
+                        "float32) | float32 | float16 | bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20,
                    help="largest request body; a larger one gets 400 body_too_large (default: %(default)s)")
