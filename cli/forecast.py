@@ -55,7 +55,7 @@ def compute_forecast(prof, pool_name: str | None, home: str) -> tuple[dict, str]
 
 
 def cmd_forecast(args) -> int:
-    from cli.main import _use_override
+    from cli.options import use_override
     from pipeline.collect.forecast import forecast_line, forecast_table
     from pipeline.core.io import atomic_write_json
     from pipeline.profile import load_profile
@@ -63,7 +63,7 @@ def cmd_forecast(args) -> int:
 
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
-    _use_override(args)
+    use_override(args)
     prof = load_profile(args.profile)
     home = str(home_of(prof))  # this profile's folder: the home's root, or profiles/<name> beside another's lineage
     fc, note = compute_forecast(prof, args.pool, home)

@@ -9,23 +9,12 @@ import os
 import sys
 import time
 
+from cli.options import use_override
 from pipeline.core.environ import environ
 from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
 TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
                "quality), budget=USD per 1k queries, lambda=L")
-
-
-def _use_override(args) -> None:
-    """`--override FILE`: merged over the profile wherever it is read in this process (ROUTER_LITE_OVERRIDE)."""
-    if getattr(args, "override", None):
-        from pathlib import Path
-
-        from pipeline.profile import OVERRIDE_ENV
-
-        os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
-
-
 DEFAULT_WORKERS = 2  # `serve` processes: on 2 cores, 2 gave ~1.4x the cold requests/s of 1 at the same p99
 DEVICE_HELP = "where the backbone runs: auto (cuda when present, else cpu), cpu, cuda or cuda:N (default: auto)"
 BACKBONE_HELP = ("embedding model: a hub id or local dir (sentence-transformers / transformers), `static` (Model2Vec "
@@ -45,7 +34,7 @@ def profile_with_backbone(profile, backbone: str | None):
 def cmd_run(args) -> int:
     if args.profile:
         os.environ["ROUTER_LITE_PROFILE"] = args.profile
-    _use_override(args)
+    use_override(args)
     config = {}  # run config per asset, for the runs of the stages that hold it
     if args.target:
         from pipeline.route.targets import parse_target
@@ -368,7 +357,7 @@ def cmd_serve(args) -> int:
 
     _check_serve_args(args)
     _take_stop_signals()
-    _use_override(args)
+    use_override(args)
     profile = load_profile(args.profile)
     from pipeline.collect import bounded
 

@@ -48,15 +48,15 @@ def _rank(stage: str) -> int:
     return TOP if stage == "top" else STAGES[stage]
 
 
-def graph(root: Path) -> tuple[dict[str, set[str]], list[str]]:
-    """(module -> the pipeline modules it imports, the modules of root/pipeline); a target that names a function
-    or class (`from pipeline.x.y import f`) is dropped, the module it came from kept."""
-    files = {_module(f, root): f for f in sorted((root / "pipeline").rglob("*.py"))}
+def graph(root: Path, packages: tuple[str, ...] = ("pipeline",)) -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> the modules of `packages` it imports, the modules of those packages under root); a target that
+    names a function or class (`from pipeline.x.y import f`) is dropped, the module it came from kept."""
+    files = {_module(f, root): f for p in packages for f in sorted((root / p).rglob("*.py"))}
     edges: dict[str, set[str]] = {m: set() for m in files}
     for module, f in files.items():
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             for target in _targets(node, module, f.name == "__init__.py"):
-                if target in files and target != module and target.split(".")[0] == "pipeline":
+                if target in files and target != module:
                     edges[module].add(target)
     return edges, sorted(files)
 
@@ -115,15 +115,21 @@ def components(edges: dict, modules) -> list[list[str]]:
     return found
 
 
-def circles(root: Path) -> list[list[str]]:
-    """The import circles between modules of root/pipeline (strongly connected components of more than one module
-    of `graph`: every import counts, lazy ones too), each sorted."""
-    edges, modules = graph(root)
+def circles(root: Path, packages: tuple[str, ...] = ("pipeline",)) -> list[list[str]]:
+    """The import circles between modules of `packages` under root (strongly connected components of more than one
+    module of `graph`: every import counts, lazy ones too), each sorted."""
+    edges, modules = graph(root, packages)
     return [comp for comp in components(edges, modules) if len(comp) > 1]
 
 
 def test_no_import_circle_between_modules_of_pipeline():
     assert circles(ROOT) == []
+
+
+def test_no_import_circle_anywhere_in_the_project():
+    """Beyond pipeline/: the Dagster wiring, the resources and the command line (a subcommand module importing
+    cli.main, which imports it back, was one)."""
+    assert circles(ROOT, ("pipeline", "assets", "resources", "cli")) == []
 
 
 def test_the_circle_check_finds_one_inside_a_stage_through_a_lazy_import(tmp_path):
