@@ -18,6 +18,7 @@ from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.collect.sampling import imputed_cells
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.embed.backbone import EmbeddingCache
 from pipeline.profile import BENCHMARK_SUITES
 from pipeline.report.benchmark import (
     CASCADE_HEADLINE,
@@ -54,7 +55,6 @@ from pipeline.report.suites import build_suite
 from pipeline.report.value import ablation_markdown, router_value, star_latest, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
-from pipeline.route.embed import EmbeddingCache
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.knn import KnnRouter
 from resources.backbone import BackboneResource

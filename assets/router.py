@@ -12,11 +12,11 @@ from assets.metadata import table as shown_table
 from pipeline.collect.answers import answers_matrix
 from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
+from pipeline.embed.backbone import EmbeddingCache
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import fit_cascade_router, selection_of
-from pipeline.route.embed import EmbeddingCache
 from pipeline.route.fit import fit_router, reward_arrays
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.targets import path_table

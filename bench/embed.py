@@ -4,7 +4,7 @@
     python bench/embed.py --n 64 --rounds 1 --only openvino-bf16
     python bench/embed.py --prompts-file my.jsonl --no-quality
 
-Variants (all through `pipeline.route.embed.Backbone`, the same longest-first batches of --batch-size prompts):
+Variants (all through `pipeline.embed.backbone.Backbone`, the same longest-first batches of --batch-size prompts):
 - torch-fp32     backend="torch", float32: the reference every ratio and cosine is taken against
 - torch-bf16     backend="torch", dtype="bfloat16" (CPU autocast)
 - onnx-fp32      backend="onnx": ONNX Runtime, float32, all graph optimisations
@@ -177,10 +177,10 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
     """{name: Backbone}: variants whose backend could not be used (it fell back to torch) are left out."""
     import logging
 
-    from pipeline.route.embed import Backbone
-    from pipeline.route.fast_backbone import OrtEncoder
+    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.fast_backbone import OrtEncoder
 
-    logging.getLogger("pipeline.route.embed").setLevel(logging.ERROR)  # the bench reports skips itself
+    logging.getLogger("pipeline.embed.backbone").setLevel(logging.ERROR)  # the bench reports skips itself
     specs = {"torch-fp32": ("torch", "float32"), "torch-bf16": ("torch", "bfloat16"), "onnx-fp32": ("onnx", "auto"),
              "onnx-int8": ("onnx", "auto"), "openvino-fp32": ("openvino", "float32"),
              "openvino-bf16": ("openvino", "bfloat16"), "static": ("static", "auto")}
@@ -259,8 +259,8 @@ def demo_data(home: Path):
 def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     """Head trained on float32 embeddings; each variant's test embeddings routed by it (see the module doc)."""
     from pipeline.collect.rewards import to_arrays
+    from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
-    from pipeline.route.embed import EmbeddingCache
     from pipeline.route.fit import split_masks
     from pipeline.route.train import effective_rewards, train_head
 
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
 
     home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite")).resolve()
     default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)

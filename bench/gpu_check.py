@@ -55,7 +55,7 @@ def tiny_qwen3_check(device: str) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
 
-    from pipeline.route.embed import Backbone, bundled_model_path
+    from pipeline.embed.backbone import Backbone, bundled_model_path
 
     d = Path(tempfile.mkdtemp(prefix="tiny-qwen3-"))
     tok = AutoTokenizer.from_pretrained(str(bundled_model_path()))
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
 
     try:  # the Dagster resource's choice (needs dagster; optional here)
         from resources.backbone import resolve_device

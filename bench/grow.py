@@ -69,8 +69,8 @@ def full_matrix(profile: str, wide: str):
 def prompt_embeddings(profile: str, prompts: list[str]) -> np.ndarray:
     """The prompts' embeddings by the profile's backbone, through the shared embedding cache of the home."""
     from assets.definitions import build_resources
+    from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
-    from pipeline.route.embed import EmbeddingCache
     from resources.storage import default_home
 
     bb = build_resources(profile=load_profile(profile))["backbone"].get_backbone()

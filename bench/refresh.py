@@ -142,8 +142,8 @@ def main(argv=None) -> int:
 
     from cli.forecast import profile_task_pool
     from pipeline.collect.bounded import Budget
+    from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
-    from pipeline.route.embed import EmbeddingCache
     from resources.backbone import BackboneResource
     from resources.storage import default_home
 

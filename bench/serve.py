@@ -66,8 +66,8 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128, backbone: str
     import pandas as pd
 
     from pipeline.collect.grading import grade
+    from pipeline.embed.backbone import Backbone
     from pipeline.route import registry
-    from pipeline.route.embed import Backbone
     from pipeline.route.fit import fit_router
     from pipeline.route.train import TrainConfig
     from pipeline.tasks.sources import load_source
@@ -322,7 +322,7 @@ STATIC_GOALS_MS = {"16": 20.0, "64": 60.0}  # clients -> p50 of the router overh
 def batch_throughput(reg, prompts: list[str], rounds: int = 2) -> float:
     """Prompts/s of the head's backbone embedding `prompts` in batches of 64 in this process (all cores, no server
     running): the physical limit a cold endpoint can approach."""
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
 
     m = reg.manifest["backbone"]
     bb = Backbone(m["id"], max_seq_length=int(m.get("max_seq_length", 256)), log_every=10**9)

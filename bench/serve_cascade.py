@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pipeline.embed.backbone import Backbone  # noqa: E402
 from pipeline.route import registry  # noqa: E402
-from pipeline.route.embed import Backbone  # noqa: E402
 from pipeline.serve.app import build_app  # noqa: E402
 from pipeline.serve.server import serve_in_thread  # noqa: E402
 from pipeline.serve.settings import ServeSettings  # noqa: E402

@@ -95,8 +95,8 @@ def cmd_train(args) -> int:
     """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
     from pathlib import Path
 
+    from pipeline.embed.backbone import Backbone, EmbeddingCache
     from pipeline.route import registry
-    from pipeline.route.embed import Backbone, EmbeddingCache
     from pipeline.route.fit import fit_router
     from pipeline.route.train import TrainConfig
     from pipeline.route.validate import train_inputs
@@ -198,7 +198,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
     """The backbone a registered head was trained on, as its manifest names it."""
     from pathlib import Path
 
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
@@ -287,9 +287,9 @@ def cmd_regrade(args) -> int:
 def cmd_replicate(args) -> int:
     from pathlib import Path
 
+    from pipeline.embed.backbone import Backbone, EmbeddingCache
     from pipeline.report.replication import replicate, table_markdown
     from pipeline.report.suites import build_suite
-    from pipeline.route.embed import Backbone, EmbeddingCache
     from resources.backbone import resolve_device
     from resources.storage import default_home
 

@@ -53,7 +53,7 @@ from pipeline.core.config import (  # noqa: F401 - the reader's names, re-export
     profile_path,
 )
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.embed import DEFAULT_MODEL_ID
+from pipeline.embed.backbone import DEFAULT_MODEL_ID
 from pipeline.route.train import TrainConfig
 from pipeline.tasks.sources import SOURCES
 from pipeline.tasks.task_pool import TaskPoolConfig

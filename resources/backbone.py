@@ -4,7 +4,7 @@
 CUDA and on the CPU runs mean-pooled encoders through OpenVINO, bf16 where the CPU has it (`dtype="auto"`), chosen by
 `bench/embed.py` (table in docs/backbones.md and `CPU_BACKEND_CHOICE` below); a backend that cannot be used falls
 back to torch float32 with one warning line.
-The loaded `pipeline.route.embed.Backbone` is built once per resource instance and reused.
+The loaded `pipeline.embed.backbone.Backbone` is built once per resource instance and reused.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.embed import DEFAULT_MODEL_ID, Backbone
+from pipeline.embed.backbone import DEFAULT_MODEL_ID, Backbone
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -38,7 +38,7 @@ def resolve_device(device: str = "auto") -> str:
 
 
 class BackboneResource(ConfigurableResource):
-    """Which frozen model embeds the prompts, and how (see `pipeline.route.embed.Backbone`)."""
+    """Which frozen model embeds the prompts, and how (see `pipeline.embed.backbone.Backbone`)."""
 
     model: str = DEFAULT_MODEL_ID  # hub id or local dir; the MiniLM id maps to the bundled copy
     pooling: str = "mean"  # mean (sentence-transformers encoders) | last_token (decoders, e.g. Qwen/Qwen3-1.7B)

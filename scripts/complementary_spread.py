@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pipeline.embed.backbone import Backbone  # noqa: E402
 from pipeline.report.suites import build_suite  # noqa: E402
-from pipeline.route.embed import Backbone  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
 from pipeline.route.train import TrainConfig  # noqa: E402
 

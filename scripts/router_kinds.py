@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from complementary_spread import complementary_rows  # noqa: E402
 
-from pipeline.route.embed import Backbone, EmbeddingCache  # noqa: E402
+from pipeline.embed.backbone import Backbone, EmbeddingCache  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
 from pipeline.route.train import TrainConfig  # noqa: E402
 

@@ -51,8 +51,8 @@ def pipeline_data():
 
 
 def routerbench_data():
+    from pipeline.embed.backbone import Backbone, EmbeddingCache
     from pipeline.report.suites import build_suite
-    from pipeline.route.embed import Backbone, EmbeddingCache
     from resources.storage import default_home
 
     s = build_suite("routerbench")

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pipeline.collect.grading import grade  # noqa: E402
-from pipeline.route.embed import Backbone, EmbeddingCache  # noqa: E402
+from pipeline.embed.backbone import Backbone, EmbeddingCache  # noqa: E402
 from pipeline.route.fit import ship_gate  # noqa: E402
 from pipeline.route.knn import KnnRouter  # noqa: E402
 from pipeline.route.train import TrainConfig, train_head  # noqa: E402
@@ -80,7 +80,7 @@ def layer_features(prompts: list[str], cache: Path, layers=(2, 4, 6)) -> np.ndar
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from pipeline.route.embed import bundled_model_path
+    from pipeline.embed.backbone import bundled_model_path
 
     tag = hashlib.sha256("\n\x00".join(prompts).encode()).hexdigest()[:12]
     path = cache / f"minilm-layers-{'-'.join(map(str, layers))}-{tag}.npy"

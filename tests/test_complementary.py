@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.route.embed import Backbone
+from pipeline.embed.backbone import Backbone
 from pipeline.route.fit import fit_router
 from pipeline.route.train import TrainConfig
 

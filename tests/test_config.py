@@ -177,7 +177,7 @@ def test_backbone_settings_match_the_resource():
     res = BackboneResource.model_fields
     for f in dataclasses.fields(BackboneSettings):
         assert f.name in res and res[f.name].default == f.default, f.name
-    from pipeline.route import embed
+    from pipeline.embed import backbone as embed
 
     hints = typing.get_type_hints(BackboneSettings)
     assert typing.get_args(hints["pooling"]) == embed.POOLINGS and typing.get_args(hints["dtype"]) == embed.DTYPES

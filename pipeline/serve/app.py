@@ -117,7 +117,7 @@ def resolve_agents(registered, agents: Sequence[AgentSpec]) -> list[AgentSpec]:
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
               settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False):
     """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredRouter`) with `backbone` (a
-    `pipeline.route.embed.Backbone` of the router's model, pooling and max_seq_length), calling the pool `agents`
+    `pipeline.embed.backbone.Backbone` of the router's model, pooling and max_seq_length), calling the pool `agents`
     through `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before
     serving; the clients are closed when the app shuts down). The handlers below are module-level and read what they
     serve from `request.app.state`.

@@ -7,7 +7,8 @@ torch). ONNX Runtime float32 is the second option. Dynamic int8 is *not* offered
 
 The export runs offline from the loaded weights (torch.onnx, eager attention: the SDPA path exports a wrong mask),
 is written atomically to ``<export_dir>/<model key>/model.onnx`` and reused by every later load.
-Plain Python: the caller (``pipeline.route.embed.Backbone``) decides when to use it and falls back to torch on failure.
+Plain Python: the caller (``pipeline.embed.backbone.Backbone``) decides when to use it and falls back to torch on
+failure.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 FAST_BACKENDS = ("openvino", "onnx")
 BACKENDS = ("auto", "torch") + FAST_BACKENDS
-# dtype name (pipeline.route.embed.DTYPES) -> OpenVINO inference precision; "auto" = bf16 where the CPU has it
+# dtype name (pipeline.embed.backbone.DTYPES) -> OpenVINO inference precision; "auto" = bf16 where the CPU has it
 _OV_PRECISION = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 

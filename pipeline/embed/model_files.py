@@ -1,5 +1,5 @@
-"""What identifies a model's files, for every backbone (pipeline/route/embed.py) and the static one distilled from
-them (pipeline/route/static_backbone.py): where the bundled MiniLM lies and the fingerprint of a model directory.
+"""What identifies a model's files, for every backbone (pipeline/embed/backbone.py) and the static one distilled from
+them (pipeline/embed/static_backbone.py): where the bundled MiniLM lies and the fingerprint of a model directory.
 Both modules import it; neither imports the other for it.
 """
 from __future__ import annotations

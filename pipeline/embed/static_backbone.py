@@ -7,7 +7,7 @@ measured table). ``model2vec.distill`` builds it from the local sentence-transfo
 ``pca_dims`` and Zipf/SIF weighting. Nothing is downloaded (the bundled folder is a local path; ``HF_HUB_OFFLINE``
 stays set).
 
-Names ``pipeline.route.embed.Backbone`` accepts for it (``backbone.model`` in a profile, ``--backbone`` on the CLI):
+Names ``pipeline.embed.backbone.Backbone`` accepts for it (``backbone.model`` in a profile, ``--backbone`` on the CLI):
 
 - ``static`` (also ``static-minilm``, ``model2vec``): distilled from the bundled MiniLM, built once and cached under
   ``<export_dir>/<distill key>/`` (default ``$ROUTER_LITE_HOME/backbones/``; the key hashes the source model's files,
@@ -15,7 +15,7 @@ Names ``pipeline.route.embed.Backbone`` accepts for it (``backbone.model`` in a 
 - a directory holding a Model2Vec model (``config.json`` with ``"model_type": "model2vec"``), e.g. one distilled
   elsewhere or copied from the hub by hand.
 
-Plain Python, no Dagster; imported lazily by ``pipeline.route.embed``.
+Plain Python, no Dagster; imported lazily by ``pipeline.embed.backbone``.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.model_files import bundled_model_path, file_fingerprint
+from pipeline.embed.model_files import bundled_model_path, file_fingerprint
 
 log = logging.getLogger(__name__)
 

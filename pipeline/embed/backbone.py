@@ -9,7 +9,7 @@ cache is reachable, and a local directory works everywhere):
   ``transformers.AutoModel.from_pretrained(model_id)``; the vector is the final hidden state at the last real
   (non-pad) token, whatever side the tokenizer pads on.
 
-On the CPU a mean-pooled encoder runs by default through ``pipeline.route.fast_backbone`` (OpenVINO, bf16 where the CPU
+On the CPU a mean-pooled encoder runs by default through ``pipeline.embed.fast_backbone`` (OpenVINO, bf16 where the CPU
 has it: several times the float32 torch speed at cosine >= 0.9999, docs/backbones.md); when that backend cannot be
 used the torch path takes over with one warning line. CUDA and last-token pooling always run torch.
 
@@ -36,7 +36,7 @@ import numpy as np
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import prompt_hash
 from pipeline.core.text_guard import bad_text, cut_for_tokens
-from pipeline.route.model_files import bundled_model_path, file_fingerprint
+from pipeline.embed.model_files import bundled_model_path, file_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _check_device(device: str) -> str:
     if d == "auto":
         raise RouterLiteError(
             "Backbone device 'auto' is decided by resources.backbone (BackboneResource / resolve_device); "
-            "pass 'cpu' or 'cuda' to pipeline.route.embed.Backbone")
+            "pass 'cpu' or 'cuda' to pipeline.embed.backbone.Backbone")
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", d):
         raise RouterLiteError(f"Backbone device {device!r} is not one of cpu, cuda, cuda:N, mps")
     return d
@@ -131,7 +131,7 @@ class Backbone:
         max_seq_length: tokens kept per prompt (longer prompts are truncated at the end).
         revision: hub revision (branch, tag or commit); None = the default branch / whatever the cache holds.
         padding_side: override the tokenizer's padding side for last-token pooling (None keeps its default).
-        log_every: log progress every this many batches (``logging`` logger ``pipeline.route.embed``).
+        log_every: log progress every this many batches (``logging`` logger ``pipeline.embed.backbone``).
         backend: ``"auto"`` (OpenVINO for mean pooling on the CPU, else torch), ``"torch"``, ``"openvino"`` or
             ``"onnx"`` (ONNX Runtime float32). A fast backend that cannot be used (package missing, export or
             compile failing, output not matching torch) falls back to torch with one warning line.
@@ -157,7 +157,7 @@ class Backbone:
             raise RouterLiteError(f"Backbone max_seq_length must be >= 2, got {max_seq_length!r}")
         if padding_side not in (None, "left", "right"):
             raise RouterLiteError(f"Backbone padding_side {padding_side!r} is not one of left, right")
-        from pipeline.route import static_backbone
+        from pipeline.embed import static_backbone
 
         self.static_dir: Path | None = None
         if static_backbone.is_static(model):  # Model2Vec: one vector per token, no forward pass
@@ -288,7 +288,7 @@ class Backbone:
 
     def _use_fast(self, backend: str, export_dir: Path) -> None:
         """Switch to ``backend`` when it loads and agrees with torch on probe prompts; else warn once, keep torch."""
-        from pipeline.route import fast_backbone
+        from pipeline.embed import fast_backbone
 
         try:
             names = [type(m).__name__ for m in self._st]
@@ -319,7 +319,7 @@ class Backbone:
         log.info("backbone %s: %s %s (%s) on the CPU", self.model_id, backend, enc.version, self.precision)
 
     def _encode_fast(self, batch: list[str]) -> np.ndarray:
-        from pipeline.route.fast_backbone import mean_pool
+        from pipeline.embed.fast_backbone import mean_pool
 
         features = self._st.preprocess(batch)  # the model's own tokenisation (strip, truncation, max_seq_length)
         inputs = {k: v.numpy().astype(np.int64) for k, v in features.items() if hasattr(v, "numpy")}
