@@ -9,6 +9,7 @@ Every `import` counts, module level or inside a function: a lazy import is still
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,29 @@ def test_the_package_check_finds_an_upward_import(tmp_path):
     root = _tree(tmp_path, {"assets/a.py": "def f():\n    from cli.run import run_lineage\n", "cli/run.py": "",
                             "pipeline/x.py": "", "resources/y.py": ""})
     assert package_violations(root) == ["assets/a.py imports cli.run (assets -> cli)"]
+
+
+def layout_entries(root: Path) -> dict[str, str]:
+    """docs/architecture.md's layout block ("Layout: `pipeline/` by stage") as {"route/": its text, ...}: an entry
+    starts at a line indented 0-2 spaces with its name, continuation lines are indented further."""
+    text = (root / "docs" / "architecture.md").read_text()
+    start = text.index("```", text.index("## Layout: `pipeline/` by stage")) + 3
+    entries, current = {}, None
+    for line in text[start:text.index("```", start)].splitlines():
+        m = re.match(r"^ {0,2}([\w.]+/?)(\s|$)", line)
+        if m and not line.startswith("   "):
+            current = m.group(1)
+            entries[current] = line[m.end():]
+        elif current:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_architecture_layout_names_every_module():
+    """Every module of every package (pipeline's stages, cli, assets, resources) is named in its package's entry."""
+    entries = layout_entries(ROOT)
+    packages = [p for p in sorted((ROOT / "pipeline").iterdir()) if (p / "__init__.py").exists()]
+    packages += [ROOT / "cli", ROOT / "assets", ROOT / "resources"]
+    missing = [f"{pkg.relative_to(ROOT)}/{f.name}" for pkg in packages for f in sorted(pkg.glob("*.py"))
+               if f.stem != "__init__" and not re.search(rf"\b{f.stem}\b", entries.get(pkg.name + "/", ""))]
+    assert not missing, f"docs/architecture.md's layout does not name: {missing}"
