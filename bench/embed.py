@@ -258,11 +258,11 @@ def demo_data(home: Path):
 
 def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     """Head trained on float32 embeddings; each variant's test embeddings routed by it (see the module doc)."""
-    from pipeline.collect.rewards import to_arrays
+    from pipeline.collect.rewards import effective_rewards, to_arrays
     from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
     from pipeline.route.fit import split_masks
-    from pipeline.route.train import effective_rewards, train_head
+    from pipeline.route.train import train_head
 
     tasks, rewards = demo_data(home)
     joined = rewards[["task_id"]].merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import METRIC_KEYS, held_out_metrics, routing_report
 from pipeline.route.head import Head, n_params
@@ -13,7 +14,6 @@ from pipeline.route.train import (
     TrainConfig,
     _Objective,
     best_single_agent,
-    effective_rewards,
     population_scores,
     train_head,
 )

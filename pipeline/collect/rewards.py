@@ -179,3 +179,14 @@ def collection_totals(calls: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"calls": g.size(), "ok": g["ok"].sum(), "empty": g["empty"].sum(), "error": g["error"].sum(),
                          "accuracy": g["right"].mean(),
                          "est_cost_usd" if costs_estimated(calls) else "cost_usd": g["cost"].sum()}).reset_index()
+
+
+def effective_rewards(R: np.ndarray, best_mask: np.ndarray | None = None) -> np.ndarray:
+    """Tie-aware rewards: ``R_eff[i, j] = max(R[i]) if best_mask[i, j] else R[i, j]`` (best_mask None -> R)."""
+    R = np.asarray(R, dtype=np.float32)
+    if best_mask is None:
+        return R
+    best_mask = np.asarray(best_mask, dtype=bool)
+    if best_mask.shape != R.shape:
+        raise RouterLiteError(f"best-agent mask shape {best_mask.shape} != reward matrix shape {R.shape}")
+    return np.where(best_mask, R.max(axis=1, keepdims=True), R).astype(np.float32)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.router_file import read_table_file, write_table_file
 from pipeline.route.routers import register_router
@@ -131,8 +132,6 @@ class ClusterRouter:
     def fit(self, X_train: np.ndarray, R_train: np.ndarray, X_val: np.ndarray | None = None,
             R_val: np.ndarray | None = None, best_train: np.ndarray | None = None,
             best_val: np.ndarray | None = None) -> ClusterRouter:
-        from pipeline.route.train import effective_rewards
-
         X_train = np.asarray(X_train, dtype=np.float32)
         if X_train.ndim != 2 or len(X_train) != len(R_train) or len(X_train) == 0:
             raise RouterLiteError(f"cluster router: embeddings {X_train.shape} and rewards {np.shape(R_train)} "

@@ -1,15 +1,15 @@
 """Held-out metrics of a router, and a per-agent check that no agent gets a share it has not earned.
 
-All rewards are tie-aware (`pipeline.route.train.effective_rewards`): a pick among a row's best agents earns the row's
-best reward.
+All rewards are tie-aware (`pipeline.collect.rewards.effective_rewards`): a pick among a row's best agents earns the
+row's best reward.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from pipeline.collect.rewards import effective_rewards
 from pipeline.core.bootstrap import bootstrap_means  # noqa: F401 - re-exported: the intervals here use it
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.train import effective_rewards
 
 METRIC_KEYS = ("head", "best_single", "oracle", "random", "knn", "headroom_captured", "distribution", "n_train",
                "n_test")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from pipeline.collect.rewards import costs_are_estimated, to_arrays
+from pipeline.collect.rewards import costs_are_estimated, effective_rewards, to_arrays
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.fitted import FittedRouter
@@ -29,7 +29,6 @@ from pipeline.route.select import (
 from pipeline.route.train import (
     TrainConfig,
     best_single_agent,
-    effective_rewards,
     lambda_sweep,
     sweep_points,
     train_head,
@@ -76,7 +75,7 @@ class RewardArrays:
 
     @property
     def R_eff(self) -> np.ndarray:
-        """Rewards the router is fitted on (pipeline.route.train.effective_rewards)."""
+        """Rewards the router is fitted on (pipeline.collect.rewards.effective_rewards)."""
         return effective_rewards(self.R, self.B)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.routers import Router
@@ -120,8 +121,6 @@ def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], X, R, B, 
 
 def crossfit_rewards(picks: dict[str, np.ndarray], R, B) -> dict[str, float]:
     """{kind: out-of-fold mean (tie-aware) reward} over the development rows of `crossfit_picks`' picks."""
-    from pipeline.route.train import effective_rewards
-
     U = effective_rewards(R, B)
     return {k: float(U[np.flatnonzero(p >= 0), p[p >= 0]].mean()) for k, p in picks.items()}
 
@@ -158,7 +157,7 @@ def choose_router(cfg, head: Router, agents: list[str], X, R, B, C, train: np.nd
     says how "auto" chooses."""
     from dataclasses import replace
 
-    from pipeline.route.train import effective_rewards, train_head
+    from pipeline.route.train import train_head
 
     has_val = bool(val.any())
     U = effective_rewards(R, B)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.head import ACTIVATIONS, Head, n_params
 
@@ -204,17 +205,6 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # rewards and the batched objective
 # ---------------------------------------------------------------------------------------------------------------
-def effective_rewards(R: np.ndarray, best_mask: np.ndarray | None = None) -> np.ndarray:
-    """Tie-aware rewards: ``R_eff[i, j] = max(R[i]) if best_mask[i, j] else R[i, j]`` (best_mask None -> R)."""
-    R = np.asarray(R, dtype=np.float32)
-    if best_mask is None:
-        return R
-    best_mask = np.asarray(best_mask, dtype=bool)
-    if best_mask.shape != R.shape:
-        raise RouterLiteError(f"best-agent mask shape {best_mask.shape} != reward matrix shape {R.shape}")
-    return np.where(best_mask, R.max(axis=1, keepdims=True), R).astype(np.float32)
-
-
 def _with_bias(Z: np.ndarray) -> np.ndarray:
     return np.hstack([Z, np.ones((Z.shape[0], 1), dtype=np.float32)])
 
