@@ -22,10 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pipeline.collect.answers import agreement, answers_matrix  # noqa: E402
-from pipeline.collect.rewards import (
-    effective_rewards,  # noqa: E402
-    to_arrays,  # noqa: E402
-)
+from pipeline.collect.rewards import effective_rewards, to_arrays  # noqa: E402
 from pipeline.report.value import ablation_markdown  # noqa: E402
 from pipeline.route.cascade import Plan, run_plan, run_policies  # noqa: E402
 from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
