@@ -154,7 +154,7 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
     if failed.shape[0] == len(result):
         raise RouterLiteError(f"every agent of pool {pool.pool!r} failed pre-flight: "
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
-    # the collection's forecast (issue 29), before it makes a call: the passed agents, less the logged calls
+    # the collection's forecast, before it makes a call: the passed agents, less the logged calls
     passed = [a for a in agents if a.name in set(result.query("passed")["agent"])]
     fc = collection_forecast(prof, pool.kind, storage, task_pool, passed, result,
                              sampled=sampled_fractions(prof, [a.name for a in passed], storage, pool.pool))
@@ -200,7 +200,7 @@ NEW_AGENTS_REPORT = "new_agents.json"  # reports/: the sampled new agents' estim
 
 
 def profile_pool_agents(prof: Profile) -> list[str]:
-    """The agents of the profile's own pool: an agent of the run's pool that is not one of them is new (issue 29)."""
+    """The agents of the profile's own pool: an agent of the run's pool that is not one of them is new."""
     try:
         return [a.name for a in load_agents(default_agents_file(), prof.pool.name)]
     except RouterLiteError:
@@ -256,7 +256,7 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
         asked = {}
         if regrading:
             calls = regrade_from_log(log, tasks, agents, rep, prof.collection)
-        else:  # a budget counts the whole collection: its partitions collect one at a time (issue 29)
+        else:  # a budget counts the whole collection: its partitions collect one at a time
             with budget_lock(storage, pool.kind, prof, config.max_usd):
                 budget = partition_budget(prof, config.max_usd, pool.kind, storage, task_pool, agents)
                 calls, asked = collect_with_sample(tasks, agents, profile_pool_agents(prof), rep, log,

@@ -1,4 +1,4 @@
-"""The collection's forecast, budget and completeness, wired to the profile's storage (issue 29). The logic is in
+"""The collection's forecast, budget and completeness, wired to the profile's storage. The logic is in
 `pipeline.collect.forecast` and `pipeline.collect.budget`; `assets/collection.py` and `router-lite forecast` call
 these helpers, so both show the same figures."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`router-lite forecast`: what the profile's collection will cost, before any paid call (issue 29). No call to an
+"""`router-lite forecast`: what the profile's collection will cost, before any paid call. No call to an
 agent and no key: the task pool is built in this process from the profile's bundled sources (what `router-lite run
 --upto task_pool` materialises), the call logs say what is done, and the pool's prices are the list prices (with a
 key, the provider's models endpoint adds its own). Prints a table; writes reports/forecast.json."""

@@ -43,7 +43,7 @@ def cmd_run(args) -> int:
     if args.wait_for_collection or args.quarantine_bad_log_lines:
         config["graded_calls"] = {"wait_for_collection": "true" if args.wait_for_collection else "",
                                   "quarantine_bad_log_lines": bool(args.quarantine_bad_log_lines)}
-    if args.max_usd is not None:  # the collection's budget for this run (issue 29; pipeline/collect/budget.py)
+    if args.max_usd is not None:  # the collection's budget for this run (pipeline/collect/budget.py)
         from pipeline.collect.budget import check_max_usd
 
         config.setdefault("graded_calls", {})["max_usd"] = check_max_usd(args.max_usd, "--max-usd")

@@ -1,4 +1,4 @@
-"""New agents measured on a sample (issue 29): which tasks a new agent is called on, how its reward on the other
+"""New agents measured on a sample: which tasks a new agent is called on, how its reward on the other
 tasks is estimated, and whether it enters the pool's cost-quality frontier.
 
 When agents join a pool (the wider pool of the re-collection schedule, or a run on it with the existing call log)
