@@ -11,7 +11,6 @@ from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
 from assets.metadata import rounded
-from assets.router import reward_embeddings, training_split
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
@@ -55,6 +54,7 @@ from pipeline.report.suites import build_suite
 from pipeline.report.value import ablation_markdown, router_value, star_latest, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
+from pipeline.route.fit import reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.knn import KnnRouter
 from resources.backbone import BackboneResource

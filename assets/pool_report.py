@@ -12,12 +12,12 @@ from dagster import (
 )
 
 from assets.collection import cost_lower_bounds, pool_of, quarantine_of
-from assets.router import reward_embeddings, training_split
 from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
+from pipeline.route.fit import reward_embeddings, training_split
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource

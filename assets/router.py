@@ -2,7 +2,6 @@
 import json
 import time
 
-import numpy as np
 import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
 
@@ -17,19 +16,13 @@ from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import fit_cascade_router, selection_of
-from pipeline.route.fit import fit_router, reward_arrays
+from pipeline.route.fit import fit_router, reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.targets import path_table
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
-
-
-def reward_embeddings(prompt_embeddings: pd.DataFrame, rewards: pd.DataFrame) -> np.ndarray:
-    """Embeddings of the reward rows' tasks, in reward-row order."""
-    emb = prompt_embeddings.set_index("task_id").loc[rewards["task_id"]]
-    return np.stack(emb["embedding"].to_numpy()).astype(np.float32)
 
 
 @asset(group_name="router", io_manager_key="io_manager",
@@ -51,12 +44,6 @@ def prompt_embeddings(context: AssetExecutionContext, task_pool: pd.DataFrame, b
                                 "backbone": bb.key, "device": str(bb.device), "backend": bb.backend,
                                 "precision": bb.precision, "cache_key": bb.cache_key,
                                 "cpu_backend_choice": MetadataValue.json(CPU_BACKEND_CHOICE)})
-
-
-def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
-    """Split per reward row; out-of-distribution tasks become `ood`: never trained on, reported apart."""
-    t = rewards[["task_id"]].merge(tasks[["task_id", "split", "ood"]], on="task_id", how="left")
-    return t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
 
 
 @asset(group_name="router", io_manager_key="router_io_manager",

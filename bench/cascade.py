@@ -21,29 +21,25 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cli import lineage  # noqa: E402
 from pipeline.collect.answers import agreement, answers_matrix  # noqa: E402
 from pipeline.collect.rewards import effective_rewards, to_arrays  # noqa: E402
 from pipeline.report.value import ablation_markdown  # noqa: E402
 from pipeline.route.cascade import Plan, run_plan, run_policies  # noqa: E402
 from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
 from pipeline.route.fit import split_masks  # noqa: E402
-from pipeline.route.fitted import FittedRouter  # noqa: E402
 from pipeline.route.targets import resolve  # noqa: E402
-from resources.storage import asset_path  # noqa: E402
 
 
 def load(home: Path):
-    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
-    tasks = pd.read_parquet(asset_path(home, "task_pool"))
-    answers = pd.read_parquet(asset_path(home, "agent_answers"))
-    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id").loc[rm["task_id"]]
+    """The demo lineage's matrix as the cascade search takes it, read through Dagster (cli/lineage.py)."""
+    d = lineage.training_rows(home=str(home))
+    rm, t = d["rewards"], d["tasks"]
     agents, R, B, C = to_arrays(rm)
-    t = rm[["task_id"]].merge(tasks, on="task_id", how="left")
-    split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood").reset_index(drop=True)
-    E = agreement(answers_matrix(answers, rm["task_id"], agents), t["grader"].tolist())
-    X = np.stack(emb["embedding"].to_numpy()).astype(np.float32)
-    P = FittedRouter.load(asset_path(home, "router_head", suffix="")).companions["scorer"].scores(X)
-    masks = split_masks(split, "test", rm["task_id"].astype(str).tolist())
+    E = agreement(answers_matrix(lineage.load("agent_answers", home=str(home)), rm["task_id"], agents),
+                  t["grader"].tolist())
+    P = lineage.load("router_head", home=str(home)).companions["scorer"].scores(d["X"])
+    masks = split_masks(d["split"], "test", rm["task_id"].astype(str).tolist())
     return agents, effective_rewards(R, B), C, E, P, t["grader"].to_numpy(), masks
 
 

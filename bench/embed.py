@@ -34,6 +34,7 @@ test_quality_fp32, ci_low, ci_high, quality_in_fp32_ci}}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -49,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from pipeline.core.prompts import mcq_prompt
-from resources.storage import asset_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TMP_MMLU_PRO = Path("/tmp/mp/model_outputs_gemini-1.5-pro-002_5shots.json")
@@ -243,17 +243,20 @@ def speed(variants: dict, prompts: list[str], rounds: int) -> dict:
 
 
 def demo_data(home: Path):
-    """(tasks, rewards) of the demo pool from the materialised assets; materialises them when missing."""
+    """(tasks, rewards) of the demo pool from the materialised assets (read through Dagster: cli/lineage.py);
+    materialises them when missing."""
     import subprocess
 
-    import pandas as pd
+    from cli import lineage
+    from pipeline.core.errors import RouterLiteError
 
-    files = [asset_path(home, a) for a in ("task_pool", "reward_matrix")]
-    if not all(f.is_file() for f in files):
+    try:
+        return lineage.load("task_pool", home=str(home)), lineage.load("reward_matrix", home=str(home))
+    except RouterLiteError:
         print("# task_pool / reward_matrix not materialised: `router-lite run --upto reward_matrix`", flush=True)
         subprocess.run([sys.executable, "-c", "from cli.main import main; raise SystemExit(main())", "run",
                         "--upto", "reward_matrix"], cwd=ROOT, check=True)
-    return pd.read_parquet(files[0]), pd.read_parquet(files[1])
+    return lineage.load("task_pool", home=str(home)), lineage.load("reward_matrix", home=str(home))
 
 
 def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
@@ -340,12 +343,16 @@ def main(argv=None) -> int:
     default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)
     chosen = {"torch": "torch-fp32", "onnx": "onnx-fp32"}.get(default.backend) or (
         "openvino-bf16" if default.precision == "bfloat16" else "openvino-fp32")
-    if args.prompts_file is None and (asset_path(home, "task_pool")).is_file():
-        import pandas as pd
+    pool = None
+    if args.prompts_file is None:
+        from cli import lineage
+        from pipeline.core.errors import RouterLiteError
 
-        pool = pd.read_parquet(asset_path(home, "task_pool"))
+        with contextlib.suppress(RouterLiteError):  # not materialised: the bundled prompts below
+            pool = lineage.load("task_pool", home=str(home))
+    if pool is not None:
         prompts = pool["prompt"].sample(frac=1.0, random_state=0).tolist()[:args.n]
-        source = f"{home}/assets/task_pool (the demo prompts)"
+        source = f"{home}: task_pool (the demo prompts)"
     else:
         prompts, source = load_prompts(args.n, args.prompts_file)
     print(f"# {len(prompts)} prompts from {source}; batch {args.batch_size}; torch {torch.__version__}, "

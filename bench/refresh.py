@@ -83,14 +83,13 @@ class Clock:
 def refresh(calls: pd.DataFrame, agents: list[str], models: dict[str, str], tasks: pd.DataFrame, emb: pd.DataFrame,
             prof, bb_fields, registry_root: Path, grading=None) -> Clock:
     """Wall and CPU seconds per stage of one refresh on `calls`."""
-    from assets.router import reward_embeddings, training_split
     from pipeline.collect.answers import agent_answers, answers_matrix
     from pipeline.collect.rewards import reward_matrix
     from pipeline.core.io import frame_version
     from pipeline.report.pool_report import domain_column, labels_of
     from pipeline.route import registry
     from pipeline.route.cascade_fit import fit_cascade_router, selection_of
-    from pipeline.route.fit import fit_router, reward_arrays
+    from pipeline.route.fit import fit_router, reward_arrays, reward_embeddings, training_split
 
     clock = Clock()
     clock.start()

@@ -19,19 +19,18 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cli import lineage  # noqa: E402
 from pipeline.embed.backbone import Backbone  # noqa: E402
 from pipeline.route import registry  # noqa: E402
 from pipeline.serve.app import build_app  # noqa: E402
 from pipeline.serve.server import serve_in_thread  # noqa: E402
 from pipeline.serve.settings import ServeSettings  # noqa: E402
 from resources.pool import PoolResource  # noqa: E402
-from resources.storage import asset_path  # noqa: E402
 
 LATENCY_S = {"frontier_a": 0.40, "frontier_b": 0.35, "frontier_c": 0.25, "open_mid": 0.10,
              "open_cheap_reasoning": 0.15}
@@ -69,7 +68,7 @@ def main(argv=None) -> int:
     pool = PoolResource(kind="replay", pool="demo")
     agents, store = pool.agents(), pool.store()
     lat = {a.name: LATENCY_S.get(a.name, 0.2) for a in agents}
-    tasks = pd.read_parquet(asset_path(home, "task_pool"))
+    tasks = lineage.load("task_pool", home=str(home))
     test = tasks[(tasks["split"] == "test") & ~tasks["ood"]].groupby("grader").head(a.n // 2)
     bb = Backbone(reg.manifest["backbone"]["id"], max_seq_length=int(reg.manifest["backbone"]["max_seq_length"]))
     app = build_app(reg, bb, agents, lambda s: FixedLatencyClient(s.model, lat[s.name], store), ServeSettings())

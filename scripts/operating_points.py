@@ -36,13 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cli import lineage  # noqa: E402
 from pipeline.route.cascade_fit import fit_cascades, ratio_ci, success_refit  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
-from pipeline.route.fitted import FittedRouter  # noqa: E402
 from pipeline.route.targets import operating_path, resolve  # noqa: E402
 from pipeline.route.train import TrainConfig  # noqa: E402
 from pipeline.route.value import agent_costs, pick_costs, target_picks  # noqa: E402
-from resources.storage import asset_path  # noqa: E402
 
 METHODS = ("validation", "crossfit")
 
@@ -53,16 +52,13 @@ def load(home: Path) -> dict:
     from bench.cascade import load as load_cascade
     from pipeline.report.pool_report import domain_column, labels_of
 
-    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
-    tasks = pd.read_parquet(asset_path(home, "task_pool"))
-    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id").loc[rm["task_id"]]
-    t = rm[["task_id"]].merge(tasks, on="task_id", how="left")
-    split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood").reset_index(drop=True)
-    head = FittedRouter.load(asset_path(home, "router_head", suffix=""))
+    d = lineage.training_rows(home=str(home))
+    rm, t, split = d["rewards"], d["tasks"], d["split"]
+    head = lineage.load("router_head", home=str(home))
     tc = {k: tuple(v) if isinstance(v, list) else v for k, v in head["train_config"].items()
           if k in TrainConfig.__dataclass_fields__}
     agents, R, C, E, P, g, masks = load_cascade(home)
-    return {"rewards": rm, "split": split, "X": np.stack(emb["embedding"].to_numpy()).astype(np.float32),
+    return {"rewards": rm, "split": split, "X": d["X"],
             "labels": labels_of(t, domain_column(t)), "cfg": replace(TrainConfig(**tc), log_every=0),
             "agents": agents, "R": R, "C": C, "E": E, "P": P, "g": g, "masks": masks,
             "best": int(head["best_single"]), "scorer": head.companions["scorer"]}

@@ -37,17 +37,11 @@ LEVERS = {
 
 
 def pipeline_data():
+    from cli import lineage
     from pipeline.report.pool_report import domain_column, labels_of
-    from resources.storage import asset_path, default_home
 
-    root = default_home()
-    rewards = pd.read_parquet(asset_path(root, "reward_matrix"))
-    tasks = pd.read_parquet(asset_path(root, "task_pool"))
-    emb = pd.read_parquet(asset_path(root, "prompt_embeddings")).set_index("task_id").loc[rewards["task_id"]]
-    X = np.stack(emb["embedding"].to_numpy()).astype(np.float32)
-    t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
-    split = t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
-    return X, rewards, split, labels_of(t, domain_column(t)), "pipeline"
+    d = lineage.training_rows()
+    return d["X"], d["rewards"], d["split"], labels_of(d["tasks"], domain_column(d["tasks"])), "pipeline"
 
 
 def routerbench_data():

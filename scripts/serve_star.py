@@ -26,11 +26,12 @@ def main(argv=None) -> int:
     import numpy as np
     import pandas as pd
 
+    from cli import lineage
     from pipeline.collect.grading import grade
     from pipeline.collect.rewards import to_arrays
     from pipeline.route import registry
     from pipeline.serve.formats import FormatGuess
-    from resources.storage import asset_path, default_home
+    from resources.storage import default_home
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="demo")
@@ -38,19 +39,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     home = Path(default_home()).resolve()
     latest = registry.latest_entry(home / "registry")
-    pool = pd.read_parquet(asset_path(home, "task_pool"))
-    emb = pd.read_parquet(asset_path(home, "prompt_embeddings")).set_index("task_id")
+    pool = lineage.load("task_pool", args.profile)
     train = pool[(pool["split"] == "train") & ~pool["ood"]]
     test = pool[(pool["split"] == "test") & ~pool["ood"]]
-    guess = FormatGuess(np.stack(emb.loc[train["task_id"], "embedding"].to_numpy()), train["grader"].tolist())
-    g = guess.guess(np.stack(emb.loc[test["task_id"], "embedding"].to_numpy()))
+    guess = FormatGuess(lineage.embeddings_of(train["task_id"], args.profile), train["grader"].tolist())
+    g = guess.guess(lineage.embeddings_of(test["task_id"], args.profile))
     right = np.mean([a == b for a, b in zip(g, test["grader"])])
     none = np.mean([a is None for a in g])
     print(f"★ {latest['star']['label']}: {latest['name']} at {latest['star']['target']}; held-out (router_value): "
           f"{latest['star']['held_out']}")
     print(f"format guess on {len(test)} test prompts: {right:.4f} right, {none:.4f} no guess (prompt-only)")
 
-    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
+    rewards = lineage.load("reward_matrix", args.profile)
     agents, R, _, C = to_arrays(rewards)
     best = agents.index(json.loads((home / "reports" / "router_value.json").read_text())["best_single"]["agent"])
     by_task = {t: i for i, t in enumerate(rewards["task_id"])}

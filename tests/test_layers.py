@@ -276,3 +276,12 @@ def test_architecture_layout_names_every_module():
     missing = [f"{pkg.relative_to(ROOT)}/{f.name}" for pkg in packages for f in sorted(pkg.glob("*.py"))
                if f.stem != "__init__" and not re.search(rf"\b{f.stem}\b", entries.get(pkg.name + "/", ""))]
     assert not missing, f"docs/architecture.md's layout does not name: {missing}"
+
+
+def test_bench_and_scripts_read_the_lineage_through_dagster():
+    """bench/ and scripts/ read materialised assets with cli/lineage.py (Dagster's IO managers), never by a file
+    path: a path read times or reports a copy of the lineage that the lineage itself may no longer produce."""
+    hand_reads = [f"{f.relative_to(ROOT)}:{n}" for d in ("bench", "scripts") for f in sorted((ROOT / d).rglob("*.py"))
+                  for n, line in enumerate(f.read_text().splitlines(), 1)
+                  if re.search(r"\basset_path\(|[\"']assets[\"']\s*/|/\s*[\"']assets[\"']", line)]
+    assert not hand_reads, hand_reads

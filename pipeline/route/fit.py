@@ -79,6 +79,19 @@ class RewardArrays:
         return effective_rewards(self.R, self.B)
 
 
+def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
+    """Split per reward row (the task pool's `split`); out-of-distribution tasks become `ood`: never trained on,
+    reported apart. The one home of that rule: the lineage, bench/ and scripts/ all split this way."""
+    t = rewards[["task_id"]].merge(tasks[["task_id", "split", "ood"]], on="task_id", how="left")
+    return t["split"].where(~t["ood"].fillna(False).astype(bool), "ood")
+
+
+def reward_embeddings(prompt_embeddings: pd.DataFrame, rewards: pd.DataFrame) -> np.ndarray:
+    """Embeddings of the reward rows' tasks, in reward-row order."""
+    emb = prompt_embeddings.set_index("task_id").loc[rewards["task_id"]]
+    return np.stack(emb["embedding"].to_numpy()).astype(np.float32)
+
+
 def reward_arrays(rewards: pd.DataFrame, split: pd.Series, held_out: str = "test") -> RewardArrays:
     """`rewards` (one row per task) as arrays, with the masks of `split` (one entry per reward row)."""
     agents, R, B, C = to_arrays(rewards)
