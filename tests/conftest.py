@@ -163,3 +163,55 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------------------------------------- shared test data
+# a static backbone distilled in seconds: every token but these words and BERT's special tokens is dropped
+TINY_WORDS = ("the a an of to in is what which how write python function list reverse sort number sum two three four "
+              "derivative x squared law contract court capacitor voltage resistor enzyme protein cell gene energy mass "
+              "velocity market price demand integral matrix series string return find largest smallest given array "
+              "element count words first last print code program value true false answer question").split()
+
+
+@pytest.fixture(scope="session")
+def tiny_distill() -> dict:
+    """Distillation settings of a tiny static backbone (tests/test_static_backbone.py, tests/test_serve_workers.py)."""
+    import re
+
+    return {"pca_dims": 16, "token_remove_pattern": r"^(?!(?:" + "|".join(map(re.escape, TINY_WORDS))
+            + r"|\[UNK\]|\[PAD\]|\[CLS\]|\[SEP\]|\[MASK\])$)"}
+
+
+def _synthetic_cascade(n=3000, seed=0):
+    """Two formats. 'integer': cheap agents 1 and 2 are right together 80 % of the time and agree then; when wrong
+    they disagree. 'math_expression': cheap agents are weak and their agreement means little. Agent 0 is right 85 %
+    everywhere and costs 1. Returns (R, C, E, graders, masks)."""
+    import numpy as np
+
+    from pipeline.collect.answers import agreement
+
+    rng = np.random.default_rng(seed)
+    g = np.where(rng.random(n) < 0.6, "integer", "math_expression")
+    R = np.zeros((n, 3))
+    answers = []
+    for i in range(n):
+        strong = rng.random() < 0.85
+        if g[i] == "integer":
+            cheap = rng.random() < 0.8
+            a = ["1" if strong else "2", "1" if cheap else "3", "1" if cheap else "4"]
+            R[i] = [strong, cheap, cheap]
+        else:
+            c1, c2 = rng.random() < 0.4, rng.random() < 0.4
+            a = ["1" if strong else "2", "1" if c1 else "5", "1" if c2 else "5"]  # wrong answers agree too
+            R[i] = [strong, c1, c2]
+        answers.append(a)
+    C = np.tile([1.0, 0.02, 0.03], (n, 1))
+    split = np.array(["train", "validation", "test"])[rng.integers(0, 3, n)]
+    masks = {"train": split == "train", "validation": split == "validation", "held_out": split == "test"}
+    return R, C, agreement(answers, g.tolist()), g, masks
+
+
+@pytest.fixture(scope="session")
+def synthetic_cascade():
+    """A factory of a synthetic 3-agent matrix with answers whose agreement a cascade can use (n, seed)."""
+    return _synthetic_cascade

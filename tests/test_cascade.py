@@ -110,33 +110,8 @@ def test_bad_policies_are_one_error(bad):
         Policy.from_dict(bad, ["a", "b"])
 
 
-def _synthetic(n=3000, seed=0):
-    """Two formats. 'integer': cheap agents 1 and 2 are right together 80 % of the time and agree then; when wrong
-    they disagree. 'math_expression': cheap agents are weak and their agreement means little. Agent 0 is right 85 %
-    everywhere and costs 1."""
-    rng = np.random.default_rng(seed)
-    g = np.where(rng.random(n) < 0.6, "integer", "math_expression")
-    R = np.zeros((n, 3))
-    answers = []
-    for i in range(n):
-        strong = rng.random() < 0.85
-        if g[i] == "integer":
-            cheap = rng.random() < 0.8
-            a = ["1" if strong else "2", "1" if cheap else "3", "1" if cheap else "4"]
-            R[i] = [strong, cheap, cheap]
-        else:
-            c1, c2 = rng.random() < 0.4, rng.random() < 0.4
-            a = ["1" if strong else "2", "1" if c1 else "5", "1" if c2 else "5"]  # wrong answers agree too
-            R[i] = [strong, c1, c2]
-        answers.append(a)
-    C = np.tile([1.0, 0.02, 0.03], (n, 1))
-    split = np.array(["train", "validation", "test"])[rng.integers(0, 3, n)]
-    masks = {"train": split == "train", "validation": split == "validation", "held_out": split == "test"}
-    return R, C, agreement(answers, g.tolist()), g, masks
-
-
-def test_fit_learns_a_cascade_per_answer_format():
-    R, C, E, g, masks = _synthetic()
+def test_fit_learns_a_cascade_per_answer_format(synthetic_cascade):
+    R, C, E, g, masks = synthetic_cascade()
     fit = fit_cascades(R, C, E, None, g, masks, 0, ["strong", "cheap1", "cheap2"], ["max-quality", "parity",
                                                                                      "quality>=0.98"])
     v = fit.variants["cascade"]
@@ -149,9 +124,9 @@ def test_fit_learns_a_cascade_per_answer_format():
     assert "combined" not in fit.variants and fit.chosen == "cascade"  # no prompt predictions given
 
 
-def test_quality_target_guard_demands_a_margin():
+def test_quality_target_guard_demands_a_margin(synthetic_cascade):
     """The guard (`guard_z`): a quality target must hold by z standard errors of the paired difference."""
-    R, C, E, g, masks = _synthetic()
+    R, C, E, g, masks = synthetic_cascade()
     plans = [Plan(Policy((Stage((0,)),))), Plan(Policy((Stage((1, 2), 2), Stage((0,)))))]
     va = masks["validation"]
     order = np.array([0, 1, 2])
@@ -165,8 +140,8 @@ def test_quality_target_guard_demands_a_margin():
     assert resolve(f"quality>={f}", strict)["cost_per_1k"] > cheap["cost_per_1k"]
 
 
-def test_router_kind_round_trips_through_the_registry(tmp_path):
-    R, C, E, g, masks = _synthetic(600)
+def test_router_kind_round_trips_through_the_registry(tmp_path, synthetic_cascade):
+    R, C, E, g, masks = synthetic_cascade(600)
     agents = ["strong", "cheap1", "cheap2"]
     fit = fit_cascades(R, C, E, None, g, masks, 0, agents, ["parity"])
     v = fit.variants["cascade"]
@@ -196,10 +171,10 @@ def test_router_kind_round_trips_through_the_registry(tmp_path):
         registry.load(path)
 
 
-def test_live_execution_equals_the_static_score():
+def test_live_execution_equals_the_static_score(synthetic_cascade):
     """`execute` (what the routed benchmark and, call by call, the server do) makes exactly the calls the static
     score counts, and returns the same rewards."""
-    R, C, E, g, masks = _synthetic(300)
+    R, C, E, g, masks = synthetic_cascade(300)
     answers = [["1" if E[i, 0, 0] else None] for i in range(len(R))]  # placeholder: answers rebuilt below
     rng = np.random.default_rng(1)
     answers = [[str(rng.integers(0, 3)) for _ in range(3)] for _ in range(len(R))]

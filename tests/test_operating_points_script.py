@@ -17,7 +17,6 @@ from pipeline.route.cascade_fit import fit_cascades, selection_of
 from pipeline.route.fit import fit_router
 from pipeline.route.targets import REPORT_TARGETS
 from pipeline.route.train import TrainConfig
-from tests.test_cascade import _synthetic
 
 _spec = importlib.util.spec_from_file_location("operating_points",
                                                Path(__file__).resolve().parents[1] / "scripts" / "operating_points.py")
@@ -28,8 +27,8 @@ AGENTS = ["strong", "cheap1", "cheap2"]
 TARGETS = ["quality>=0.98", "quality>=0.95", "parity"]
 
 
-def _lineage():
-    R, C, E, g, masks = _synthetic(1200, seed=3)
+def _lineage(synthetic_cascade):
+    R, C, E, g, masks = synthetic_cascade(1200, seed=3)
     n = len(R)
     rng = np.random.default_rng(0)
     X = (rng.normal(0, 1, (n, 8)) + R[:, [1]] * 1.5).astype(np.float32)  # the cheap agents' success is visible
@@ -47,8 +46,8 @@ def _lineage():
     return d, rv
 
 
-def test_the_script_scores_what_router_value_reports():
-    d, rv = _lineage()
+def test_the_script_scores_what_router_value_reports(synthetic_cascade):
+    d, rv = _lineage(synthetic_cascade)
     args = Namespace(folds=5, fold_seed=0, cap=0.55, quality=0.98)
     rows = op.head_family(d, TARGETS, args)[0] + op.cascade_family(d, TARGETS, args)[0]
     assert {r["selection"] for r in rows} == {"validation", "crossfit"}

