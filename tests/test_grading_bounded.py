@@ -51,13 +51,12 @@ def test_exp_tower_overruns_within_budget_and_is_counted():
 def test_poisoned_reply_grades_as_no_answer(text, grader):
     extracted, correct, status = bounded.grade(text, "1", grader, bounded.Budget(budget_ms=200))
     assert not correct
-    if grader == "integer":  # Python's 4,300-digit limit inside str(): an exception, so "no answer"
-        assert (extracted, status) == (None, "error")
+    if grader == "integer":  # beyond MAX_MAGNITUDE: degenerate, so "no answer" (before Python's 4,300-digit limit)
+        assert (extracted, status) == (None, "ok")
 
 
-def test_4300_digit_limit_raises_in_the_plain_grader():
-    with pytest.raises(ValueError, match="4300"):  # what the budgeted path turns into "no answer"
-        g.extract_answer(f"The answer is ${POW}$", "integer")
+def test_huge_power_is_no_answer_in_the_plain_grader():
+    assert g.extract_answer(f"The answer is ${POW}$", "integer") is None  # not str()'s 4,300-digit ValueError
 
 
 def test_grades_of_ordinary_replies_are_the_plain_graders():
