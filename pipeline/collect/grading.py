@@ -14,8 +14,10 @@ Degenerate answers: an answer whose value is nan, a complex or real infinity (`\
 non-finite float (`1e999`), has no usable value. It is no answer: extraction gives None (no earlier candidate and no
 fallback stand in for it), and it equals and agrees with nothing, itself included. Only an interval's or a tuple's
 items may be +-infinity (`(-\\infty, 2]`). A relative tolerance cannot compare such values (inf - inf is nan, and
-`nan > tol` is False), and a reply cannot mean them: the largest value among the bundled golds is 11,111,111,100
-(~1.1e10, MATH-500), so 10^100 leaves 90 orders of magnitude of headroom and stays far below float overflow (~1.8e308).
+`nan > tol` is False; `tol * inf` is inf), and a reply cannot mean them. Where the bound sits: the largest value among
+the bundled golds is 11,111,111,100 (~1.1e10, MATH-500), but replies to a bundled MATH task about f(10^{100}) reach
+4*10^{100}, so a bound near a googol would drop meant values; the float comparison holds up to ~1.8e308 (beyond,
+values overflow to inf), so 10^300 is the bound: the difference of two bounded values stays finite.
 
 Each grader is one `GraderSpec` row of `GRADER_SPECS` (name -> how one candidate answer is parsed, what the whole
 reply falls back to, how the answer is compared with the gold answer, and a description); `grade` and
@@ -48,7 +50,7 @@ _MAX_DIGITS = 30
 _MAX_NUMBER_CHARS = 400
 _SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
 _REL_TOL = 1e-9
-MAX_MAGNITUDE = 10 ** 100  # beyond it a value is degenerate (module docstring: the largest bundled gold is ~1.1e10)
+MAX_MAGNITUDE = 10 ** 300  # beyond it a value is degenerate (module docstring: why there)
 _MAX_MAGNITUDE_F = float(MAX_MAGNITUDE)
 
 # an "answer" key of a JSON (or Python-dict style, single-quoted) object
