@@ -75,8 +75,8 @@ class NeedsSympy(BaseException):  # noqa: N818 - a signal, not an error: no `exc
 
 
 class _Degenerate(Exception):  # noqa: N818 - a signal: the candidate read is degenerate
-    """Raised by a grader's `parse` on a candidate whose value is degenerate (module docstring): the reply's answer
-    is that value, so it has no answer; `extract_answer_with` stops there (no earlier candidate, no fallback)."""
+    """Raised by `_integer` on a candidate whose value is degenerate (module docstring), where it would otherwise
+    read a number out of it: the reply has no answer (`extract_answer_with` stops: no other candidate, no fallback)."""
 
 
 _SYMPY_REFUSED = contextvars.ContextVar("sympy_refused", default=False)
@@ -325,6 +325,8 @@ def _canonical_number(s: str) -> str | None:
 
 def _integer(candidate: str) -> str | None:
     candidate = _math(candidate) or ""
+    if candidate and math_degenerate(candidate):  # no number is read out of it ("\\frac{1}{0}" is not 1)
+        raise _Degenerate(candidate)
     norm = normalize_math(candidate)
     number = _canonical_number(norm)
     if number is not None:
@@ -342,14 +344,6 @@ def _integer(candidate: str) -> str | None:
 
 
 def _math(candidate: str) -> str | None:
-    """`_math_span`, refused (`_Degenerate`) when its value is degenerate."""
-    span = _math_span(candidate)
-    if span and math_degenerate(span):
-        raise _Degenerate(span)
-    return span
-
-
-def _math_span(candidate: str) -> str | None:
     """A labelled math answer: the first $...$ / \\(...\\) span if it opens the line, else up to the sentence end."""
     c = candidate.strip().strip("*").strip()
     m = re.match(r"\$\$?(.+?)(?<!\\)\$|\\[(\[](.+?)\\[)\]]", c)  # "\$" inside is a dollar sign
@@ -380,9 +374,7 @@ def _literal_text(candidate: str) -> str | None:
     c = _FENCE_RE.sub("", c).strip().strip("`").strip()
     c = _ASSERT_PREFIX_RE.sub("", c, count=1).strip()
     if c == candidate.strip():
-        c = candidate
-    if c and literal_degenerate(c):
-        raise _Degenerate(c)
+        return candidate if candidate else None
     return c or None
 
 
@@ -400,10 +392,17 @@ def extract_answer_with(spec: GraderSpec, text: str) -> str | None:
             for candidate in stage:
                 answer = spec.parse(candidate)
                 if answer:
-                    return answer
-    except _Degenerate:  # the answer read last-first has no usable value: the reply has none
+                    return _usable(spec, answer)
+    except _Degenerate:
         return None
-    return spec.fallback(text) if spec.fallback is not None else None
+    answer = spec.fallback(text) if spec.fallback is not None else None
+    return _usable(spec, answer) if answer else answer
+
+
+def _usable(spec: GraderSpec, answer: str) -> str | None:
+    """The answer, or None when it is degenerate: the reply's answer (read last-first) has no usable value, so the
+    reply has none (no earlier candidate, no fallback stands in for it)."""
+    return None if spec.degenerate is not None and spec.degenerate(answer) else answer
 
 
 # ------------------------------------------------------------------------------------------ normalisation
