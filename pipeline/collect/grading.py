@@ -325,12 +325,12 @@ def _canonical_number(s: str) -> str | None:
 
 def _integer(candidate: str) -> str | None:
     candidate = _math(candidate) or ""
-    if candidate and math_degenerate(candidate):  # no number is read out of it ("\\frac{1}{0}" is not 1)
-        raise _Degenerate(candidate)
     norm = normalize_math(candidate)
     number = _canonical_number(norm)
     if number is not None:
         return number
+    if norm and _degenerate_norm(norm):  # no number is read out of it ("\\frac{1}{0}" is not 1)
+        raise _Degenerate(candidate)
     exact = _rational_value(norm)  # "\frac{36}{2}" -> 18, without sympy
     if exact is not None:
         value = exact.numerator if exact.denominator == 1 else None
@@ -680,8 +680,11 @@ def _degenerate_norm(s: str) -> bool:
     return _value_degenerate(s)
 
 
+@functools.lru_cache(maxsize=4096)
 def math_degenerate(answer: str) -> bool:
     """Whether a MATH-style answer has no usable value (module docstring, "Degenerate answers")."""
+    if _PLAIN_NUMBER_RE.fullmatch(answer):  # most answers: no normalisation needed
+        return _canonical_number(answer) is None
     return _degenerate_norm(normalize_math(answer))
 
 
@@ -788,8 +791,11 @@ def _non_finite(value) -> bool:
 def literal_degenerate(answer: str) -> bool:
     """A CRUXEval answer without a usable value: a bare inf / nan, or a literal holding a non-finite float. Python
     compares them (`1e999 == 1e400`: both overflow to inf); they cannot be what a reply means."""
-    s = answer.strip()
-    return bool(_NON_FINITE_WORD_RE.fullmatch(s)) or _non_finite(_py_literal(s))
+    return _literal_degenerate(answer.strip(), _py_literal(answer.strip()))
+
+
+def _literal_degenerate(text: str, value) -> bool:
+    return bool(_NON_FINITE_WORD_RE.fullmatch(text)) or _non_finite(value)
 
 
 def literal_equal(pred: str, gold: str) -> bool:
@@ -798,9 +804,9 @@ def literal_equal(pred: str, gold: str) -> bool:
     A gold string also matches its bare text, as value or as source between the quotes ('a\\nb' vs a\\nb): the JSON
     `answer` field is itself a string, so `"answer": "abc"` gives the string abc without Python's quotes; and a
     prediction wrapped in one pair of quotes that Python cannot parse ('it's') is compared by what they enclose."""
-    if literal_degenerate(pred) or literal_degenerate(gold):
-        return False
     p, g = _py_literal(pred.strip()), _py_literal(gold.strip())
+    if _literal_degenerate(pred.strip(), p) or _literal_degenerate(gold.strip(), g):
+        return False
     if p is not _NO_VALUE and g is not _NO_VALUE:
         try:
             if p == g:
