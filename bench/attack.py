@@ -36,7 +36,7 @@ from pipeline.core.errors import RouterLiteError  # noqa: E402
 @dataclass(frozen=True)
 class Row:
     number: int
-    item: str  # issue 20 item (1..13, "n"), or "12.x" / "25.x" for issues 12 and 25
+    item: str  # issue 20 item (1..13, "n"), "12.x" / "25.x" for issues 12 and 25, or a topic ("degenerate")
     name: str
     fast: bool
     fn: Callable[[Path], str]
@@ -1126,6 +1126,102 @@ def grading_poison_serve(tmp: Path) -> str:
     assert p90 < 100 and worst < 1000, f"/healthz p90 {p90:.0f} ms, max {worst:.0f} ms while grading"
     return (f"4 poisoned cascades 200 (escalated, overruns/errors counted {overruns}); /healthz over {len(health)} "
             f"polls: median {np.median(health):.0f} ms, p90 {p90:.0f} ms, max {worst:.0f} ms")
+
+
+# ----------------------------------------------------------------- degenerate answers (nan, infinity, 0/0, log 0)
+DEGENERATE_REPLIES = [r"The answer is $\infty$", r"So \boxed{\frac{0}{0}}", '{"answer": "\\\\log(0)"}',
+                      r"The answer is $\frac{1}{0}$."]
+
+
+def _agents_client(answer):
+    """client_for over a MockTransport: agent spec -> its reply text `answer(spec, prompt)`."""
+    import httpx
+    import openai
+
+    def client_for(spec):
+        def reply(request):
+            prompt = json.loads(request.content)["messages"][-1]["content"]
+            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": spec.model, "choices": [
+                {"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": answer(spec, prompt)}}]})
+        return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
+                                  http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+    return client_for
+
+
+@row("degenerate", "serve: a cheap agent answers \\infty / \\frac{0}{0} / \\log(0) / \\frac{1}{0}: escalated")
+def degenerate_answer_escalates(tmp: Path) -> str:
+    import httpx
+
+    def answer(model, prompt):  # prompt "case K row K": the cheap agent gives reply K, the last one an answer
+        k = int(prompt.split()[1])
+        return "The answer is $13$" if model == "big-model" or k == len(DEGENERATE_REPLIES) else DEGENERATE_REPLIES[k]
+
+    called, got = [], []
+    with _fault_server(answer=answer) as fs, cascade_server(fs) as srv, \
+            httpx.Client(base_url=srv.base_url, timeout=30) as c:
+        for k in range(len(DEGENERATE_REPLIES) + 1):
+            r = _graded(c, f"case {k} row {k}", headers={"X-Router-Grader": "math_expression"})
+            assert r.status_code == 200, r.text[:200]
+            called.append(r.headers["x-router-agents-called"])
+            got.append(r.json()["choices"][0]["message"]["content"])
+    assert called == ["cheap,expensive"] * len(DEGENERATE_REPLIES) + ["cheap"], called  # the control is accepted
+    assert set(got) == {"The answer is $13$"}, got  # no client received a degenerate reply
+    return f"{len(DEGENERATE_REPLIES)} degenerate replies escalated, the control answered at stage 0"
+
+
+@row("degenerate", "serve: two cheap agents both answer \\infty (identical strings): they do not agree, escalated")
+def degenerate_answers_do_not_agree(tmp: Path) -> str:
+    import httpx
+    import numpy as np
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
+
+    names = ["strong", "cheap_a", "cheap_b"]
+    reg = registry.load(_cascade_entry(tmp, names))  # agents cheap_a and cheap_b first, k = 2, else strong
+    X = np.load(_world_files().parent.parent / "X.npy")
+    specs = [AgentSpec(n, n, "test", None, p, p) for n, p in zip(names, (10.0, 0.1, 0.1))]
+    texts = [r"\boxed{\infty}", r"\boxed{-\infty}", r"\boxed{\frac{0}{0}}", r"\boxed{1}"]  # the control: 1 and 1
+
+    def answer(spec, prompt):
+        return "The answer is 7" if spec.name == "strong" else texts[int(prompt.split()[-1])]
+
+    app = build_app(reg, _Backbone(X), specs, _agents_client(answer), ServeSettings())
+    with serve_in_thread(app) as srv, httpx.Client(base_url=srv.base_url, timeout=30) as c:
+        agents = [_chat(c, f"row {i}", headers={"X-Router-Grader": "math_expression"}).headers["x-router-agent"]
+                  for i in range(len(texts))]
+    assert agents[:-1] == ["strong"] * (len(texts) - 1) and agents[-1] in ("cheap_a", "cheap_b"), agents
+    return f"identical degenerate answers escalated ({agents})"
+
+
+@row("degenerate", "collection + regrade: an agent answers \\boxed{\\frac{0}{0}} to every task: graded wrong")
+def degenerate_answer_collection(tmp: Path) -> str:
+    import pandas as pd
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.collect.call_log import CallLog
+    from pipeline.collect.calls import run_collect
+    from pipeline.collect.regrade import regrade
+    from pipeline.collect.settings import CollectionSettings
+
+    golds = ["42", r"\frac{1}{2}", r"\sqrt{2}", r"3\pi", "x+1", "-7", "0", "1", r"\infty", "(1,2)", r"(-\infty, 2]",
+             "10^{100}", "0.5", r"\frac{0}{0}", "13"]
+    tasks = pd.DataFrame({"task_id": [f"t{i}" for i in range(len(golds))], "gold": golds, "grader": "math_expression",
+                          "prompt": [f"question {i}" for i in range(len(golds))]})
+    agent = AgentSpec("degenerate", "m", "test", None, 1.0, 1.0)
+    calls = run_collect(tasks, [agent], 0, CallLog(str(tmp / "calls")),
+                        _agents_client(lambda spec, prompt: r"Simplifying, \boxed{\frac{0}{0}}"),
+                        CollectionSettings(max_retries=0))
+    assert len(calls) == len(golds) and set(calls["status"]) == {"ok"}, calls[["status", "error_kind"]]
+    assert not calls["correct"].any() and calls["extracted"].isna().all(), calls[["extracted", "correct"]]
+    before = calls.assign(extracted=r"\frac{0}{0}", correct=True)  # how a version before graded this log
+    again, changed = regrade(before, tasks)
+    assert changed == len(golds) and not again["correct"].any(), (changed, again[["extracted", "correct"]])
+    return f"{len(calls)} calls graded wrong (no answer); regrade of the old grades: {changed} changed"
 
 
 # --------------------------------------------------------------------------------------------------------- run

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from pipeline.collect.grading import GRADERS, extract_answer, grade, is_empty, math_equal, normalize_math
+from pipeline.collect import grading
+from pipeline.collect.grading import GRADERS, extract_answer, grade, is_empty, literal_equal, math_equal, normalize_math
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import LETTERS, mcq_prompt
 
@@ -349,3 +350,26 @@ def test_python_literal_edge_forms():
 
 def test_runaway_digits_are_no_answer():
     assert extract_answer("9" * 5000, "integer") is None
+
+
+# ------------------------------------------------------------------------------------------ degenerate answers
+@pytest.mark.parametrize("answer", ["∞", "infinity", "Infinity", "-inf", "NaN", r"1-\infty", r"\tan(\frac{\pi}{2})",
+                                    r"\frac{x}{x-x}", "1, \\infty", r"\{1\} \cup (1, \frac{1}{0})"])
+def test_degenerate_answers_in_any_form_are_no_answer(answer):
+    assert grading.math_degenerate(answer)
+    assert extract_answer(rf"Tried 2 ways. The answer is ${answer}$", "math_expression") is None
+    assert not math_equal(answer, answer)
+
+
+def test_magnitude_bound_sits_at_10_to_the_300():
+    edge, beyond = "1" + "0" * 300, "1" + "0" * 301
+    assert math_equal(edge, edge) and grade(rf"\boxed{{{edge}}}", edge, "integer") == (edge, True)
+    assert not math_equal(beyond, beyond) and grade(rf"\boxed{{{beyond}}}", beyond, "integer") == (None, False)
+    assert math_equal(r"\frac{10^{100}}{2}", "5\\cdot 10^{99}") and not math_equal("(10^{99})^{4}", "(10^{99})^{4}")
+
+
+def test_literal_with_a_non_finite_float_is_no_answer():
+    assert not literal_equal("1e999", "1e400") and not literal_equal("[1e999]", "[1e999]")
+    assert not literal_equal("inf", "inf") and literal_equal("'inf'", "'inf'")  # the string 'inf' is a value
+    assert grade('{"answer": {"a": -1e999}}', "{'a': -1e999}", "python_literal") == (None, False)
+    assert grade('{"answer": [1, 2.5]}', "[1, 2.5]", "python_literal")[1]

@@ -3,6 +3,7 @@ in every place grading runs, an overrun or an exception is counted, the worker t
 linear patterns of grading.py give the same matches as the patterns they replaced."""
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -51,13 +52,12 @@ def test_exp_tower_overruns_within_budget_and_is_counted():
 def test_poisoned_reply_grades_as_no_answer(text, grader):
     extracted, correct, status = bounded.grade(text, "1", grader, bounded.Budget(budget_ms=200))
     assert not correct
-    if grader == "integer":  # Python's 4,300-digit limit inside str(): an exception, so "no answer"
-        assert (extracted, status) == (None, "error")
+    if grader == "integer":  # beyond MAX_MAGNITUDE: degenerate, so "no answer" (before Python's 4,300-digit limit)
+        assert (extracted, status) == (None, "ok")
 
 
-def test_4300_digit_limit_raises_in_the_plain_grader():
-    with pytest.raises(ValueError, match="4300"):  # what the budgeted path turns into "no answer"
-        g.extract_answer(f"The answer is ${POW}$", "integer")
+def test_huge_power_is_no_answer_in_the_plain_grader():
+    assert g.extract_answer(f"The answer is ${POW}$", "integer") is None  # not str()'s 4,300-digit ValueError
 
 
 def test_grades_of_ordinary_replies_are_the_plain_graders():
@@ -184,3 +184,78 @@ def test_tagged_and_boxed_scans_match_the_regex_forms():
             elif i < len(s):
                 boxed.append(re.match(r"\S+", s[i:]).group(0).rstrip("$."))
         assert g._boxed_contents(s) == boxed, s
+
+
+# ------------------------------------------------------------------------------------------- degenerate answers
+DEGENERATE = [r"\frac{1}{0}", r"\frac{0}{0}", r"\infty", r"-\infty", r"\infty-\infty", r"0\cdot\infty", r"\log(0)",
+              "(9^{99})^{99}", r"\exp(99^{99})", r"\frac{1}{0}+x"]
+UNRELATED = ["42", r"\frac{1}{2}", r"\sqrt{2}", r"3\pi", "x+1", "-7", "(1,2)"]
+
+
+@pytest.mark.parametrize("answer", DEGENERATE)
+def test_degenerate_answer_grades_and_agrees_with_nothing(answer):
+    for gold in UNRELATED:
+        for text in ('{"answer": "' + answer.replace("\\", "\\\\") + '"}', rf"so \boxed{{{answer}}}"):
+            assert bounded.grade(text, gold, "math_expression")[:2] == (None, False), (text, gold)
+        assert not bounded.agree(answer, gold, "math_expression"), gold
+        assert not bounded.agree(gold, answer, "math_expression"), gold
+    assert bounded.agree_outcome(answer, answer, "math_expression") == bounded.Outcome(False, "ok")  # not itself
+
+
+def test_ordinary_answers_still_agree_with_themselves_and_intervals_keep_infinite_ends():
+    for answer in ["42", r"\frac{\sqrt{3}}{2}", "x+1", r"(-\infty,2)\cup(3,\infty)", r"[0,\infty)", "4*10^{100}-13"]:
+        assert bounded.agree(answer, answer, "math_expression"), answer
+    assert bounded.grade(r"\boxed{(-\infty, 2]}", r"(-\infty,2]", "math_expression")[1]
+    assert not bounded.agree(r"(-\infty,2]", r"(\infty,2]", "math_expression")
+
+
+@pytest.mark.parametrize("text, gold, grader", [
+    (r"The answer is $\frac{1}{0}$", "1", "integer"),  # the number read out of 1/0
+    (r"The answer is $\frac{0}{0}$", "0", "integer"),
+    (r"The answer is $\log(0)$", "0", "integer"),
+    (r"Tried 3 cases. \boxed{\infty}", "3", "integer"),  # the last-number fallback after an infinite answer
+    (r"Tried 3 cases. \boxed{\infty}", "3", "math_expression"),
+    (r"\boxed{1" + "0" * 301 + "}", "1" + "0" * 301, "integer"),  # beyond 10^300
+    ('{"answer": "1e999"}', "1e400", "python_literal"),  # both overflow to inf: Python says equal
+    ('{"answer": [1, 1e999]}', "[1, 2e999]", "python_literal"),
+])
+def test_degenerate_answer_is_no_answer_in_every_grader(text, gold, grader):
+    assert bounded.grade(text, gold, grader)[:2] == (None, False)
+
+
+def test_identical_degenerate_answers_do_not_agree_in_the_agreement_tensor():
+    rows = [[r"\infty", r"\infty"], [r"\frac{0}{0}", r"\frac{0}{0}"], ["1e999", "1e999"], ["5", "5"]]
+    E = agreement(rows, ["math_expression", "integer", "python_literal", "integer"])
+    assert E[:, 0, 1].tolist() == [False, False, False, True]
+
+
+def test_regrade_changes_rows_a_previous_version_graded_correct():
+    texts = [r"\boxed{\frac{0}{0}}", r"The answer is $\infty$", r"\boxed{\frac{1}{0}}", "The answer is 4"]
+    calls = pd.DataFrame({"call_key": list("abcd"), "task_id": ["t0", "t1", "t2", "t3"], "status": "ok",
+                          "response_text": texts, "extracted": [r"\frac{0}{0}", r"\infty", "1", "4"],
+                          "correct": True})  # as the version before graded them
+    tasks = pd.DataFrame({"task_id": ["t0", "t1", "t2", "t3"], "gold": ["42", r"\frac{1}{2}", "1", "4"],
+                          "grader": ["math_expression", "math_expression", "integer", "integer"]})
+    out, changed = regrade(calls, tasks)
+    assert changed == 3
+    assert out["extracted"].tolist() == [None, None, None, "4"] and out["correct"].tolist() == [False] * 3 + [True]
+
+
+def test_regrade_cli_reports_the_changed_degenerate_rows(tmp_path, monkeypatch, capsys):
+    from cli.main import main
+    from resources.storage import asset_path
+
+    home = tmp_path / "home"
+    n = 15
+    tasks = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "gold": [str(i) for i in range(n)],
+                          "grader": "math_expression"})
+    calls = pd.DataFrame({"call_key": [f"k{i}" for i in range(n)], "task_id": tasks["task_id"], "status": "ok",
+                          "response_text": r"\boxed{\frac{0}{0}}", "extracted": r"\frac{0}{0}", "correct": True})
+    for name, df in (("task_pool", tasks), ("graded_calls", calls)):
+        path = asset_path(home, name, "0|math" if name == "graded_calls" else None)
+        path.parent.mkdir(parents=True)
+        df.to_parquet(path)
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    assert main(["regrade"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"regraded": n, "changed": n}
+    assert not pd.read_parquet(path)["correct"].any()

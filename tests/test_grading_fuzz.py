@@ -3,7 +3,11 @@ unicode, in the places a grader looks (a JSON answer, a label, a box, a tag, a m
 bounded extract / grade / agree (pipeline/collect/bounded.py). Each reply must come back within a wall-clock bound
 (the budget, plus killing and replacing a worker, plus a loaded machine's slack) without raising.
 
-`pytest -m "not slow"` runs a bounded number of examples; the slow test runs many more."""
+Degenerate values, generated (nan, zoo, +-inf, 0/0, log 0, huge powers; Python literals holding a non-finite float),
+in the places a grader looks: through every grader's bounded extract / grade / agree none is an answer, equals a
+gold, or agrees with anything, itself included.
+
+`pytest -m "not slow"` runs a bounded number of examples; the slow tests run many more."""
 from __future__ import annotations
 
 import time
@@ -96,3 +100,78 @@ def test_hostile_replies_are_bounded_many(reply):
     "$" * 30_000, "ℵ₀" * 10_000 + " the answer is ①", "1" * 20_000, "-" * 20_000 + "1"])
 def test_named_poisons_are_bounded(reply):
     _check(reply)
+
+
+# ------------------------------------------------------------------------------------------- degenerate values
+_NON_FINITE = [r"\frac{1}{0}", r"\frac{0}{0}", r"\infty", r"-\infty", r"\infty-\infty", r"0\cdot\infty", r"\log(0)",
+               r"\ln(0)", r"\tan(\frac{\pi}{2})", "∞", "-∞", "infinity", "NaN", r"\frac{x}{0}", r"\frac{5}{3-3}"]
+_FINITE = ["1", "x", "2", "-3", r"\pi", r"\sqrt{2}", "0.5", "y"]
+
+
+def _keep_degenerate(inner: st.SearchStrategy) -> st.SearchStrategy:
+    """Wrappers under which a degenerate value stays degenerate: a finite term, a finite nonzero factor, a power."""
+    return st.one_of(
+        st.tuples(inner, st.sampled_from(_FINITE), st.sampled_from(["+", "-"])).map(lambda t: f"({t[0]}){t[2]}{t[1]}"),
+        st.tuples(st.sampled_from(_FINITE), inner).map(lambda t: f"{t[0]}\\cdot({t[1]})"),
+        st.tuples(inner, st.integers(1, 3)).map(lambda t: f"({t[0]})^{{{t[1]}}}"),
+        inner.map(lambda t: f"\\sqrt{{{t}}}"),
+    )
+
+
+huge_powers = st.tuples(st.integers(2, 999), st.integers(50, 99), st.integers(50, 99)).map(
+    lambda t: f"({t[0]}^{{{t[1]}}})^{{{t[2]}}}")
+degenerate_math = st.one_of(st.recursive(st.sampled_from(_NON_FINITE), _keep_degenerate, max_leaves=4), huge_powers,
+                            st.integers(301, 390).map(lambda n: "9" * n))  # a plain number beyond 10^300
+_INF = ["1e999", "-1e999", "1e999j", "2-1e999j", "1e400"]
+degenerate_literals = st.one_of(
+    st.sampled_from(["inf", "-inf", "nan", "Infinity", "NaN"]),
+    st.recursive(st.sampled_from(_INF), lambda inner: st.one_of(
+        st.tuples(st.sampled_from(["1", "'a'"]), inner).map(lambda t: f"[{t[0]}, {t[1]}]"),
+        st.tuples(inner, st.sampled_from(["1", "'k'"])).map(lambda t: f"({t[1]}, {t[0]})"),
+        st.tuples(st.sampled_from(["1", "'k'"]), inner).map(lambda t: "{" + f"{t[0]}: {t[1]}" + "}")),
+        max_leaves=4))
+# golds an overflowed value used to equal (a tolerance against inf or nan), and ordinary ones
+_GOLDS = ["0", "1", "-1", "42", r"\frac{1}{2}", r"\sqrt{2}", "x+1", "1e999", "[1, 1e999]", "A"]
+
+
+def _json(value: str) -> str:
+    return '{"answer": "' + value.replace("\\", "\\\\") + '"}'
+
+
+def _check_degenerate(value: str, graders: list[str]) -> None:
+    for grader in graders:
+        label = [f"The answer is {value}"] if len(value) < 200 else []  # a label is read up to 200 characters
+        for reply in [_json(value), f"\\boxed{{{value}}}", f"<answer>{value}</answer>", *label]:
+            got = bounded.extract(reply, grader, BUDGET)
+            assert got.value is None, (grader, reply, got)
+            for gold in _GOLDS:
+                assert not bounded.grade(reply, gold, grader, BUDGET)[1], (grader, reply, gold)
+        assert not bounded.agree(value, value, grader, BUDGET), (grader, value)
+        for gold in _GOLDS:
+            assert not bounded.agree(value, gold, grader, BUDGET), (grader, value, gold)
+
+
+def _check_math(value: str) -> None:
+    _check_degenerate(value, ["math_expression", "integer"])
+    for grader in ("mcq_letter", "python_literal"):  # no letter in them; as a literal, text that is no gold
+        assert not any(bounded.grade(_json(value), gold, grader, BUDGET)[1] for gold in _GOLDS), (grader, value)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(degenerate_math)
+def test_degenerate_math_values_are_no_answer(value):
+    _check_math(value)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(degenerate_literals)
+def test_degenerate_literals_are_no_answer(value):
+    _check_degenerate(value, ["python_literal"])
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(degenerate_math, degenerate_literals)
+def test_degenerate_values_are_no_answer_many(value, literal):
+    _check_math(value)
+    _check_degenerate(literal, ["python_literal"])

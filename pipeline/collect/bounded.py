@@ -303,14 +303,13 @@ def grade_pair(text: str | None, gold: str, grader: str, budget: Budget | None =
 
 
 def agree_outcome(a: str | None, b: str | None, grader: str, budget: Budget | None = None) -> Outcome:
-    """Whether two extracted answers are equivalent (GraderSpec.agree), bounded: an overrun or an error disagrees."""
+    """Whether two extracted answers are equivalent (GraderSpec.agree), bounded: an overrun or an error disagrees.
+    Identical answers are compared too: a degenerate answer (grading.py) agrees with nothing, itself included."""
     budget = budget or _default
     spec = grader_spec(grader)
     if a is None or b is None or is_empty(a) or is_empty(b):
         return Outcome(False, "ok")
     a, b = str(a), str(b)
-    if a == b:
-        return Outcome(True, "ok")
     if len(a) > budget.max_chars or len(b) > budget.max_chars:
         return Outcome(False, "ok")
     out = _run(_agree_job, (spec, a, b), budget)

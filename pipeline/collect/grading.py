@@ -9,6 +9,16 @@ Graders: `mcq_letter`, `integer`, `math_expression` (MATH-style equivalence) and
 prediction: both sides compared as Python literals with `==`, the semantics of CRUXEval's own `assert f(x) == pred`,
 when both parse with `ast.literal_eval`; else as whitespace-trimmed strings).
 
+Degenerate answers: an answer whose value is nan, a complex or real infinity (`\\frac{1}{0}`, `\\infty`, `\\log(0)`,
+`0\\cdot\\infty`) or of a magnitude beyond `MAX_MAGNITUDE` (`(9^{99})^{99}`), and a Python literal holding a
+non-finite float (`1e999`), has no usable value. It is no answer: extraction gives None (no earlier candidate and no
+fallback stand in for it), and it equals and agrees with nothing, itself included. Only an interval's or a tuple's
+items may be +-infinity (`(-\\infty, 2]`). A relative tolerance cannot compare such values (inf - inf is nan, and
+`nan > tol` is False; `tol * inf` is inf), and a reply cannot mean them. Where the bound sits: the largest value among
+the bundled golds is 11,111,111,100 (~1.1e10, MATH-500), but replies to a bundled MATH task about f(10^{100}) reach
+4*10^{100}, so a bound near a googol would drop meant values; the float comparison holds up to ~1.8e308 (beyond,
+values overflow to inf), so 10^300 is the bound: the difference of two bounded values stays finite.
+
 Each grader is one `GraderSpec` row of `GRADER_SPECS` (name -> how one candidate answer is parsed, what the whole
 reply falls back to, how the answer is compared with the gold answer, and a description); `grade` and
 `extract_answer` dispatch through it. `register_grader(spec)` adds one (docs/architecture.md, "How to add a grader").
@@ -16,8 +26,10 @@ reply falls back to, how the answer is compared with the gold answer, and a desc
 from __future__ import annotations
 
 import ast
+import cmath
 import contextlib
 import contextvars
+import functools
 import re
 import warnings
 from collections.abc import Callable
@@ -38,6 +50,8 @@ _MAX_DIGITS = 30
 _MAX_NUMBER_CHARS = 400
 _SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
 _REL_TOL = 1e-9
+MAX_MAGNITUDE = 10 ** 300  # beyond it a value is degenerate (module docstring: why there)
+_MAX_MAGNITUDE_F = float(MAX_MAGNITUDE)
 
 # an "answer" key of a JSON (or Python-dict style, single-quoted) object
 _JSON_KEY_RE = re.compile(r"""(["'])answer\1\s*:\s*""", re.I)
@@ -58,6 +72,11 @@ _MAX_UNWRAP = 8  # \text{\textbf{...}} levels unwrapped
 class NeedsSympy(BaseException):  # noqa: N818 - a signal, not an error: no `except Exception` may swallow it
     """Raised where sympy would evaluate while `sympy_refused()` is active: the caller must grade in a process it can
     stop (pipeline/collect/bounded.py). Everything before that point is linear in the (capped) text."""
+
+
+class _Degenerate(Exception):  # noqa: N818 - a signal: the candidate read is degenerate
+    """Raised by `_integer` on a candidate whose value is degenerate (module docstring), where it would otherwise
+    read a number out of it: the reply has no answer (`extract_answer_with` stops: no other candidate, no fallback)."""
 
 
 _SYMPY_REFUSED = contextvars.ContextVar("sympy_refused", default=False)
@@ -97,7 +116,9 @@ _DROP_TOKENS = ("\\displaystyle", "\\left", "\\right", "\\bigl", "\\bigr", "\\Bi
 
 _FUNCS = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
           "exp": sympy.exp}
-_CONSTS = {"pi": sympy.pi, "oo": sympy.oo}
+_NON_FINITE_WORDS = {"inf": sympy.oo, "infty": sympy.oo, "infinity": sympy.oo, "nan": sympy.nan}  # in any case
+_CONSTS = {"pi": sympy.pi, "oo": sympy.oo, **_NON_FINITE_WORDS}
+_ENDPOINTS = {"\\infty": 1, "+\\infty": 1, "-\\infty": -1}  # +-infinity as an interval's or a tuple's item
 _LATEX_WORDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "sin": "sin", "cos": "cos",
                 "tan": "tan", "ln": "log", "log": "log", "exp": "exp"}
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
@@ -287,12 +308,15 @@ def _bare_letter_line(text: str) -> str | None:
 
 
 def _canonical_number(s: str) -> str | None:
-    """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number."""
+    """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number or is beyond
+    `MAX_MAGNITUDE`."""
     if len(s) > _MAX_NUMBER_CHARS or not _PLAIN_NUMBER_RE.fullmatch(s):  # a runaway digit string is no answer
         return None
     try:
         d = Decimal(s)
     except InvalidOperation:
+        return None
+    if abs(d) > MAX_MAGNITUDE:
         return None
     if d == d.to_integral_value():
         return str(int(d))
@@ -305,6 +329,8 @@ def _integer(candidate: str) -> str | None:
     number = _canonical_number(norm)
     if number is not None:
         return number
+    if norm and _degenerate_norm(norm):  # no number is read out of it ("\\frac{1}{0}" is not 1)
+        raise _Degenerate(candidate)
     exact = _rational_value(norm)  # "\frac{36}{2}" -> 18, without sympy
     if exact is not None:
         value = exact.numerator if exact.denominator == 1 else None
@@ -361,12 +387,22 @@ def extract_answer_with(spec: GraderSpec, text: str) -> str | None:
     """`extract_answer` with the grader's table row in hand (pipeline/collect/bounded.py sends it to a worker)."""
     if is_empty(text):
         return None
-    for stage in _candidates(text):
-        for candidate in stage:
-            answer = spec.parse(candidate)
-            if answer:
-                return answer
-    return spec.fallback(text) if spec.fallback is not None else None
+    try:
+        for stage in _candidates(text):
+            for candidate in stage:
+                answer = spec.parse(candidate)
+                if answer:
+                    return _usable(spec, answer)
+    except _Degenerate:
+        return None
+    answer = spec.fallback(text) if spec.fallback is not None else None
+    return _usable(spec, answer) if answer else answer
+
+
+def _usable(spec: GraderSpec, answer: str) -> str | None:
+    """The answer, or None when it is degenerate: the reply's answer (read last-first) has no usable value, so the
+    reply has none (no earlier candidate, no fallback stands in for it)."""
+    return None if spec.degenerate is not None and spec.degenerate(answer) else answer
 
 
 # ------------------------------------------------------------------------------------------ normalisation
@@ -432,7 +468,7 @@ def _latex_to_py(s: str) -> str:
     out, i = [], 0
     while i < len(s):
         if s[i] != "\\":
-            out.append({"{": "(", "}": ")", "^": "**"}.get(s[i], s[i]))
+            out.append({"{": "(", "}": ")", "^": "**", "∞": " oo "}.get(s[i], s[i]))
             i += 1
             continue
         m = re.match(r"\\([a-zA-Z]+)", s[i:])
@@ -474,6 +510,7 @@ def _py_tokens(py: str) -> list[tuple[str, str]]:
         elif name in _FUNCS:
             tokens.append(("func", name))
         elif name:
+            name = name.lower() if name.lower() in _NON_FINITE_WORDS else name
             tokens += [("name", name)] if name in _CONSTS else [("name", ch) for ch in name]
         else:
             tokens.append(("op", op))
@@ -519,7 +556,7 @@ def _build(node: ast.AST, pow_depth: int = 0):
             raise ValueError("number too long")
         return sympy.Rational(text)  # exact: 0.5 == 1/2
     if isinstance(node, ast.Name):
-        return _CONSTS.get(node.id) or sympy.Symbol(node.id)
+        return _CONSTS[node.id] if node.id in _CONSTS else sympy.Symbol(node.id)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
             and len(node.args) == 1 and not node.keywords:
         return _FUNCS[node.func.id](_build(node.args[0], pow_depth))
@@ -575,42 +612,100 @@ def _rational_value(latex: str) -> Fraction | None:
 
 def _rational_equal(a: str, b: str) -> bool | None:
     """`_sympy_equal` for two number-only expressions, exactly as sympy decides it (equal values, else floats within
-    the relative tolerance), without sympy; None when it does not apply."""
+    the relative tolerance; a value beyond `MAX_MAGNITUDE` equals nothing), without sympy; None when it does not
+    apply."""
     fa, fb = _rational_value(a), _rational_value(b)
     if fa is None or fb is None:
         return None
+    if abs(fa) > MAX_MAGNITUDE or abs(fb) > MAX_MAGNITUDE:
+        return False
     if fa == fb:
         return True
-    try:
-        va, vb = float(fa), float(fb)
-    except OverflowError:
-        return None
-    return not abs(va - vb) > _REL_TOL * max(1.0, abs(vb))
+    va, vb = float(fa), float(fb)  # both within MAX_MAGNITUDE: finite
+    return abs(va - vb) <= _REL_TOL * max(1.0, abs(vb))
 
 
 def _numeric(expr, subs: dict) -> complex:
     return complex(expr.evalf(30, subs=subs))
 
 
+def _points(symbols) -> list[dict]:
+    """Where a symbolic answer is evaluated: a few arbitrary points (bounded, unlike simplify()/expand())."""
+    symbols = sorted(symbols, key=str)
+    return [{s: 0.37 + 0.61 * k + 0.13 * j for j, s in enumerate(symbols)} for k in range(3 if symbols else 1)]
+
+
+def _bounded(v: complex) -> bool:
+    """A usable value: finite, of magnitude at most `MAX_MAGNITUDE` (a tolerance compares nothing else)."""
+    return cmath.isfinite(v) and abs(v) <= _MAX_MAGNITUDE_F
+
+
+_NON_FINITE = (sympy.nan, sympy.zoo, sympy.oo, -sympy.oo)
+
+
+def _degenerate_value(expr) -> bool:
+    """nan / zoo / +-oo anywhere in a sympy value, or its value (at the first point, for a symbolic one) unusable."""
+    try:
+        return expr.has(*_NON_FINITE) or not _bounded(_numeric(expr, _points(expr.free_symbols)[0]))
+    except Exception:  # noqa: BLE001 - no finite number comes out (overflow, Python's digit limit): degenerate
+        return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_degenerate(s: str) -> bool:
+    """Whether one normalised item (no list, union or brackets around it) has a degenerate value: a plain number by
+    its digits, a number-only expression exactly, else by sympy. An item without a value (LaTeX the converter does
+    not read, longer than `_MAX_SYMPY_CHARS`) is not degenerate: it is compared as text. Cached: identical answers
+    are checked again by the comparisons that follow an extraction (NeedsSympy is raised, never cached)."""
+    if _PLAIN_NUMBER_RE.fullmatch(s):
+        return _canonical_number(s) is None
+    exact = _rational_value(s)
+    if exact is not None:
+        return abs(exact) > MAX_MAGNITUDE
+    value = _sympy_value(s)
+    return value is not None and _degenerate_value(value)
+
+
+def _degenerate_norm(s: str) -> bool:
+    """`math_degenerate` of a normalised answer, split as `math_equal` splits it: any degenerate part (an interval's
+    or a tuple's +-infinity items excepted) makes the whole answer degenerate."""
+    union = _split_top(s, "\\cup")
+    if len(union) > 1:
+        return any(map(_degenerate_norm, union))
+    if _bracketed(s):
+        return any(item not in _ENDPOINTS and _degenerate_norm(item) for item in _split_top(s[1:-1]))
+    items = _split_top(s)
+    if len(items) > 1:
+        return any(map(_degenerate_norm, items))
+    return _value_degenerate(s)
+
+
+@functools.lru_cache(maxsize=4096)
+def math_degenerate(answer: str) -> bool:
+    """Whether a MATH-style answer has no usable value (module docstring, "Degenerate answers")."""
+    if _PLAIN_NUMBER_RE.fullmatch(answer):  # most answers: no normalisation needed
+        return _canonical_number(answer) is None
+    return _degenerate_norm(normalize_math(answer))
+
+
 def _sympy_equal(a: str, b: str) -> bool:
     exact = _rational_equal(a, b)  # plain numbers (most answers) need no sympy, nor a grading worker
     if exact is not None:
         return exact
+    if _value_degenerate(a) or _value_degenerate(b):
+        return False
     ea, eb = _sympy_value(a), _sympy_value(b)
     if ea is None or eb is None:
         return False
     try:
         if ea == eb:
             return True
-        symbols = sorted((ea - eb).free_symbols, key=str)
-        # compare values, at a few arbitrary points for symbolic answers: bounded, unlike simplify()/expand()
-        points = [{s: 0.37 + 0.61 * k + 0.13 * j for j, s in enumerate(symbols)} for k in range(3 if symbols else 1)]
-        for subs in points:
+        for subs in _points((ea - eb).free_symbols):  # compare values, at a few points for symbolic answers
             va, vb = _numeric(ea, subs), _numeric(eb, subs)
-            if abs(va - vb) > _REL_TOL * max(1.0, abs(vb)):
+            if not (_bounded(va) and _bounded(vb)) or abs(va - vb) > _REL_TOL * max(1.0, abs(vb)):
                 return False
         return True
-    except Exception:  # nan/zoo/overflow in evalf: treat as not provably equal
+    except Exception:  # noqa: BLE001 - an evaluation that fails: not provably equal
         return False
 
 
@@ -623,7 +718,7 @@ def math_equal(pred: str, gold: str) -> bool:
     """Equivalence of two MATH-style LaTeX answers: canonical strings, then element-wise, then sympy."""
     p, g = normalize_math(pred), normalize_math(gold)
     if p == g:
-        return True
+        return not _degenerate_norm(p)
     if len(p) > _MAX_SYMPY_CHARS or len(g) > _MAX_SYMPY_CHARS:
         return False
     p_union, g_union = _split_top(p, "\\cup"), _split_top(g, "\\cup")
@@ -633,11 +728,18 @@ def math_equal(pred: str, gold: str) -> bool:
         if not (_bracketed(p) and _bracketed(g)) or (p[0], p[-1]) != (g[0], g[-1]):
             return False
         p_items, g_items = _split_top(p[1:-1]), _split_top(g[1:-1])
-        return len(p_items) == len(g_items) and all(map(math_equal, p_items, g_items))
+        return len(p_items) == len(g_items) and all(map(_item_equal, p_items, g_items))
     p_items, g_items = _split_top(p), _split_top(g)
     if len(p_items) > 1 or len(g_items) > 1:  # a bare list of solutions: order does not matter
         return len(p_items) == len(g_items) and _match_unordered(p_items, g_items)
     return _sympy_equal(p, g)
+
+
+def _item_equal(p: str, g: str) -> bool:
+    """An interval's or a tuple's items: +-infinity here is an endpoint, equal to the same infinity only."""
+    if p in _ENDPOINTS or g in _ENDPOINTS:
+        return _ENDPOINTS.get(p) == _ENDPOINTS.get(g)
+    return math_equal(p, g)
 
 
 def _match_unordered(pred_items: list[str], gold_items: list[str]) -> bool:
@@ -669,6 +771,33 @@ def _py_literal(s: str):
         return _NO_VALUE
 
 
+_NON_FINITE_WORD_RE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.I)  # how Python and JSON print them
+
+
+def _non_finite(value) -> bool:
+    """Whether a literal holds a float or complex that is not finite (1e999, -1e999j), at any depth."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (float, complex)) and not cmath.isfinite(v):
+            return True
+        if isinstance(v, dict):
+            stack += [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack += v
+    return False
+
+
+def literal_degenerate(answer: str) -> bool:
+    """A CRUXEval answer without a usable value: a bare inf / nan, or a literal holding a non-finite float. Python
+    compares them (`1e999 == 1e400`: both overflow to inf); they cannot be what a reply means."""
+    return _literal_degenerate(answer.strip(), _py_literal(answer.strip()))
+
+
+def _literal_degenerate(text: str, value) -> bool:
+    return bool(_NON_FINITE_WORD_RE.fullmatch(text)) or _non_finite(value)
+
+
 def literal_equal(pred: str, gold: str) -> bool:
     """CRUXEval outputs: equal as Python literals (`==`) when both parse, else equal as trimmed strings.
 
@@ -676,6 +805,8 @@ def literal_equal(pred: str, gold: str) -> bool:
     `answer` field is itself a string, so `"answer": "abc"` gives the string abc without Python's quotes; and a
     prediction wrapped in one pair of quotes that Python cannot parse ('it's') is compared by what they enclose."""
     p, g = _py_literal(pred.strip()), _py_literal(gold.strip())
+    if _literal_degenerate(pred.strip(), p) or _literal_degenerate(gold.strip(), g):
+        return False
     if p is not _NO_VALUE and g is not _NO_VALUE:
         try:
             if p == g:
@@ -716,14 +847,17 @@ class GraderSpec:
     # do two agents' extracted answers say the same thing? (a cascade's agreement test). None: `equal` both ways,
     # which makes the grader's own comparison symmetric (gold-side conveniences apply to either answer)
     same: Callable[[str, str], bool] | None = None
+    # does an answer have no usable value (module docstring, "Degenerate answers")? It then agrees with nothing,
+    # itself included. None: every answer has one
+    degenerate: Callable[[str], bool] | None = None
 
     def agree(self, a: str | None, b: str | None) -> bool:
-        """Symmetric equivalence of two extracted answers; a missing answer agrees with nothing."""
+        """Symmetric equivalence of two extracted answers; a missing or degenerate answer agrees with nothing."""
         if a is None or b is None or is_empty(a) or is_empty(b):
             return False
         a, b = str(a), str(b)
         if a == b:
-            return True
+            return self.degenerate is None or not self.degenerate(a)
         if self.same is not None:
             return bool(self.same(a, b))
         return bool(self.equal(a, b) or self.equal(b, a))
@@ -737,11 +871,11 @@ GRADER_SPECS: Table[GraderSpec] = Table("grader", {g.name: g for g in [
     GraderSpec("mcq_letter", _letter, _letter_equal, "multiple choice: one letter A-J",
                fallback=_bare_letter_line),  # never guess from a stray letter in the reasoning
     GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME): equal as canonical numbers",
-               fallback=_last_number),
+               fallback=_last_number, degenerate=math_degenerate),
     GraderSpec("math_expression", _math, math_equal, "MATH-style LaTeX: canonical strings, then sympy equivalence",
-               fallback=_last_number),
-    GraderSpec("python_literal", _literal_text, literal_equal,
-               "CRUXEval output: equal as Python literals, else as trimmed strings"),  # never guessed from reasoning
+               fallback=_last_number, degenerate=math_degenerate),
+    GraderSpec("python_literal", _literal_text, literal_equal,  # never guessed from the reasoning
+               "CRUXEval output: equal as Python literals, else as trimmed strings", degenerate=literal_degenerate),
 ]})
 GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
 
