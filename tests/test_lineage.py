@@ -37,7 +37,7 @@ def test_collection_made_every_call_once_with_no_errors(smoke_home):
 
 def test_registered_head_loads_and_routes_like_the_asset(smoke_home):
     home, _ = smoke_home
-    latest = json.loads((home / "registry" / "latest.json").read_text())
+    latest = registry.latest_entry(home / "registry")
     reg = registry.load(latest["head"]["path"])  # the head beside the ★ router latest.json names
     assert reg.name.startswith("head-all-minilm-l6-v2-") and len(reg.name.split("-")[-1]) == 10
     assert [a["name"] for a in reg.agents] == ["frontier_a", "frontier_b", "frontier_c", "open_mid",
@@ -77,7 +77,7 @@ def test_router_value_and_pool_report(smoke_home):
     assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
     rep = json.loads((home / "reports" / "pool_report.json").read_text())
     assert rep["verdict"]["text"] == rv["pool_verdict"]
-    latest = json.loads((home / "registry" / "latest.json").read_text())
+    latest = registry.latest_entry(home / "registry")
     manifest = registry.load(latest["head"]["path"]).manifest
     assert manifest["operating_points"]["points"][0]["lambda"] == 0
     # latest.json names the ★ router (best validation AIQ) at the profile's serving target, the head beside it
