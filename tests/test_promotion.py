@@ -106,3 +106,117 @@ def test_the_cli_says_a_malformed_pointer_in_one_line(tmp_path, monkeypatch, cap
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "latest.json" in err[0] and why in err[0] and "Traceback" not in err[0]
+
+
+# ------------------------------------------------------------------------------------ the gate, promote, rollback
+def _rows(n=200, seed=0):
+    """Held-out rows for the three agents of `_register`'s heads (max-quality: they have no operating points)."""
+    import numpy as np
+
+    from pipeline.report.promotion import HeldOut
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 8)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    U = (rng.random((n, 3)) < 0.5).astype(np.float64)
+    C = np.tile([3e-3, 2e-3, 1e-3], (n, 1))
+    return HeldOut([f"t{i}" for i in range(n)], X, U, C, [[None] * 3] * n, np.array(["integer"] * n, object),
+                   ["a", "b", "c"], 0)
+
+
+def _candidate(path, rows, value=None, cost=None):
+    """(pointer fields, evidence) of the head at `path` scored on `rows`, its picks' rewards set to `value` and
+    their cost to `cost` when given (a degraded or an improved matrix)."""
+    import numpy as np
+
+    from pipeline.report import promotion
+
+    reg = registry.load(path)
+    picks, _ = reg.route(rows.X)
+    idx = np.arange(len(picks))
+    if value is not None:
+        rows.U[idx, picks] = value
+    if cost is not None:
+        rows.C[idx, picks] = cost
+    reward, c = promotion.held_out_outcome(reg, "max-quality", rows)
+    ev = promotion.evidence(reg.name, "head", "max-quality", rows, reward, c)
+    return {"name": reg.name, "path": str(path), "kind": reg.kind, "target": "max-quality"}, ev
+
+
+def _lines(root):
+    from pipeline.route import pointer
+
+    return pointer.history(root)
+
+
+def test_the_gate_refuses_a_worse_candidate_and_keeps_the_pointer_then_accepts_a_better_one(tmp_path):
+    from pipeline.report.promotion import decide
+
+    root = tmp_path / "registry"
+    a, b = _register(root), _register(root, seed=1)
+    action, verdict = decide(root, *_candidate(a, rows := _rows(), value=1.0), rows)  # nothing promoted yet
+    assert action == "promoted" and verdict["mode"] == "own" and "first promotion" in verdict["reason"]
+    assert registry.latest_entry(root)["name"] == a.name and (root / "evidence" / f"{a.name}.json").is_file()
+    before = (root / "latest.json").read_text()
+    # b scored on a degraded matrix (its picks all wrong) on the same rows: worse beyond noise, refused
+    action, verdict = decide(root, *_candidate(b, rows := _rows(), value=0.0), rows)
+    assert action == "refused" and verdict["mode"] == "paired" and not verdict["passed"]
+    assert verdict["quality_minus_promoted"]["high"] < 0 and "worse in quality" in verdict["reason"]
+    assert (root / "latest.json").read_text() == before
+    # b where its picks are right and cheap: not worse, not dearer -> promoted, a recorded as the previous one
+    action, verdict = decide(root, *_candidate(b, rows := _rows(), value=1.0, cost=5e-4), rows)
+    assert action == "promoted" and verdict["mode"] == "paired" and verdict["passed"]
+    entry = registry.latest_entry(root)
+    assert entry["name"] == b.name and entry["promoted_by"] == "gate" and entry["kind"] == "head"
+    lines = _lines(root)
+    assert [(r["action"], r["by"], r["name"]) for r in lines] == [
+        ("promoted", "gate", a.name), ("refused", "gate", b.name), ("promoted", "gate", b.name)]
+    assert lines[2]["previous"] == {"name": a.name, "path": a.name} and lines[2]["at"].endswith("+00:00")
+
+
+def test_a_dearer_candidate_is_refused_and_other_rows_are_not_paired(tmp_path):
+    from pipeline.report.promotion import decide
+
+    root = tmp_path / "registry"
+    a, b = _register(root), _register(root, seed=1)
+    decide(root, *_candidate(a, rows := _rows(), value=1.0, cost=1e-3), rows)
+    action, verdict = decide(root, *_candidate(b, rows := _rows(), value=1.0, cost=3e-3), rows)
+    assert action == "refused" and "dearer" in verdict["reason"]
+    # another task pool (other held-out rows): the candidate stands on its own evidence, the reason says why
+    action, verdict = decide(root, *_candidate(b, rows := _rows(150, seed=3), value=1.0, cost=3e-3), rows)
+    assert action == "promoted" and verdict["mode"] == "own" and "task pool changed" in verdict["reason"]
+
+
+def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypatch, capsys):
+    from pipeline.report.promotion import decide
+
+    home = tmp_path / "home"
+    root = home / "registry"
+    a, b, c = _register(root), _register(root, seed=1), _register(root, seed=2)
+    decide(root, *_candidate(a, rows := _rows(), value=1.0), rows)
+    decide(root, *_candidate(b, rows := _rows(), value=1.0, cost=5e-4), rows)
+    override = tmp_path / "serve.yaml"
+    override.write_text("serve: {target: max-quality}\n")  # these heads have no operating points
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    cli = ["--profile", "smoke", "--override", str(override)]
+    assert main(["promote", c.name, *cli]) == 0
+    entry = registry.latest_entry(root)
+    assert entry["name"] == c.name and entry["promoted_by"] == "promote" and entry["path"] == str(c.resolve())
+    assert main(["rollback", *cli]) == 0 and registry.latest_entry(root)["name"] == b.name
+    assert registry.latest_entry(root)["promoted_by"] == "rollback"
+    assert registry.latest_entry(root)["star"]["held_out"]["quality"] == 1.0  # b's stored evidence
+    assert main(["rollback", *cli]) == 0 and registry.latest_entry(root)["name"] == a.name
+    capsys.readouterr()
+    assert main(["rollback", *cli]) == 2  # a was the first promotion: nothing before it
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to roll back" in err[0]
+    assert registry.latest_entry(root)["name"] == a.name
+    assert [(r["action"], r["by"], r["name"], (r["previous"] or {}).get("name")) for r in _lines(root)] == [
+        ("promoted", "gate", a.name, None), ("promoted", "gate", b.name, a.name),
+        ("promoted", "promote", c.name, b.name), ("rolled back", "rollback", b.name, c.name),
+        ("rolled back", "rollback", a.name, b.name)]
+    for bad in ("nope", "../registry", "evidence"):
+        assert main(["promote", bad, *cli]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"no registered router {bad!r}" in err[0] and a.name in err[0]
+    assert registry.latest_entry(root)["name"] == a.name and len(_lines(root)) == 5

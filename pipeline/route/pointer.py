@@ -165,3 +165,45 @@ def served_stack(records: list[dict]) -> list[dict]:
         elif r.get("action") == "rolled back" and stack:
             stack.pop()
     return stack
+
+
+EVIDENCE = "evidence"  # registry/evidence/<name>.json: a promoted router's per-row held-out outcome
+
+
+def save_evidence(root: Path, ev: dict) -> str:
+    """Store a candidate's evidence (pipeline.report.promotion.evidence); its path relative to the registry."""
+    rel = f"{EVIDENCE}/{ev['name']}.json"
+    atomic_write_json(ev, Path(root) / rel)
+    return rel
+
+
+def load_evidence(root: Path, rel) -> dict | None:
+    """The evidence a pointer names (None when it names none, or it is gone or unreadable: the next candidate then
+    stands on its own evidence)."""
+    if not isinstance(rel, str) or not rel:
+        return None
+    try:
+        f = inside(root, rel, "evidence")
+        ev = json.loads(f.read_text())
+    except (RouterLiteError, OSError, ValueError):
+        return None
+    ok = isinstance(ev, dict) and all(isinstance(ev.get(k), list) for k in ("task_ids", "reward", "cost", "agents"))
+    return ev if ok and len(ev["reward"]) == len(ev["cost"]) == len(ev["task_ids"]) else None
+
+
+def promote(root: Path, entry: dict, *, by: str, reason: str, verdict: dict | None = None) -> dict:
+    """Point latest.json at `entry` ({name, path, kind, and optionally target, head, star, evidence}) and append the
+    history line (`by`: gate | promote | rollback; `previous`: what the pointer named before). Returns the line."""
+    root = Path(root)
+    try:
+        current = read_latest(root)
+    except RouterLiteError:  # a malformed pointer is replaced (by hand: the operator's repair), named in the line
+        current = {"name": "(malformed latest.json)", "path": ""}
+    now = utc_now()
+    fields = {k: entry[k] for k in ("kind", "target", "head", "star", "evidence") if entry.get(k) is not None}
+    mark_latest(root, entry["name"], entry["path"], **fields, promoted_at=now, promoted_by=by)
+    return append_history(root, {
+        "at": now, "action": "rolled back" if by == "rollback" else "promoted", "by": by, "name": entry["name"],
+        "path": relative(root, entry["path"]), "kind": entry.get("kind"), "target": entry.get("target"),
+        "evidence": entry.get("evidence"), "reason": reason, "verdict": verdict,
+        "previous": None if current is None else {"name": current["name"], "path": current["path"]}})
