@@ -11,7 +11,7 @@ from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
 from assets.metadata import rounded
-from assets.router import reward_embeddings, training_split
+from assets.router import entry_dir, reward_embeddings, training_split
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
@@ -242,7 +242,8 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                      registered_cascade: dict, profile: ProfileResource, pool: PoolResource,
                      backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    reg, regc = registry.load(registered_head["path"]), registry.load(registered_cascade["path"])
+    reg = registry.load(entry_dir(storage, registered_head))
+    regc = registry.load(entry_dir(storage, registered_cascade))
     pool = pool_of(pool, preflight)  # the pool the head was trained on
     pool.require_key("benchmark_report")  # it calls the routed agents
     reports = storage.path("reports")

@@ -12,7 +12,7 @@ from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, asse
 
 from assets.benchmark import head_validation_aiq
 from assets.metadata import md_table, rounded
-from assets.router import reward_embeddings, training_split
+from assets.router import entry_dir, reward_embeddings, training_split
 from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.report import promotion as gate_rules
 from pipeline.route import pointer, registry
@@ -61,7 +61,8 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
     entries = {"head": registered_head,
                **{f"cascade:{v}": e for v, e in (registered_cascade.get("variants")
                                                  or {cascade_router["chosen"]: registered_cascade}).items()}}
-    regs = {k: registry.load(e["path"]) for k, e in entries.items()}
+    dirs = {k: entry_dir(storage, e) for k, e in entries.items()}
+    regs = {k: registry.load(d) for k, d in dirs.items()}
     figures = gate_rules.candidate_figures(regs, target)
     key, rule = gate_rules.choose(figures, target)
     reg = regs[key]
@@ -72,8 +73,8 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
     aiq = {"head": head_validation_aiq(router_head, reward_matrix, training_split(reward_matrix, task_pool)),
            **{f"cascade:{v}": w["aiq_validation"] for v, w in cascade_router["variants"].items()}}
     candidate = gate_rules.star(key, reg, target, figures[key], ev["held_out"], aiq.get(key))
-    entry = {"name": reg.name, "path": entries[key]["path"], "kind": reg.kind, "target": target,
-             "head": {"name": registered_head["name"], "path": registered_head["path"]},
+    entry = {"name": reg.name, "path": str(dirs[key]), "kind": reg.kind, "target": target,
+             "head": {"name": registered_head["name"], "path": str(dirs["head"])},
              "star": {**candidate, "rule": rule}}
     action, verdict = gate_rules.decide(root, entry, ev, rows)
     served = registry.latest_entry(root)

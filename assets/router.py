@@ -139,6 +139,12 @@ def registered_head(context: AssetExecutionContext, router_head: FittedRouter, t
                             "manifest": MetadataValue.json(entry)})
 
 
+def entry_dir(storage: StorageResource, registered: dict):
+    """A registered router's directory in this home's registry, found by its name: a registering asset's stored
+    output (`path`: where it was registered) keeps working after the home was moved or copied."""
+    return storage.path("registry") / registered["name"]
+
+
 def _register(context, router, router_head: FittedRouter, preflight: pd.DataFrame, backbone: BackboneResource,
               pool: PoolResource, storage: StorageResource, *, training: dict, data: dict[str, pd.DataFrame],
               metrics: dict):

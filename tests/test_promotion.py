@@ -188,6 +188,7 @@ def test_a_dearer_candidate_is_refused_and_other_rows_are_not_paired(tmp_path):
 
 
 def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypatch, capsys):
+    from pipeline.profile import OVERRIDE_ENV
     from pipeline.report.promotion import decide
 
     home = tmp_path / "home"
@@ -198,7 +199,8 @@ def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypat
     override = tmp_path / "serve.yaml"
     override.write_text("serve: {target: max-quality}\n")  # these heads have no operating points
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
-    cli = ["--profile", "smoke", "--override", str(override)]
+    monkeypatch.setenv(OVERRIDE_ENV, str(override))  # `--override` would set it for the rest of the session
+    cli = ["--profile", "smoke"]
     assert main(["promote", c.name, *cli]) == 0
     entry = registry.latest_entry(root)
     assert entry["name"] == c.name and entry["promoted_by"] == "promote" and entry["path"] == str(c.resolve())
