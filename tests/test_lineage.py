@@ -100,9 +100,10 @@ def test_router_value_and_pool_report(smoke_home):
 
 def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_the_pointer(smoke_home_copy,
                                                                                             monkeypatch, capsys):
-    """After `router-lite promote` of another entry (no stored evidence: the candidate stands on its own), the
-    promotion asset re-run on a degraded matrix (on test rows only the best single agent is right) refuses the run's
-    candidate and the pointer stays; on the clean matrix it promotes it, the hand-promoted entry as `previous`."""
+    """Another entry promoted by hand, holding evidence as good as the run's candidate on the same held-out rows
+    (its stored per-row outcome); the promotion asset re-run on a degraded matrix (every test reply wrong) pairs the
+    candidate with it, refuses it, and the pointer stays; on the clean matrix the candidate is not worse and not
+    dearer: promoted, the hand-promoted entry as `previous`."""
     from dagster import materialize
 
     from assets.definitions import build_assets, build_resources
@@ -111,19 +112,19 @@ def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_t
     home = smoke_home_copy()
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
     root = home / "registry"
-    candidate = registry.latest_entry(root)["name"]
+    served = registry.latest_entry(root)
+    candidate = served["name"]
     other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
+    evidence = json.loads((root / served["evidence"]).read_text())
+    (root / "evidence" / f"{other}.json").write_text(json.dumps({**evidence, "name": other}))
     assert main(["promote", other, "--profile", "smoke"]) == 0
     assert other in capsys.readouterr().out
+    assert registry.latest_entry(root)["evidence"] == f"evidence/{other}.json"
     clean = pd.read_parquet(asset_path(home, "reward_matrix"))
     pool = pd.read_parquet(asset_path(home, "task_pool")).set_index("task_id")
-    test = clean["task_id"].map(pool["split"]).eq("test") & ~clean["task_id"].map(pool["ood"]).astype(bool)
+    test = clean["task_id"].map(pool["split"]).eq("test")
     degraded = clean.copy()
-    best = degraded["agent_order"].iloc[0].tolist().index("frontier_a")
-    degraded.loc[test, "mean_reward"] = degraded.loc[test, "mean_reward"].map(
-        lambda r: [1.0 if j == best else 0.0 for j in range(len(r))])
-    degraded.loc[test, "best_agents"] = degraded.loc[test, "best_agents"].map(lambda _: ["frontier_a"])
-    degraded.loc[test, "is_tie"] = False
+    degraded.loc[test, "mean_reward"] = degraded.loc[test, "mean_reward"].map(lambda r: [0.0] * len(r))
     assets, res = build_assets("smoke"), build_resources(str(home), profile="smoke")
 
     def promote_on(frame):
@@ -135,10 +136,10 @@ def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_t
     before = (root / "latest.json").read_text()
     out = promote_on(degraded)
     assert out["action"] == "refused" and out["candidate"] == candidate and out["served"] == other
-    assert out["verdict"]["mode"] == "own" and "no held-out evidence" in out["verdict"]["reason"]
+    assert out["verdict"]["mode"] == "paired" and "worse in quality" in out["verdict"]["reason"]
     assert (root / "latest.json").read_text() == before
     out = promote_on(clean)
-    assert out["action"] == "promoted" and out["served"] == candidate
+    assert out["action"] == "promoted" and out["served"] == candidate and out["verdict"]["mode"] == "paired"
     lines = pointer.history(root)
     assert [(r["action"], r["by"], r["name"]) for r in lines[-3:]] == [
         ("promoted", "promote", other), ("refused", "gate", candidate), ("promoted", "gate", candidate)]

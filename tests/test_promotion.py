@@ -221,4 +221,9 @@ def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypat
         assert main(["promote", bad, *cli]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"no registered router {bad!r}" in err[0] and a.name in err[0]
+    elsewhere, far, _ = _home(tmp_path, "elsewhere")
+    (root / "linked").symlink_to(far, target_is_directory=True)  # an entry that is a symlink out of the registry
+    assert main(["promote", "linked", *cli]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "outside the registry" in err[0]
     assert registry.latest_entry(root)["name"] == a.name and len(_lines(root)) == 5
