@@ -11,6 +11,7 @@ from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
 from assets.metadata import rounded
+from assets.router import entry_dir
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
@@ -51,7 +52,7 @@ from pipeline.report.frontier import (
 )
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
-from pipeline.report.value import ablation_markdown, router_value, star_latest, targets_markdown, value_line
+from pipeline.report.value import ablation_markdown, router_value, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.fit import reward_embeddings, training_split
@@ -195,6 +196,15 @@ def _passed_specs(pool, preflight: pd.DataFrame, reg) -> list:
     return [specs[a] for a in agents]
 
 
+def head_validation_aiq(router_head: FittedRouter, rewards: pd.DataFrame, split: pd.Series) -> float:
+    """The prompt router's AIQ on the rows its λ path was read on (cross-fitted train + validation, or validation)."""
+    _, R, _, C = to_arrays(rewards)
+    sel = router_head["operating_points"].get("selection") or {}
+    va = split.isin(["train", "validation"] if sel.get("method") == "crossfit" else ["validation"]).to_numpy()
+    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)
+    return path_aiq(router_head["operating_points"], span_va)
+
+
 def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: FittedRouter, cascade: dict, reg,
                   verdict: str, estimated: bool, cascade_meta: dict, bb, png: Path):
     """The frontier on the held-out test split and reports/router_value.json's content: (frontier table, AIQ by
@@ -205,12 +215,9 @@ def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: Fitt
     table, png = _frontier(rewards, split, reward_embeddings(prompt_embeddings, rewards), reg, router_head["knn_k"],
                            png, marks, estimated, cascade, router_head["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
-    _, R, _, C = to_arrays(rewards)
     sel = router_head["operating_points"].get("selection") or {}
-    va = split.isin(["train", "validation"] if sel.get("method") == "crossfit" else ["validation"]).to_numpy()
-    span_va = cost_span(R[va], C[va]) if va.any() else cost_span(R, C)  # the rows the head's path was read on
     rv = router_value(prof.name, verdict, value, head_aiq(aiq), cascade=cascade,
-                      head_validation_aiq=path_aiq(router_head["operating_points"], span_va),
+                      head_validation_aiq=head_validation_aiq(router_head, rewards, split),
                       cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
                       prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"),
@@ -236,7 +243,8 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                      registered_cascade: dict, profile: ProfileResource, pool: PoolResource,
                      backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
-    reg, regc = registry.load(registered_head["path"]), registry.load(registered_cascade["path"])
+    reg = registry.load(entry_dir(storage, registered_head))
+    regc = registry.load(entry_dir(storage, registered_cascade))
     pool = pool_of(pool, preflight)  # the pool the head was trained on
     pool.require_key("benchmark_report")  # it calls the routed agents
     reports = storage.path("reports")
@@ -249,9 +257,6 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                                         cascade_router.summary, reg, verdict, routed.estimated, routed.cascade_meta,
                                         backbone.get_backbone(), reports / f"frontier_{prof.name}.png")
     atomic_write_json(rv, reports / "router_value.json")
-    # the registry's latest entry names the ★ router (best validation AIQ) at the serving target, the head beside it
-    registry.mark_latest(storage.path("registry"),
-                         **star_latest(rv, registered_head, registered_cascade, prof.serve.target))
     value = router_head["value"]
     line = value_line(value, VALUE_TARGET, {a["name"]: a["model"] for a in reg.agents})
     text = report_markdown(

@@ -50,8 +50,9 @@ SCHEDULE = "recollect_wide_pool"
 COLLECT_SENSOR = "recollect_collect_partitions"
 
 # the manual refresh job (no daemon, or a live pool's benchmark): everything downstream of the rewards that is not
-# partitioned: what the automation refreshes, the embeddings, and the benchmark on any pool
-REFRESH_ASSETS = [*FREE_REFRESH, "prompt_embeddings", BENCHMARK]
+# partitioned: what the automation refreshes, the embeddings, the benchmark on any pool, and the promotion (its gate
+# decides whether the refreshed routers are served; never automated: what is served changes by a run someone started)
+REFRESH_ASSETS = [*FREE_REFRESH, "prompt_embeddings", BENCHMARK, "promotion"]
 
 
 def preflight_run_config(pool: str) -> dict:

@@ -15,6 +15,7 @@ from pipeline.embed.backbone import EmbeddingCache
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
 from pipeline.route import registry
+from pipeline.route.cascade import CascadeRouter
 from pipeline.route.cascade_fit import fit_cascade_router, selection_of
 from pipeline.route.fit import fit_router, reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
@@ -120,10 +121,15 @@ def registered_head(context: AssetExecutionContext, router_head: FittedRouter, t
                             data={"task_pool": task_pool, "reward_matrix": reward_matrix,
                                   "prompt_embeddings": prompt_embeddings},
                             metrics=router_head["metrics"])
-    registry.mark_latest(storage.path("registry"), entry["name"], path)
     return Output({"name": entry["name"], "path": str(path)},
                   metadata={"name": entry["name"], "path": str(path), "n_params": entry.get("n_params"),
                             "manifest": MetadataValue.json(entry)})
+
+
+def entry_dir(storage: StorageResource, registered: dict):
+    """A registered router's directory in this home's registry, found by its name: a registering asset's stored
+    output (`path`: where it was registered) keeps working after the home was moved or copied."""
+    return storage.path("registry") / registered["name"]
 
 
 def _register(context, router, router_head: FittedRouter, preflight: pd.DataFrame, backbone: BackboneResource,
@@ -182,16 +188,27 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
 
 @asset(group_name="router", io_manager_key="io_manager",
        description="The cascade in the registry: stable name cascade-<backbone>-<hash>, manifest, its policies, the "
-                   "prompt router it falls back on.")
+                   "prompt router it falls back on; each variant fitted (answers only, combined) registered too, so "
+                   "`promotion` can serve any of them.")
 def registered_cascade(context: AssetExecutionContext, cascade_router: FittedRouter, router_head: FittedRouter,
                        task_pool: pd.DataFrame, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
                        prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame, backbone: BackboneResource,
                        pool: PoolResource, storage: StorageResource) -> Output[dict]:
-    path, entry = _register(context, cascade_router.router, router_head, preflight, backbone, pool, storage,
-                            training={"variant": cascade_router["chosen"], "guard_z": cascade_router["guard_z"],
-                                      "selection": cascade_router.summary.get("selection")},
-                            data={"task_pool": task_pool, "reward_matrix": reward_matrix,
-                                  "agent_answers": agent_answers, "prompt_embeddings": prompt_embeddings},
-                            metrics={k: v["aiq_validation"] for k, v in cascade_router["variants"].items()})
-    return Output({"name": entry["name"], "path": str(path)},
-                  metadata={"name": entry["name"], "path": str(path), "manifest": MetadataValue.json(entry)})
+    chosen, fallback = cascade_router["chosen"], cascade_router.router.fallback
+    variants = {}
+    for variant, v in cascade_router["variants"].items():  # the chosen one is the router the lineage fitted
+        router = cascade_router.router if variant == chosen else CascadeRouter(fallback, v["path"], v["order"],
+                                                                               cascade_router["agents"])
+        path, entry = _register(context, router, router_head, preflight, backbone, pool, storage,
+                                training={"variant": variant, "guard_z": cascade_router["guard_z"],
+                                          "selection": cascade_router.summary.get("selection")},
+                                data={"task_pool": task_pool, "reward_matrix": reward_matrix,
+                                      "agent_answers": agent_answers, "prompt_embeddings": prompt_embeddings},
+                                metrics={k: w["aiq_validation"] for k, w in cascade_router["variants"].items()})
+        variants[variant] = {"name": entry["name"], "path": str(path), "manifest": entry}
+    main = variants[chosen]
+    return Output({"name": main["name"], "path": main["path"],
+                   "variants": {k: {"name": v["name"], "path": v["path"]} for k, v in variants.items()}},
+                  metadata={"name": main["name"], "path": main["path"],
+                            "manifest": MetadataValue.json(main["manifest"]),
+                            "variants": MetadataValue.json({k: v["name"] for k, v in variants.items()})})

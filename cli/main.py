@@ -324,7 +324,8 @@ def cmd_publish(args) -> int:
     star = (entry or {}).get("star")
     releases = build_release(args.repo_id, storage.root() / "datasets", router_dir)
     if entry:
-        print(f"router: {entry['name']}" + (f" (the ★ router: {star['label']}, best validation AIQ)" if star else "")
+        print(f"router: {entry['name']}" + (f" (the ★ router: {star['label']}, promoted by "
+                                            f"{entry.get('promoted_by')})" if star else "")
               + f"; the head beside it: {entry['head']['name']}", file=sys.stderr)
     plan = [r.describe() for r in releases]
     for r in plan:
@@ -336,6 +337,39 @@ def cmd_publish(args) -> int:
     print(json.dumps({"dry_run": args.dry_run, "router": entry["name"] if entry else Path(router_dir).name,
                       "star": (star or {}).get("router"), "head": entry["head"]["name"] if entry else None,
                       "repos": plan, "commits": urls}))
+    return 0
+
+
+def _registry_of(args):
+    """(the profile, its registry folder) for `promote` / `rollback`."""
+    from pipeline.profile import load_profile
+    from resources.storage import home_of
+
+    use_override(args)
+    profile = load_profile(args.profile)
+    return profile, home_of(profile) / "registry"
+
+
+def cmd_promote(args) -> int:
+    """Serve the registered router NAME (registry/<NAME>) from now on, past the promotion gate; recorded in
+    registry/promotions.jsonl."""
+    from pipeline.report.promotion import promote_named
+
+    profile, root = _registry_of(args)
+    line = promote_named(root, args.name, profile.serve.target)
+    print(f"promoted {line['name']} ({line['kind']}, target {line['target']}); before: "
+          f"{(line['previous'] or {}).get('name', 'none')}")
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    """Serve the router promoted before the served one again; recorded in registry/promotions.jsonl."""
+    from pipeline.report.promotion import rollback
+
+    profile, root = _registry_of(args)
+    line = rollback(root, profile.serve.target)
+    print(f"rolled back to {line['name']} ({line['kind']}, target {line['target']}); before: "
+          f"{(line['previous'] or {}).get('name', 'none')}")
     return 0
 
 
@@ -573,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replicate_command(sub)
     _add_publish_command(sub)
     _add_serve_command(sub)
+    _add_promotion_commands(sub)
     from cli.forecast import add_forecast_command
 
     add_forecast_command(sub)
@@ -747,6 +782,20 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
+
+
+def _add_promotion_commands(sub) -> None:
+    for name, fn, text in (("promote", cmd_promote, "serve the registered router NAME from now on (past the "
+                                                      "promotion gate; recorded in registry/promotions.jsonl)"),
+                           ("rollback", cmd_rollback, "serve again the router promoted before the served one")):
+        p = sub.add_parser(name, help=text)
+        if name == "promote":
+            p.add_argument("name", help="a registered router: the folder name under the profile's registry/")
+        p.add_argument("--profile", default=None, help="profile whose registry is re-pointed (default: "
+                                                       "$ROUTER_LITE_PROFILE or demo)")
+        p.add_argument("--override", default=None, metavar="FILE",
+                       help="a YAML file merged over the profile (also ROUTER_LITE_OVERRIDE)")
+        p.set_defaults(fn=fn)
 
 
 def main(argv=None) -> int:

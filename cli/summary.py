@@ -12,8 +12,9 @@ def _table(counts: dict) -> str:
 
 
 def star_headline(root: Path) -> str | None:
-    """The ★ router (registry/latest.json, named by the value report: best validation AIQ) in two lines: its kind
-    and name, and what it gives at the serving target on the held-out test split and on validation."""
+    """The ★ router (registry/latest.json: the router promoted, by the `promotion` asset's gate or by hand) in two
+    lines: its kind and name, and what it gives at the serving target on the held-out test split and on
+    validation."""
     from pipeline.route.registry import latest_entry
 
     entry = latest_entry(root / "registry")
@@ -22,8 +23,9 @@ def star_headline(root: Path) -> str | None:
         return None
     held, val = star.get("held_out") or {}, star["validation"]
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
-    aiq = "" if star.get("aiq_validation") is None else f" {star['aiq_validation']:.4f}"
-    return (f"★ Router (best validation AIQ{aiq}): {star['label']} — {star['kind']} {entry['name']}\n"
+    aiq = "" if star.get("aiq_validation") is None else f"; validation AIQ {star['aiq_validation']:.4f}"
+    return (f"★ Router (promoted by {entry.get('promoted_by') or 'the run'}{aiq}): {star['label']} — {star['kind']} "
+            f"{entry['name']}\n"
             f"  at {star['target']}: {pct(held.get('quality_ratio'))} of the best single agent's quality at "
             f"{pct(held.get('cost_ratio'))} of its cost on held-out test (validation: {pct(val['quality_ratio'])} at "
             f"{pct(val['cost_ratio'])})")

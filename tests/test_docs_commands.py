@@ -63,6 +63,7 @@ PLAN: dict[tuple[str, str], Plan] = {
     ("docs/serving.md", "python -c \"import json, pandas as pd"): Plan("run"),
     ("docs/serving.md", "curl -s localhost:8080/v1/chat/completions -H 'X-Router-Target: parity'"): Plan("run"),
     ("docs/operations.md", "export DAGSTER_HOME=$PWD"): Plan("run"),
+    ("docs/operations.md", "HEAD=$(jq -r .head.path .router-lite/registry/latest.json)"): Plan("run"),
     ("docs/operations.md", "python -m pipeline.standin --port 8765"): Plan(
         "skip", "the pilot's whole 1,110-task path through the stand-in: tests/test_pilot_e2e.py runs these two "
                 "commands on a 63-task slice, and docs/tutorial.md section 2 (run above) the same on an override"),

@@ -82,11 +82,15 @@ def test_asset_config_goes_only_to_the_runs_that_hold_the_asset():
 
 
 def test_no_asset_reads_another_assets_file_or_an_environment_switch():
-    """The done-when of the graph: no asset body opens registry/latest.json or a report another asset wrote, and
-    none reads os.environ (a secret's EnvVar lives in resources/)."""
+    """The done-when of the graph: no asset body opens registry/latest.json (but `promotion`, its one writer) or a
+    report another asset wrote, and none reads os.environ (a secret's EnvVar lives in resources/)."""
     text = {p.name: p.read_text() for p in (ROOT / "assets").glob("*.py")}
-    for needle, owner in (("latest.json", None), ("os.environ", None), ("pool_report.json", "pool_report.py")):
+    for needle, owner in (("latest.json", "promotion.py"), ("os.environ", None),
+                          ("pool_report.json", "pool_report.py")):
         assert [n for n, t in text.items() if needle in t and n != owner] == [], needle
+    # the served pointer has one writer: the promotion asset (through pipeline/report/promotion.py)
+    writers = [n for n, t in text.items() if "mark_latest" in t or "promote(" in t or "decide(" in t]
+    assert writers == ["promotion.py"], writers
 
 
 class CentroidRouter:

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from dagster import AssetKey, DagsterInstance
 
-from pipeline.route import registry
+from pipeline.route import pointer, registry
 from resources.storage import asset_path
 
 pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
@@ -37,7 +37,7 @@ def test_collection_made_every_call_once_with_no_errors(smoke_home):
 
 def test_registered_head_loads_and_routes_like_the_asset(smoke_home):
     home, _ = smoke_home
-    latest = json.loads((home / "registry" / "latest.json").read_text())
+    latest = registry.latest_entry(home / "registry")
     reg = registry.load(latest["head"]["path"])  # the head beside the ★ router latest.json names
     assert reg.name.startswith("head-all-minilm-l6-v2-") and len(reg.name.split("-")[-1]) == 10
     assert [a["name"] for a in reg.agents] == ["frontier_a", "frontier_b", "frontier_c", "open_mid",
@@ -77,12 +77,70 @@ def test_router_value_and_pool_report(smoke_home):
     assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
     rep = json.loads((home / "reports" / "pool_report.json").read_text())
     assert rep["verdict"]["text"] == rv["pool_verdict"]
-    latest = json.loads((home / "registry" / "latest.json").read_text())
+    latest = registry.latest_entry(home / "registry")
     manifest = registry.load(latest["head"]["path"]).manifest
     assert manifest["operating_points"]["points"][0]["lambda"] == 0
-    # latest.json names the ★ router (best validation AIQ) at the profile's serving target, the head beside it
+    # latest.json names the router the promotion asset promoted at the profile's serving target (its only writer):
+    # one of the run's router kinds, chosen on cross-fitted rows; its held-out figures are the value report's
     star = latest["star"]
-    assert star["router"] == rv["best_router"] and star["target"] == "quality>=0.98"
-    assert registry.load(latest["path"]).kind == ("head" if rv["best_router"] == "head" else "cascade")
-    assert star["held_out"]["cost_ratio"] == rv["routers"][rv["best_router"]]["targets"]["quality>=0.98"]["cost_ratio"]
+    assert star["router"] in rv["routers"] and star["target"] == latest["target"] == "quality>=0.98"
+    assert registry.load(latest["path"]).kind == ("head" if star["router"] == "head" else "cascade")
+    reported = rv["routers"][star["router"]]["targets"]["quality>=0.98"]
+    for k in ("quality", "quality_ratio", "cost_per_1k", "cost_ratio"):
+        assert star["held_out"][k] == pytest.approx(reported[k], rel=1e-9), k
+    assert star["aiq_validation"] == pytest.approx(rv["routers"][star["router"]]["aiq_validation"], rel=1e-9)
+    stored = json.loads((home / "registry" / "latest.json").read_text())
+    assert stored["path"] == latest["name"] and stored["promoted_by"] == "gate" and stored["kind"] == latest["kind"]
+    first, = pointer.history(home / "registry")  # one run: one promotion, nothing before it
+    assert first["action"] == "promoted" and first["previous"] is None and "first promotion" in first["reason"]
+    evidence = json.loads((home / "registry" / stored["evidence"]).read_text())
+    assert len(evidence["reward"]) == len(evidence["task_ids"]) == rv["n_test"]
     assert 0 < star["validation"]["quality_ratio"] and star["validation"]["cost_ratio"] > 0
+
+
+def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_the_pointer(smoke_home_copy,
+                                                                                            monkeypatch, capsys):
+    """Another entry promoted by hand, holding evidence as good as the run's candidate on the same held-out rows
+    (its stored per-row outcome); the promotion asset re-run on a degraded matrix (every test reply wrong) pairs the
+    candidate with it, refuses it, and the pointer stays; on the clean matrix the candidate is not worse and not
+    dearer: promoted, the hand-promoted entry as `previous`."""
+    from dagster import materialize
+
+    from assets.definitions import build_assets, build_resources
+    from cli.main import main
+
+    home = smoke_home_copy()
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    root = home / "registry"
+    served = registry.latest_entry(root)
+    candidate = served["name"]
+    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
+    evidence = json.loads((root / served["evidence"]).read_text())
+    (root / "evidence" / f"{other}.json").write_text(json.dumps({**evidence, "name": other}))
+    assert main(["promote", other, "--profile", "smoke"]) == 0
+    assert other in capsys.readouterr().out
+    assert registry.latest_entry(root)["evidence"] == f"evidence/{other}.json"
+    clean = pd.read_parquet(asset_path(home, "reward_matrix"))
+    pool = pd.read_parquet(asset_path(home, "task_pool")).set_index("task_id")
+    test = clean["task_id"].map(pool["split"]).eq("test")
+    degraded = clean.copy()
+    degraded.loc[test, "mean_reward"] = degraded.loc[test, "mean_reward"].map(lambda r: [0.0] * len(r))
+    assets, res = build_assets("smoke"), build_resources(str(home), profile="smoke")
+
+    def promote_on(frame):
+        frame.to_parquet(asset_path(home, "reward_matrix"), index=False)
+        result = materialize(assets, selection=["promotion"], resources=res)
+        assert result.success
+        return result.output_for_node("promotion")
+
+    before = (root / "latest.json").read_text()
+    out = promote_on(degraded)
+    assert out["action"] == "refused" and out["candidate"] == candidate and out["served"] == other
+    assert out["verdict"]["mode"] == "paired" and "worse in quality" in out["verdict"]["reason"]
+    assert (root / "latest.json").read_text() == before
+    out = promote_on(clean)
+    assert out["action"] == "promoted" and out["served"] == candidate and out["verdict"]["mode"] == "paired"
+    lines = pointer.history(root)
+    assert [(r["action"], r["by"], r["name"]) for r in lines[-3:]] == [
+        ("promoted", "promote", other), ("refused", "gate", candidate), ("promoted", "gate", candidate)]
+    assert lines[-1]["previous"]["name"] == other and registry.latest_entry(root)["promoted_by"] == "gate"

@@ -227,7 +227,9 @@ def test_pilot_end_to_end_through_the_openrouter_standin(tmp_path, temp_instance
         text = (reports / name).read_text()
         assert "costs as reported by the provider" in text and "ESTIMATED" not in text, name
     head = json.loads(asset_path(home, "router_head", suffix=".json").read_text())
-    registered = Path(json.loads((home / "registry" / "latest.json").read_text())["path"])
+    from pipeline.route.registry import latest_path
+
+    registered = latest_path(home / "registry")
     manifest = json.loads((registered / "manifest.json").read_text())
     assert [a["name"] for a in manifest["agents"]] == list(GOOD)
     test_n = int(((pool["split"] == "test") & ~pool["ood"]).sum())

@@ -13,6 +13,7 @@ from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
 from cli.main import main
 from pipeline.core.errors import RouterLiteError
 from pipeline.report.hub_release import _license, build_release, latest_head
+from pipeline.route import registry
 
 pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
 
@@ -39,7 +40,7 @@ def test_dry_run_lists_the_exact_files_and_commit_operations(published, capsys):
     assert [o["path_in_repo"] for o in plan["me/router-lite-rewards"]["operations"]] == TASK_FILES
     # the model repo is the ★ router of latest.json (best validation AIQ): every file of its entry, and its card;
     # the printout names the head beside it
-    latest = json.loads((published / "registry" / "latest.json").read_text())
+    latest = registry.latest_entry(published / "registry")
     head_dir = latest_head(published / "registry")
     assert head_dir == Path(latest["path"]) and json.loads(out)["router"] == latest["name"]
     assert json.loads(out)["head"] == latest["head"]["name"] and latest["head"]["name"] in err
@@ -59,6 +60,25 @@ def test_dry_run_lists_the_exact_files_and_commit_operations(published, capsys):
     assert listed[name] == weights.upload_info.sha256.hex()
     train = next(o for o in plan["me/router-lite-tasks"]["operations"] if o["path_in_repo"] == "data/train.parquet")
     assert train["bytes"] == (published / "datasets" / "tasks" / "train.parquet").stat().st_size
+
+
+def test_publish_dry_run_from_a_copied_home_publishes_the_copys_router(smoke_home, tmp_path, monkeypatch, capsys):
+    """A home copied with `cp -a` (symlinks kept) to a new path, the original gone: the pointer resolves to the
+    copy's entry and `publish --dry-run` lists the copy's files."""
+    first = tmp_path / "first"
+    shutil.copytree(smoke_home[0], first, symlinks=True)
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved, symlinks=True)
+    shutil.rmtree(first)
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(moved))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    entry = registry.latest_entry(moved / "registry")
+    assert Path(entry["path"]).is_relative_to(moved.resolve()) and registry.load(entry["path"]).name == entry["name"]
+    assert main(["publish", "--repo-id", "me/router-lite", "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["router"] == entry["name"]
+    model = next(r for r in out["repos"] if r["repo_type"] == "model")
+    assert "manifest.json" in [o["path_in_repo"] for o in model["operations"]]
 
 
 def test_cards_parse_with_huggingface_hub(published):

@@ -185,8 +185,8 @@ def latest_head(registry_dir: Path) -> Path:
 
     path = latest_path(registry_dir)
     if path is None:
-        raise RouterLiteError(f"no registered head ({Path(registry_dir) / LATEST} missing): materialise "
-                              f"registered_head first (`router-lite run`)")
+        raise RouterLiteError(f"no promoted router ({Path(registry_dir) / LATEST} missing): materialise "
+                              f"promotion first (`router-lite run`), or `router-lite promote NAME`")
     return path
 
 

@@ -192,26 +192,6 @@ def validation_at(reg, target=None) -> dict:
     return out
 
 
-def star_latest(rv: dict, head: dict, cascade: dict | None, target: str | None) -> dict:
-    """registry/latest.json's fields once the value report (`rv`, reports/router_value.json) has chosen the ★ router:
-    `name` / `path` of the ★ (the registered cascade when a cascade variant has the best validation AIQ, else the
-    head), `head` beside it, and `star`: its kind, the variant, the serving target and what it stands for there on
-    validation and on the held-out test split. `head` / `cascade`: the registered routers ({"name", "path"})."""
-    from pipeline.route import registry
-
-    best = rv["best_router"]
-    entry = head if best == "head" or cascade is None else cascade
-    reg = registry.load(entry["path"])
-    val = validation_at(reg, target)
-    held = (rv["routers"].get(best) or {}).get("targets", {}).get(val["target"]) or {}
-    return {"name": entry["name"], "path": str(entry["path"]),
-            "head": {"name": head["name"], "path": str(head["path"])},
-            "star": {"router": best, "label": ROUTER_LABELS.get(best, best), "kind": reg.kind,
-                     "aiq_validation": rv["routers"].get(best, {}).get("aiq_validation"), "target": val["target"],
-                     "validation": val,
-                     "held_out": {k: held.get(k) for k in ("quality", "quality_ratio", "cost_per_1k", "cost_ratio")}}}
-
-
 def star_line(star: dict, name: str) -> str:
     """'the ★ router: combined (cascade + prompt router), cascade cascade-…, at quality>=0.98: validation 99.1 % of
     the best single agent's quality at 61 % of its cost' (latest.json's `star`)."""

@@ -27,10 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.io import atomic_write_json
 from pipeline.route.head import Head
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.ood import OODGuard
+
+# the served pointer registry/latest.json (pipeline/route/pointer.py): its readers are this module's API too
+from pipeline.route.pointer import LATEST, latest_entry, latest_path, mark_latest  # noqa: F401
 from pipeline.route.routers import ROUTER_TYPES, Router, capability
 
 MANIFEST = "manifest.json"
@@ -162,33 +164,6 @@ def load_guard(path: Path) -> OODGuard:
     except Exception as exc:
         raise RouterLiteError(f"{path} is corrupt: {type(exc).__name__}: {exc}") from None
     return guard
-
-
-LATEST = "latest.json"  # the router to serve and publish: {"name", "path"} of the ★ router, "head": {"name", "path"}
-# of the prompt router registered last, and once the value report chose it, "star": its kind and validation figures
-
-
-def mark_latest(root: Path, name: str, path: Path, **fields) -> None:
-    """Point latest.json at `name` / `path`; `fields` (e.g. head={...}, star={...}) are stored beside them."""
-    atomic_write_json({"name": name, "path": str(path), **fields}, Path(root) / LATEST)
-
-
-def latest_entry(root: Path) -> dict | None:
-    """latest.json under `root` (None when no router is registered); an entry written before the ★ router was named
-    gets "head" = itself."""
-    f = Path(root) / LATEST
-    if not f.exists():
-        return None
-    entry = json.loads(f.read_text())
-    entry.setdefault("head", {"name": entry["name"], "path": entry["path"]})
-    return entry
-
-
-def latest_path(root: Path) -> Path | None:
-    """The directory of the ★ router (the prompt router registered last until a value report named one) under
-    `root`, None when none is."""
-    entry = latest_entry(root)
-    return Path(entry["path"]) if entry else None
 
 
 def _digest(router: Router, guard: OODGuard, scorer: Head | None, cost_scorer: Head | None,

@@ -1,0 +1,105 @@
+"""Lineage stage 5: promotion, the one writer of the served pointer registry/latest.json (a deployment asset).
+
+Downstream of the registered routers and the benchmark report: it picks the run's candidate at the profile's
+`serve.target` on cross-fitted rows, gates it against the promoted router on held-out rows and, when it passes,
+re-points latest.json and appends the history (pipeline/report/promotion.py says the rules; pipeline/route/pointer.py
+the files). A refused candidate leaves the pointer as it was; the verdict, its evidence and the history are the
+asset's metadata. `router-lite promote NAME` / `router-lite rollback` are the operator's override.
+"""
+import numpy as np
+import pandas as pd
+from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, asset
+
+from assets.benchmark import head_validation_aiq
+from assets.metadata import md_table, rounded
+from assets.router import entry_dir
+from pipeline.collect.answers import Agreement, answers_matrix
+from pipeline.report import promotion as gate_rules
+from pipeline.route import pointer, registry
+from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
+from pipeline.route.fitted import FittedRouter
+from pipeline.route.targets import parse_target
+from resources.profile import ProfileResource
+from resources.storage import StorageResource
+
+HISTORY_SHOWN = 20  # latest lines of the history in the UI
+
+
+def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame,
+             agent_answers: pd.DataFrame, best_single: int) -> gate_rules.HeldOut:
+    """The run's held-out test rows, as the value report scores them (effective rewards, OOD tasks apart)."""
+    arrays = reward_arrays(reward_matrix, training_split(reward_matrix, task_pool), "test")
+    te = arrays.masks["held_out"]
+    ids = reward_matrix["task_id"].astype(str).to_numpy()[te]
+    graders = reward_matrix[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")["grader"]
+    return gate_rules.HeldOut(list(ids), reward_embeddings(prompt_embeddings, reward_matrix)[te], arrays.R_eff[te],
+                              arrays.C[te], answers_matrix(agent_answers, reward_matrix["task_id"][te],
+                                                           arrays.agents),
+                              graders.to_numpy(dtype=object)[te], list(arrays.agents), best_single)
+
+
+def history_table(root) -> MetadataValue:
+    rows = [{"at": r.get("at"), "action": r.get("action"), "by": r.get("by"), "router": r.get("name"),
+             "kind": r.get("kind"), "target": r.get("target"), "previous": (r.get("previous") or {}).get("name"),
+             "reason": r.get("reason")} for r in pointer.history(root)[-HISTORY_SHOWN:]]
+    return md_table(pd.DataFrame(rows, columns=["at", "action", "by", "router", "kind", "target", "previous",
+                                                "reason"]))
+
+
+@asset(group_name="registry", io_manager_key="io_manager", deps=[AssetKey("benchmark_report")],
+       description="The router `serve` follows (registry/latest.json, written by this asset only): the run's router "
+                   "chosen at the serving target on cross-fitted rows, promoted only when a gate passes: its "
+                   "held-out value against the promoted router's on the same test rows (paired CI: not worse "
+                   "beyond noise, not dearer), or on its own evidence when they cannot be paired. History: "
+                   "registry/promotions.jsonl.")
+def promotion(context: AssetExecutionContext, registered_head: dict, registered_cascade: dict,
+              router_head: FittedRouter, cascade_router: FittedRouter, reward_matrix: pd.DataFrame,
+              task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame,
+              profile: ProfileResource, storage: StorageResource) -> Output[dict]:
+    root = storage.path("registry")
+    target = parse_target(profile.get().serve.target).name
+    entries = {"head": registered_head,
+               **{f"cascade:{v}": e for v, e in (registered_cascade.get("variants")
+                                                 or {cascade_router["chosen"]: registered_cascade}).items()}}
+    dirs = {k: entry_dir(storage, e) for k, e in entries.items()}
+    regs = {k: registry.load(d) for k, d in dirs.items()}
+    figures = gate_rules.candidate_figures(regs, target)
+    key, rule = gate_rules.choose(figures, target)
+    reg = regs[key]
+    rows = held_out(reward_matrix, task_pool, prompt_embeddings, agent_answers, router_head["best_single"])
+    agreement = Agreement(rows.answers, rows.graders.tolist())
+    reward, cost = gate_rules.held_out_outcome(reg, target, rows, agreement)
+    ev = gate_rules.evidence(reg.name, key, target, rows, reward, cost)
+    aiq = {"head": head_validation_aiq(router_head, reward_matrix, training_split(reward_matrix, task_pool)),
+           **{f"cascade:{v}": w["aiq_validation"] for v, w in cascade_router["variants"].items()}}
+    candidate = gate_rules.star(key, reg, target, figures[key], ev["held_out"], aiq.get(key))
+    entry = {"name": reg.name, "path": str(dirs[key]), "kind": reg.kind, "target": target,
+             "head": {"name": registered_head["name"], "path": str(dirs["head"])},
+             "star": {**candidate, "rule": rule}}
+    action, verdict = gate_rules.decide(root, entry, ev, rows)
+    served = registry.latest_entry(root)
+    context.log.info(f"promotion: {action} {reg.name} ({key}, {rule}); gate: {verdict['reason']}; served: "
+                     f"{served['name'] if served else 'none'}")
+    candidates = pd.DataFrame([{"router": k + (" ★" if k == key else ""), "name": regs[k].name,
+                                "cross-fitted quality": f["quality"], "quality ratio": f["quality_ratio"],
+                                "cost per 1k": f["cost_per_1k"], "cost ratio": f["cost_ratio"]}
+                               for k, f in figures.items()])
+    return Output({"action": action, "candidate": reg.name, "router": key, "served": served and served["name"],
+                   "target": target, "verdict": {k: verdict[k] for k in ("passed", "mode", "rule", "reason")}},
+                  metadata=rounded({
+                      "action": action, "candidate": reg.name, "candidate_router": key,
+                      "served": served["name"] if served else "", "target": target, "choice_rule": rule,
+                      "gate_passed": bool(verdict["passed"]), "gate_mode": verdict["mode"],
+                      "gate_rule": verdict["rule"], "gate_reason": verdict["reason"],
+                      "candidates": md_table(candidates, floatfmt=".4f"),
+                      "verdict": MetadataValue.json(_jsonable(verdict)),
+                      "history": history_table(root)}))
+
+
+def _jsonable(d):
+    """numpy scalars as plain numbers (MetadataValue.json)."""
+    if isinstance(d, dict):
+        return {k: _jsonable(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_jsonable(v) for v in d]
+    return d.item() if isinstance(d, np.generic) else d
