@@ -87,7 +87,10 @@ def test_train_takes_its_defaults_and_help_from_train_config(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    meaning = dict((name, text) for name, _, text in option_table(TrainConfig))
+    from cli.main import CLI_MEANING
+
+    # TrainConfig's own meaning, or its short form where that names fields the command line lacks
+    meaning = {**dict((name, text) for name, _, text in option_table(TrainConfig)), **CLI_MEANING}
     for name in TRAIN_OPTIONS:
         assert "--" + name.replace("_", "-") in help_text and " ".join(meaning[name].split()[:6]) in help_text
 
