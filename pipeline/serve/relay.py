@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from typing import Any
@@ -164,7 +165,7 @@ async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: d
     if t_up is not None:  # the whole upstream call: request sent -> reply body read
         headers = upstream_timing(headers, t_up)
     try:
-        data = json.loads(raw, parse_constant=_no_constant)  # NaN / Infinity are not JSON: never relayed
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=finite_float)  # never relay inf / NaN
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
                                               and data.get("error") else ""))
@@ -180,6 +181,13 @@ async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: d
 
 def _no_constant(name: str) -> None:
     return None  # an agent's NaN / Infinity (Python's json reads them; no client does) becomes null
+
+
+def finite_float(text: str) -> float | None:
+    """A JSON number of an agent's reply; one past float range (1e400 reads as inf, written back as Infinity: no
+    client reads it) becomes null."""
+    v = float(text)
+    return v if math.isfinite(v) else None
 
 
 def _inject_router(event: bytes, router: dict) -> bytes | None:
