@@ -1251,6 +1251,41 @@ def cascade_json_shapes(tmp: Path) -> str:
             "publish)")
 
 
+@row("prices", "config: a price table (or an agent) with a negative, .nan or .inf price -> forecast and run: one "
+               "line naming file and field, exit 2")
+def prices_not_numbers(tmp: Path) -> str:
+    import yaml
+
+    cfg = tmp / "config"
+    shutil.copytree(REPO / "config", cfg)
+    prices, agents = (cfg / "prices.yaml").read_text(), (cfg / "agents.yaml").read_text()
+    model = "gpt-4o-2024-08-06"  # an agent of the demo pool
+    assert f"  {model}:\n    {{input: 2.50, output: 10.00," in prices
+    pool = yaml.safe_load(agents)
+    first = pool["pools"]["demo"]["agents"][0]
+    cases = []
+    for bad in ("-2.5", ".nan", ".inf"):
+        cases.append(("prices.yaml", f"models.{model}.input", lambda bad=bad: (cfg / "prices.yaml").write_text(
+            prices.replace("{input: 2.50, output: 10.00,", f"{{input: {bad}, output: 10.00,", 1))))
+    cases.append(("agents.yaml", "price_out_per_mtok", lambda: (cfg / "agents.yaml").write_text(yaml.safe_dump(
+        {**pool, "pools": {**pool["pools"], "demo": {**pool["pools"]["demo"], "agents": [
+            {**first, "price_in_per_mtok": 1.0, "price_out_per_mtok": float("inf")},
+            *pool["pools"]["demo"]["agents"][1:]]}}}))))
+    with env(ROUTER_LITE_CONFIG=str(cfg), ROUTER_LITE_HOME=str(tmp / "home")):
+        for n, (file, field, write) in enumerate(cases):
+            (cfg / "prices.yaml").write_text(prices)
+            (cfg / "agents.yaml").write_text(agents)
+            write()
+            err = _one_line(*cli("forecast", "--profile", "demo"), file, field)
+            if n:
+                continue  # `run` (Dagster) once: it loads the agents as forecast does
+            rc, out = cli("run", "--profile", "demo", "--upto", "task_pool")  # progress lines, then one error
+            errors = [ln for ln in out.splitlines() if ln.startswith("router-lite: error:")]
+            assert rc == 2 and len(errors) == 1 and file in errors[0] and field in errors[0], (rc, out[-400:])
+            assert "Traceback" not in out, out[-400:]
+    return err[:160]
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []

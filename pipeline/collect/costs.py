@@ -10,6 +10,21 @@ from __future__ import annotations
 
 MAX_CALL_USD = 1_000.0
 MAX_CALL_TOKENS = 100_000_000  # no context holds 10^8 tokens: a larger count is broken (and int(inf) raises)
+MAX_PRICE_PER_MTOK = 10_000.0  # USD per million tokens: 16x the dearest list price; more is a typo or a unit slip
+
+
+def price_problem(v) -> str | None:
+    """Why `v` is no price in USD per million tokens (a number in [0, MAX_PRICE_PER_MTOK]), or None: a negative,
+    NaN or infinite price makes every forecast, budget and estimate of its agent meaningless."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return f"must be a number of USD per million tokens, got {str(v)[:40]!r}"
+    try:
+        f = float(v)
+    except ValueError:
+        return f"must be a number of USD per million tokens, got {str(v)[:40]!r}"
+    if not 0 <= f <= MAX_PRICE_PER_MTOK:  # NaN fails both
+        return f"must be a number of USD per million tokens in [0, {MAX_PRICE_PER_MTOK:g}], got {str(v)[:40]}"
+    return None
 
 
 def plausible_usd(v) -> float | None:
