@@ -1286,6 +1286,46 @@ def prices_not_numbers(tmp: Path) -> str:
     return err[:160]
 
 
+def _push_body(host: str, port: int, head: bytes, limit_s: float) -> tuple[float | None, int, bytes]:
+    """Send `head`, then chunks of a body that never ends, reading nothing, for at most `limit_s`: (seconds until
+    the server closed the connection or None, bytes pushed, the reply read afterwards)."""
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(head)
+    chunk = b"%x\r\n" % 65536 + b" " * 65536 + b"\r\n"
+    pushed, closed, t0 = 0, None, time.perf_counter()
+    s.settimeout(0.2)
+    while closed is None and time.perf_counter() - t0 < limit_s:
+        try:
+            s.sendall(chunk)
+            pushed += len(chunk)
+        except TimeoutError:
+            continue  # the server stopped reading but kept the socket: not closed yet
+        except OSError:
+            closed = time.perf_counter() - t0
+    reply = _read_all(s, 2.0)
+    s.close()
+    return closed, pushed, reply
+
+
+@row("body", "server: a chunked body (and a declared 1 GB one) pushed on after its 400 body_too_large -> "
+             "Connection: close, the socket closed within 2 s")
+def body_refused_closes(tmp: Path) -> str:
+    import httpx
+
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with server(body_timeout_s=30) as srv:
+        out = []
+        for framing in (b"Transfer-Encoding: chunked\r\n\r\n", b"Content-Length: 1000000000\r\n\r\n"):
+            closed, pushed, reply = _push_body(srv.host, srv.port, head + framing, 6.0)
+            assert reply.startswith(b"HTTP/1.1 400") and b"body_too_large" in reply, reply[:200]
+            assert b"connection: close" in reply.lower(), reply[:300]
+            assert closed is not None and closed < 2.0, f"still open after {pushed / 1e6:.0f} MB in 6 s"
+            out.append(f"{framing.split(b':')[0].decode()}: closed after {closed:.2f} s, {pushed / 1e6:.1f} MB")
+        with httpx.Client(base_url=srv.base_url, timeout=10) as c:
+            assert _chat(c).status_code == 200
+    return "; ".join(out)
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []
