@@ -1158,7 +1158,7 @@ def _access_lines():
 
 
 @row("costs", "serve: two agents each report usage.cost 1e308 -> finite cost header, strict JSON body, SSE and "
-              "access log, both flagged")
+              "access log, both flagged (a prompt-only reply too)")
 def costs_absurd_serve(tmp: Path) -> str:
     import math
 
@@ -1168,18 +1168,20 @@ def costs_absurd_serve(tmp: Path) -> str:
     with _fault_server(answer=answer) as fs, cascade_server(fs) as srv, _access_lines() as logged, \
             httpx.Client(base_url=srv.base_url, timeout=10) as c:
         fs.always("cost_huge")
-        r, s = _graded(c), _graded(c, body={"stream": True})
-    for resp in (r, s):
+        r, s, one = _graded(c), _graded(c, body={"stream": True}), _chat(c)  # one: prompt-only, no grader named
+    for resp in (r, s, one):
         assert resp.status_code == 200, resp.text[:200]
         cost = float(resp.headers["x-router-cost-usd"])
-        assert math.isfinite(cost) and resp.headers.get("x-router-cost-invalid") == "cheap,expensive", \
-            dict(resp.headers)
+        flagged = "cheap,expensive" if resp is not one else one.headers["x-router-agent"]
+        assert math.isfinite(cost) and resp.headers.get("x-router-cost-invalid") == flagged, dict(resp.headers)
+    assert math.isfinite(_strict_json(one.content)["usage"]["cost"])
     data = _strict_json(r.content)
     assert math.isfinite(data["usage"]["cost"]) and data["router"]["cost_invalid"] == ["cheap", "expensive"], data
     events = [_strict_json(e[6:]) for e in s.text.split("\n\n") if e.startswith("data: {")]
     assert events and all(math.isfinite(e.get("usage", {}).get("cost", 0.0)) for e in events), s.text[:300]
-    assert len(logged) == 2 and all(math.isfinite(_strict_json(ln)["cost_usd"]) for ln in logged), logged
-    return f"X-Router-Cost-Usd {cost} (prices x tokens of both calls), X-Router-Cost-Invalid: cheap,expensive"
+    assert len(logged) == 3 and all(math.isfinite(_strict_json(ln)["cost_usd"]) for ln in logged), logged
+    return (f"X-Router-Cost-Usd {r.headers['x-router-cost-usd']} (prices x tokens of both calls), "
+            "X-Router-Cost-Invalid: cheap,expensive; a prompt-only reply flagged too")
 
 
 @row("costs", "collection: a provider reports usage.cost 1e308; a log already holding 1e308 rows resumes under "
