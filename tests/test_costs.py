@@ -91,3 +91,41 @@ def test_a_price_table_with_a_price_that_is_no_price_is_one_line_naming_the_fiel
 def test_json_depth_is_counted_on_the_text_strings_skipped():
     assert json_text_depth('{"a": "[[[[{{", "b": [1, {"c": "]\\"]"}]}') == 3
     assert json_text_depth("[" * 100_000 + "]" * 100_000) == 100_000
+
+
+def test_a_relayed_stream_never_passes_on_infinity_or_a_refused_cost():
+    """The agent's SSE stream (a prompt-only reply with stream=true) is relayed event by event: the events that carry
+    usage or a non-finite constant are rewritten, the others pass byte for byte, split across reads or not."""
+    import asyncio
+
+    from pipeline.serve.relay import relay
+
+    events = [b'data: {"id":"c","choices":[{"delta":{"content":"NaN is 1e308"}}]}\n\n',
+              b'data: {"id":"c","choices":[{"delta":{"content":"B"}}]}\n\n',
+              b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"cost":1e308,'
+              b'"cost_details":{"upstream":Infinity},"x":1e400}}\n\n',
+              b"data: [DONE]\n\n"]
+    raw = b"".join(events)
+
+    class Resp:
+        async def aiter_bytes(self):
+            for i in range(0, len(raw), 7):  # torn events
+                yield raw[i:i + 7]
+
+        async def aclose(self):
+            pass
+
+    async def run():
+        return b"".join([c async for c in relay(Resp(), AGENT, None, {"head": "h"})])
+
+    out = asyncio.run(run()).decode()
+    got = [e for e in out.split("\n\n") if e]
+
+    def strict(c):
+        raise AssertionError(f"{c} relayed")
+
+    first, second, usage = (json.loads(e[6:], parse_constant=strict) for e in got[:3])
+    assert first["router"] == {"head": "h"} and first["choices"][0]["delta"]["content"] == "NaN is 1e308"
+    assert got[1] + "\n\n" == events[1].decode() and got[3] == "data: [DONE]"  # untouched
+    assert usage["usage"]["cost"] is None and usage["usage"]["cost_details"]["upstream"] is None
+    assert usage["usage"]["x"] is None and usage["usage"]["prompt_tokens"] == 3
