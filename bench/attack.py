@@ -1224,6 +1224,206 @@ def degenerate_answer_collection(tmp: Path) -> str:
     return f"{len(calls)} calls graded wrong (no answer); regrade of the old grades: {changed} changed"
 
 
+# ------------------------------------------------------------------- numbers a reply or a user hands in, checked
+def _strict_json(text: str | bytes):
+    def strict(c):
+        raise AssertionError(f"{c} in {str(text)[:200]!r}")
+    return json.loads(text, parse_constant=strict)
+
+
+@contextlib.contextmanager
+def _access_lines():
+    """The access-log lines (logger router_lite.access) written inside the block."""
+    import logging
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger, h = logging.getLogger("router_lite.access"), Keep(logging.INFO)
+    level = logger.level
+    logger.addHandler(h)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(h)
+        logger.setLevel(level)
+
+
+@row("costs", "serve: two agents each report usage.cost 1e308 -> finite cost header, strict JSON body, SSE and "
+              "access log, both flagged (a prompt-only reply too)")
+def costs_absurd_serve(tmp: Path) -> str:
+    import math
+
+    import httpx
+
+    answer = lambda model, prompt: "no idea" if model == "small-model" else "The answer is (A)."  # noqa: E731
+    with _fault_server(answer=answer) as fs, cascade_server(fs) as srv, _access_lines() as logged, \
+            httpx.Client(base_url=srv.base_url, timeout=10) as c:
+        fs.always("cost_huge")
+        r, s, one = _graded(c), _graded(c, body={"stream": True}), _chat(c)  # one: prompt-only, no grader named
+    for resp in (r, s, one):
+        assert resp.status_code == 200, resp.text[:200]
+        cost = float(resp.headers["x-router-cost-usd"])
+        flagged = "cheap,expensive" if resp is not one else one.headers["x-router-agent"]
+        assert math.isfinite(cost) and resp.headers.get("x-router-cost-invalid") == flagged, dict(resp.headers)
+    assert math.isfinite(_strict_json(one.content)["usage"]["cost"])
+    data = _strict_json(r.content)
+    assert math.isfinite(data["usage"]["cost"]) and data["router"]["cost_invalid"] == ["cheap", "expensive"], data
+    events = [_strict_json(e[6:]) for e in s.text.split("\n\n") if e.startswith("data: {")]
+    assert events and all(math.isfinite(e.get("usage", {}).get("cost", 0.0)) for e in events), s.text[:300]
+    assert len(logged) == 3 and all(math.isfinite(_strict_json(ln)["cost_usd"]) for ln in logged), logged
+    return (f"X-Router-Cost-Usd {r.headers['x-router-cost-usd']} (prices x tokens of both calls), "
+            "X-Router-Cost-Invalid: cheap,expensive; a prompt-only reply flagged too")
+
+
+@row("costs", "collection: a provider reports usage.cost 1e308; a log already holding 1e308 rows resumes under "
+              "a budget")
+def costs_absurd_collection(tmp: Path) -> str:
+    import math
+
+    import pandas as pd
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.collect.budget import Budget, collection_state
+    from pipeline.collect.call_log import CallLog
+    from pipeline.collect.calls import run_collect
+    from pipeline.collect.settings import CollectionSettings
+
+    agents = [AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+    tasks = pd.DataFrame({"task_id": [f"t{i}" for i in range(4)], "prompt": [f"question {i}" for i in range(4)],
+                          "gold": ["A"] * 4, "grader": ["mcq_letter"] * 4})
+    settings = CollectionSettings(max_retries=0)
+    log = CallLog(tmp / "calls")
+    with _fault_server() as fs:
+        fs.always("cost_huge")
+        state = lambda: collection_state([tmp / "calls"], tasks, agents, 1, settings.hash())  # noqa: E731
+        run_collect(tasks.iloc[:2], agents, 0, log, _fault_client_for(fs), settings,
+                    budget=Budget(1.0, state()["spent"], settings.max_tokens))
+        rows = log.read()
+        assert len(rows) == 2 and (rows["cost_invalid"] == True).all(), rows.T  # noqa: E712
+        assert rows["cost_usd"].map(lambda v: math.isfinite(v) and v < 1e-3).all(), rows["cost_usd"].tolist()
+        old = {**log.read().iloc[0].to_dict(), "cost_usd": 1e308}  # what the unchecked code wrote
+        old.pop("cost_invalid")
+        (tmp / "calls" / "cheap.jsonl").write_text("".join(json.dumps({**old, "call_key": k}) + "\n" for k in
+                                                           rows["call_key"]))
+        before = state()
+        assert math.isfinite(before["spent"]) and before["spent"] < 1e-3 and before["cost_invalid"] == 2, before
+        budget = Budget(1.0, before["spent"], settings.max_tokens)
+        out = run_collect(tasks, agents, 0, log, _fault_client_for(fs), settings, budget=budget)
+    after = state()
+    assert not budget.stopped and after["done"] == 4 and not after["missing"], after
+    assert out["cost_usd"].map(math.isfinite).all() and math.isfinite(after["spent"]), out["cost_usd"].tolist()
+    return f"rows hold the estimate, flagged cost_invalid; a 1e308 log reads as ${before['spent']:.6f}, resumed to 4/4"
+
+
+@row("cascade-json", "registry: cascade.json points without quality / best_single_validation, cost_per_1k null, "
+                     "a string lambda, nested 100,000 deep -> one line at load, route, serve, publish")
+def cascade_json_shapes(tmp: Path) -> str:
+    from pipeline.report.hub_release import head_release
+    from pipeline.route import registry
+
+    def deep(_, dst):
+        (dst / "cascade.json").write_text('{"path": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+    edits = {
+        "path.points[1].quality": lambda d, _: d["path"]["points"][1].pop("quality"),
+        "path.best_single_validation": lambda d, _: d["path"].pop("best_single_validation"),
+        "path.points[0].cost_per_1k": lambda d, _: d["path"]["points"][0].__setitem__("cost_per_1k", None),
+        "path.points[1].lambda": lambda d, _: d["path"]["points"][1].__setitem__("lambda", "5"),
+        "path.points[0].gain_high": lambda d, _: d["path"]["points"][0].__setitem__("gain_high", float("nan")),
+        "nested": None,
+    }
+    for field, edit in edits.items():
+        head = _cascade_copy(tmp, edit or (lambda d, _: None))
+        if edit is None:
+            deep(None, head)
+        refused(lambda head=head: registry.load(head), "cascade.json", field)
+        refused(lambda head=head: head_release("owner/name", head), "cascade.json", field)
+        _one_line(*cli("route", "--head", str(head), "--target", "lambda=5", "row 3"), "cascade.json", field)
+        _one_line(*cli("serve", "--head", str(head), "--profile", "demo", "--port", "0"), "cascade.json", field)
+    return (f"{len(edits)} shapes: one RouterLiteError line naming cascade.json and the field (load, route, serve, "
+            "publish)")
+
+
+@row("prices", "config: a price table (or an agent) with a negative, .nan or .inf price -> forecast and run: one "
+               "line naming file and field, exit 2")
+def prices_not_numbers(tmp: Path) -> str:
+    import yaml
+
+    cfg = tmp / "config"
+    shutil.copytree(REPO / "config", cfg)
+    prices, agents = (cfg / "prices.yaml").read_text(), (cfg / "agents.yaml").read_text()
+    model = "gpt-4o-2024-08-06"  # an agent of the demo pool
+    assert f"  {model}:\n    {{input: 2.50, output: 10.00," in prices
+    pool = yaml.safe_load(agents)
+    first = pool["pools"]["demo"]["agents"][0]
+    cases = []
+    for bad in ("-2.5", ".nan", ".inf"):
+        cases.append(("prices.yaml", f"models.{model}.input", lambda bad=bad: (cfg / "prices.yaml").write_text(
+            prices.replace("{input: 2.50, output: 10.00,", f"{{input: {bad}, output: 10.00,", 1))))
+    cases.append(("agents.yaml", "price_out_per_mtok", lambda: (cfg / "agents.yaml").write_text(yaml.safe_dump(
+        {**pool, "pools": {**pool["pools"], "demo": {**pool["pools"]["demo"], "agents": [
+            {**first, "price_in_per_mtok": 1.0, "price_out_per_mtok": float("inf")},
+            *pool["pools"]["demo"]["agents"][1:]]}}}))))
+    with env(ROUTER_LITE_CONFIG=str(cfg), ROUTER_LITE_HOME=str(tmp / "home")):
+        for n, (file, field, write) in enumerate(cases):
+            (cfg / "prices.yaml").write_text(prices)
+            (cfg / "agents.yaml").write_text(agents)
+            write()
+            err = _one_line(*cli("forecast", "--profile", "demo"), file, field)
+            if n:
+                continue  # `run` (Dagster) once: it loads the agents as forecast does
+            rc, out = cli("run", "--profile", "demo", "--upto", "task_pool")  # progress lines, then one error
+            errors = [ln for ln in out.splitlines() if ln.startswith("router-lite: error:")]
+            assert rc == 2 and len(errors) == 1 and file in errors[0] and field in errors[0], (rc, out[-400:])
+            assert "Traceback" not in out, out[-400:]
+    return err[:160]
+
+
+def _push_body(host: str, port: int, head: bytes, limit_s: float) -> tuple[float | None, int, bytes]:
+    """Send `head`, then chunks of a body that never ends, reading nothing, for at most `limit_s`: (seconds until
+    the server closed the connection or None, bytes pushed, the reply read afterwards)."""
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(head)
+    chunk = b"%x\r\n" % 65536 + b" " * 65536 + b"\r\n"
+    pushed, closed, t0 = 0, None, time.perf_counter()
+    s.settimeout(0.2)
+    while closed is None and time.perf_counter() - t0 < limit_s:
+        try:
+            s.sendall(chunk)
+            pushed += len(chunk)
+        except TimeoutError:
+            continue  # the server stopped reading but kept the socket: not closed yet
+        except OSError:
+            closed = time.perf_counter() - t0
+    reply = _read_all(s, 2.0)
+    s.close()
+    return closed, pushed, reply
+
+
+@row("body", "server: a chunked body (and a declared 1 GB one) pushed on after its 400 body_too_large -> "
+             "Connection: close, the socket closed within 2 s")
+def body_refused_closes(tmp: Path) -> str:
+    import httpx
+
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with server(body_timeout_s=30) as srv:
+        out = []
+        for framing in (b"Transfer-Encoding: chunked\r\n\r\n", b"Content-Length: 1000000000\r\n\r\n"):
+            closed, pushed, reply = _push_body(srv.host, srv.port, head + framing, 6.0)
+            assert reply.startswith(b"HTTP/1.1 400") and b"body_too_large" in reply, reply[:200]
+            assert b"connection: close" in reply.lower(), reply[:300]
+            assert closed is not None and closed < 2.0, f"still open after {pushed / 1e6:.0f} MB in 6 s"
+            out.append(f"{framing.split(b':')[0].decode()}: closed after {closed:.2f} s, {pushed / 1e6:.1f} MB")
+        with httpx.Client(base_url=srv.base_url, timeout=10) as c:
+            assert _chat(c).status_code == 200
+    return "; ".join(out)
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []

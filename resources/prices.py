@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 
+from pipeline.collect.costs import price_problem
 from resources.pool import PoolResource
 
 
@@ -30,7 +31,9 @@ def provider_prices(pool: PoolResource, timeout_s: float = 20.0) -> tuple[dict[s
     for m in data:
         try:
             p = m["pricing"]
-            out[str(m["id"])] = (float(p["prompt"]) * 1e6, float(p["completion"]) * 1e6)
+            price = (float(p["prompt"]) * 1e6, float(p["completion"]) * 1e6)
         except (KeyError, TypeError, ValueError):
             continue
+        if not any(price_problem(v) for v in price):  # a negative, NaN or infinite price: the list price stands
+            out[str(m["id"])] = price
     return out, f"{len(out)} prices from {base}/models"

@@ -14,6 +14,7 @@ Faults:
   auth_echo        401 whose message echoes the Authorization header (a provider leaking the key back)
   drip             the headers at once, then the body one byte every `drip_s` (per-read timeouts never fire)
   cost_inf         usage.cost Infinity (the JSON literal)       cost_inf_str     usage.cost "inf"
+  cost_huge        usage.cost 1e308 (finite, absurd: two sum to inf)
 
 In-process:  `with FaultServer(latency_s=0.05) as srv: srv.script("rate_limit", times=2); ... srv.base_url`
 As a process: `python tests/fault_server.py --latency-ms 100` prints `listening <base_url>` and serves until killed.
@@ -34,7 +35,8 @@ import time
 from collections.abc import Callable
 
 FAULTS = ("rate_limit", "rate_limit_date", "server_error", "timeout", "reset", "empty", "null_content", "length",
-          "malformed", "no_usage", "cost", "not_found", "auth_echo", "drip", "cost_inf", "cost_inf_str")
+          "malformed", "no_usage", "cost", "not_found", "auth_echo", "drip", "cost_inf", "cost_inf_str",
+          "cost_huge")
 DEFAULT_ANSWER = "Let me think. The answer is (A)."
 
 
@@ -200,8 +202,8 @@ class FaultServer:
                 resp["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
                 if fault == "cost":
                     resp["usage"]["cost"] = 0.0123
-                elif fault in ("cost_inf", "cost_inf_str"):
-                    resp["usage"]["cost"] = float("inf") if fault == "cost_inf" else "inf"
+                elif fault in ("cost_inf", "cost_inf_str", "cost_huge"):
+                    resp["usage"]["cost"] = {"cost_inf": float("inf"), "cost_inf_str": "inf", "cost_huge": 1e308}[fault]
             if fault == "drip":
                 return await self._drip(writer, json.dumps(resp).encode())
             self._send(writer, 200, json.dumps(resp).encode())

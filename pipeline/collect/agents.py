@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.collect.costs import price_problem
 from pipeline.core.config import config_dir, override_pools
 from pipeline.core.errors import RouterLiteError
 
@@ -49,11 +50,18 @@ def _read_yaml(path: Path, what: str) -> dict:
 
 
 def load_prices(path: str | Path) -> dict[str, dict]:
-    """`models:` of a prices file: model id -> {input, output, ...} (USD per million tokens)."""
+    """`models:` of a prices file: model id -> {input, output, ...} (USD per million tokens), every price a number
+    in [0, MAX_PRICE_PER_MTOK] (pipeline/collect/costs.py), else one error naming the file and the field."""
     path = Path(path)
     models = _read_yaml(path, "prices").get("models")
     if not isinstance(models, dict):
         raise RouterLiteError(f"{path}: needs a `models:` mapping of model id -> {{input, output}}")
+    for model, entry in models.items():  # every entry: a bad price is a broken file, used by this pool or not
+        for side in ("input", "output"):
+            problem = price_problem(entry.get(side)) if isinstance(entry, dict) and entry.get(side) is not None \
+                else None
+            if problem:
+                raise RouterLiteError(f"{path}: models.{model}.{side} {problem}")
     return models
 
 
@@ -127,10 +135,11 @@ def _agent_spec(path: Path, name: str, pool: dict, i: int, a, price_of, prices_p
     if hidden is None:  # the model's price entry says it, when there is one
         known = price_of(a["model"]) if Path(prices_path).exists() else None
         hidden = isinstance(known, dict) and bool(known.get("hidden_reasoning"))
-    try:
-        p_in, p_out = float(p_in), float(p_out)
-    except (TypeError, ValueError):
-        raise RouterLiteError(f"{path}: agent {a['name']!r}: prices must be numbers") from None
+    for field, v in (("price_in_per_mtok", p_in), ("price_out_per_mtok", p_out)):
+        problem = price_problem(v)
+        if problem:  # the agent's own price (a table's was checked by load_prices)
+            raise RouterLiteError(f"{path}: pool {name!r} agent {a['name']!r}: {field} {problem}")
+    p_in, p_out = float(p_in), float(p_out)
     return AgentSpec(name=str(a["name"]), model=str(a["model"]), provider=str(provider),
                      base_url=a.get("base_url", pool.get("base_url")), price_in_per_mtok=p_in,
                      price_out_per_mtok=p_out, role=str(a.get("role", "")), hidden_reasoning=bool(hidden))

@@ -9,12 +9,14 @@ no further call starts, the calls in flight finish and are logged. So the spend 
 provider charges a call more than its worst case at the price the budget was given.
 
 `spent` counts what the collection already cost (`collection_state`: the logged calls of this collection, every
-partition), so a budget is a ceiling on the whole collection across reruns, and a rerun with a higher one resumes
-where the call log stops (the log is keyed by agent/task/repetition/settings hash: nothing lost, nothing doubled).
+partition; a logged cost refused as implausible, pipeline/collect/costs.py, counts as its agent's prices x tokens),
+so a budget is a ceiling on the whole collection across reruns, and a rerun with a higher one resumes where the
+call log stops (the log is keyed by agent/task/repetition/settings hash: nothing lost, nothing doubled).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,8 +25,11 @@ import pandas as pd
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.call_log import DONE_STATUSES, CallLog, call_key
+from pipeline.collect.costs import MAX_CALL_USD, logged_cost
 from pipeline.collect.forecast import call_cost_high
 from pipeline.core.errors import RouterLiteError
+
+log = logging.getLogger(__name__)
 
 
 def check_max_usd(value, where: str = "collection.max_usd") -> float | None:
@@ -94,16 +99,21 @@ def collection_state(logs: Iterable[str | Path], tasks: pd.DataFrame, agents: li
     its call keys with a done row, `missing` lists (agent, task_id, repetition) without one."""
     wanted = {call_key(a.name, str(t), r, settings_hash): (a.name, str(t), r)
               for r in range(repetitions) for t in tasks["task_id"] for a in agents}
-    spent, done = 0.0, set()
+    by_name = {a.name: a for a in agents}
+    spent, done, refused = 0.0, set(), 0
     for d in logs:
         for row in CallLog(d).iter_rows():
             k = row.get("call_key")
             if k in wanted:
-                spent += float(row.get("cost_usd") or 0.0)
+                spent += logged_cost(row, by_name.get(row.get("agent")))  # a refused cost: its estimate
+                refused += bool(row.get("cost_invalid"))
                 if row.get("status") in DONE_STATUSES:
                     done.add(k)
+    if refused:
+        log.warning("collection: %d logged call(s) hold a provider cost that is not plausible (not finite, < 0 or "
+                    "over $%g): counted at their agent's list prices x tokens", refused, MAX_CALL_USD)
     missing = [wanted[k] for k in wanted if k not in done]
-    return {"spent": spent, "done": len(done), "wanted": len(wanted), "missing": missing}
+    return {"spent": spent, "done": len(done), "wanted": len(wanted), "missing": missing, "cost_invalid": refused}
 
 
 def stop_line(budget: Budget, state: dict) -> str:

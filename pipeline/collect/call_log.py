@@ -13,6 +13,9 @@ returns, so a call that returned is never lost, and a crash can at worst leave o
 - `keys()` is the set of *done* call keys: rows with status ok or empty. An error row stays in the log (visible,
   counted) but does not make its call done: the next collection retries it. `latest()` has one row per key: the
   done row when there is one, else the last error.
+- A logged `cost_usd` that is not a plausible cost (pipeline/collect/costs.py: negative, not finite, over
+  MAX_CALL_USD; an older log may hold a provider's 1e308) reads as None with `cost_invalid: true`; new rows hold the
+  estimate and that flag already (pipeline/collect/client.py).
 - One writer per directory at a time (collection partitions are (source x repetition), each with its own directory);
   readers may run concurrently with the writer.
 """
@@ -29,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.collect.costs import plausible_usd
 from pipeline.core.errors import RouterLiteError
 
 DONE_STATUSES = ("ok", "empty")
@@ -73,6 +77,15 @@ def _clean(value: Any) -> Any:
         except (ValueError, TypeError):
             return value
     return value
+
+
+def _checked_cost(row: dict) -> dict:
+    """A row as read: a `cost_usd` that pipeline/collect/costs.py refuses (a log written before costs were checked
+    may hold a provider's 1e308) reads as None with `cost_invalid`, so no sum of the log is inf; the readers that
+    know the agent's prices estimate it (`costs.logged_cost`)."""
+    if row.get("cost_usd") is not None and plausible_usd(row["cost_usd"]) is None:
+        return {**row, "cost_usd": None, "cost_invalid": True}
+    return row
 
 
 class CallLog:
@@ -170,7 +183,7 @@ class CallLog:
                             "or set it aside with `router-lite run --quarantine-bad-log-lines`")
                     bad.append(lineno)
                     continue
-                rows.append(row)
+                rows.append(_checked_cost(row))
             if bad:
                 self._set_aside(path, complete, bad)
             yield from rows

@@ -18,6 +18,7 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.collect.budget import Budget
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.client import call_once
+from pipeline.collect.costs import logged_cost
 from pipeline.collect.grading import GRADERS
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
@@ -168,7 +169,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
         await close_clients(clients)
     log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
     _warn_no_verdict(before, grading)
-    return _in_order(call_log, wanted)
+    return _estimated_refused(_in_order(call_log, wanted), agents)
 
 
 def _warn_no_verdict(before: dict, grading: bounded.Budget) -> None:
@@ -186,6 +187,18 @@ def _in_order(call_log: CallLog, wanted: list[str]) -> pd.DataFrame:
     out = latest[latest["call_key"].isin(order)].copy()
     out["_order"] = out["call_key"].map(order)
     return out.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+
+
+def _estimated_refused(calls: pd.DataFrame, agents: list[AgentSpec]) -> pd.DataFrame:
+    """`calls` with the cost of a row whose logged cost was refused (CallLog reads it as None, `cost_invalid`: a log
+    written before costs were checked) estimated from its agent's prices x tokens (pipeline/collect/costs.py)."""
+    if "cost_invalid" not in calls.columns:
+        return calls
+    by_name = {a.name: a for a in agents}
+    bad = (calls["cost_invalid"] == True) & calls["cost_usd"].isna()  # noqa: E712 - None / NaN / True in one column
+    if bad.any():
+        calls.loc[bad, "cost_usd"] = [logged_cost(r, by_name.get(r["agent"])) for r in calls[bad].to_dict("records")]
+    return calls
 
 
 def _call_queues(tasks: list[dict], agents: list[AgentSpec], repetition: int, sh: str, done):
@@ -216,7 +229,8 @@ def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields:
             "latency_ms": fields["latency_ms"], "finish_reason": fields["finish_reason"],
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "attempts": fields["attempts"], "error_message": fields["error_message"],
-            "usage_source": fields["usage_source"]}
+            "usage_source": fields["usage_source"],
+            **({"cost_invalid": True} if fields.get("cost_invalid") else {})}  # the provider's cost refused
 
 
 def _bounded_grade(text, gold: str, grader: str, budget: bounded.Budget) -> tuple:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
+from pipeline.collect.costs import plausible_tokens, plausible_usd
 from pipeline.collect.grading import is_empty
 from pipeline.collect.replay import approx_tokens
 from pipeline.collect.settings import CollectionSettings
@@ -92,29 +93,25 @@ def _classify(exc: BaseException) -> tuple[str, float | None]:
 
 
 def usage_int(usage: dict, name: str) -> int | None:
-    v = usage.get(name)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        return None
-    return int(v)
+    return plausible_tokens(usage.get(name))
 
 
 def usage_cost(usage: dict) -> float | None:
-    v = usage.get("cost")
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return v if v >= 0 else None
+    """The provider's `usage.cost` in USD when plausible (pipeline/collect/costs.py); None when absent or refused
+    (negative, NaN, infinite, over MAX_CALL_USD, not a number: `cost_invalid` tells the two apart)."""
+    return plausible_usd(usage.get("cost"))
+
+
+def cost_invalid(usage: dict) -> bool:
+    """The provider reported a `usage.cost` that `usage_cost` refuses (the estimate replaces it, flagged)."""
+    return usage.get("cost") is not None and usage_cost(usage) is None
 
 
 def reply_usage(agent: AgentSpec, upstream: dict, data: dict, text: str | None = None) -> dict:
     """What one agent reply cost: its `usage` tokens, estimated from characters (ceil(chars / 4)) where usage lacks
-    them, and OpenRouter's `usage.cost` when reported and finite, else the agent's list prices x those tokens. The one
-    pricing rule for everything that relays replies (the head's and the cascade's replies in `serve`)."""
-    import math
-
+    them, and OpenRouter's `usage.cost` when reported and plausible (`usage_cost`), else the agent's list prices x
+    those tokens. The one pricing rule for everything that relays replies (the head's and the cascade's replies in
+    `serve`)."""
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
     if pt is None:
@@ -128,7 +125,7 @@ def reply_usage(agent: AgentSpec, upstream: dict, data: dict, text: str | None =
                 text = None
         ct = approx_tokens(text or "")
     cost = usage_cost(usage)
-    if cost is None or not math.isfinite(cost):
+    if cost is None:
         cost = agent.cost(pt, ct)
     return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(cost)}
 
@@ -168,7 +165,8 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
     status (ok | empty | error), error_kind, error_message (secrets scrubbed), response_text, finish_reason,
     prompt_tokens, completion_tokens, usage_source ("provider" | "provider_estimate" = the provider's counts made by a
     stated estimate, e.g. the replay's ceil(characters/4) | "estimated" = approx_tokens of the texts here),
-    cost_usd (the provider's `usage.cost` when given, e.g. OpenRouter; else agent prices x tokens),
+    cost_usd (the provider's `usage.cost` when given and plausible, e.g. OpenRouter; else agent prices x tokens, and
+    then `cost_invalid: True` when the provider's was refused: `usage_cost`),
     latency_ms (of the last attempt), attempts, model. Tokens and cost are None for errors.
     """
     import httpx
@@ -242,8 +240,9 @@ def _answered_row(agent: AgentSpec, prompt: str, fields: dict, latency_ms: float
     cost = usage_cost(usage)
     if cost is None:
         cost = agent.cost(pt, ct)
+    flag = {"cost_invalid": True} if cost_invalid(usage) else {}  # the provider's cost refused: estimated
     return {
-        "model": agent.model, "status": "empty" if is_empty(text) else "ok", "error_kind": "",
+        **flag, "model": agent.model, "status": "empty" if is_empty(text) else "ok", "error_kind": "",
         "error_message": "", "response_text": text or "", "finish_reason": fields["finish_reason"] or "",
         "prompt_tokens": pt, "completion_tokens": ct, "usage_source": source, "cost_usd": float(cost),
         "latency_ms": round(latency_ms, 1), "attempts": attempts,

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # English text averages ~4-5 characters per WordPiece/BPE token; 32 leaves a wide margin for long words and
@@ -68,3 +69,17 @@ def json_problem(obj: Any, max_depth: int) -> tuple[str, str] | None:
         else:
             stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
     return None
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_text_depth(text: str) -> int:
+    """How deep the arrays and objects of JSON `text` nest, counted on the text (strings skipped) before it is
+    parsed: a file nested 100,000 deep would make `json.loads` (or whatever walks the result) raise RecursionError."""
+    depth = top = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        top = max(top, depth)
+    return top

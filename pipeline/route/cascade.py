@@ -495,15 +495,9 @@ class CascadeRouter:
         files = manifest.get("files", {})
         names = [a["name"] for a in manifest["agents"]]
         f = Path(directory) / files.get("cascade", CASCADE_FILE)
-        try:
-            doc = json.loads(f.read_text())
-        except FileNotFoundError:
-            raise RouterLiteError(f"cascade file {f} does not exist") from None
-        except ValueError as exc:
-            raise RouterLiteError(f"cascade file {f} is corrupt: {exc}") from None
-        from pipeline.route.cascade_check import check_cascade_doc
+        from pipeline.route.cascade_check import read_cascade_doc
 
-        check_cascade_doc(doc, f, names, Path(directory))  # one line naming the file and the field
+        doc = read_cascade_doc(f, names, Path(directory))  # one line naming the file and the field
         if isinstance(doc.get("fallback"), dict):  # a prompt router of another kind than head
             from pipeline.route.routers import ROUTER_TYPES  # the kinds are loaded: a registry or fitted loads us
 

@@ -7,19 +7,48 @@ request. Every problem is one RouterLiteError naming the file and the field:
   (a duplicate would be called and paid twice), `1 <= k <=` the agents called so far for a stage before the last, the
   last one agent with `k` 0; `skip_below` / `accept_above` null or a number in [0, 1];
 - `fallback` (a prompt router of another kind): a known kind other than `cascade` (a cascade falling back on itself
-  would load itself forever), its `files` plain names of files directly inside the entry directory.
+  would load itself forever), its `files` plain names of files directly inside the entry directory;
+- what a target reads (pipeline/route/targets.py `resolve`, `path_table`): each point's `lambda` (increasing),
+  `quality`, `cost_per_1k`, `ci_low`, `ci_high`, `gain`, `gain_low`, `gain_high` (and `gain_se` when present) finite
+  numbers, `shares` an object; `path.best_single_validation.quality` and `path.guard_z` (when present) finite numbers;
+- the file itself (`read_cascade_doc`): nested at most MAX_DEPTH deep, counted before it is parsed (a file nested
+  100,000 deep would be a RecursionError, not an error line).
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.text_guard import json_text_depth
+
+MAX_DEPTH = 64  # a written cascade.json nests about 10 deep (points, plan, by_grader, stages, agents)
+POINT_NUMBERS = ("lambda", "quality", "cost_per_1k", "ci_low", "ci_high", "gain", "gain_low", "gain_high")
 
 
 def _cut(v, limit: int = 60) -> str:
     r = repr(v)
     return r if len(r) <= limit else r[:limit] + "..."
+
+
+def read_cascade_doc(f: Path, names: list[str], directory: Path) -> dict:
+    """The parsed cascade.json `f`, checked (`check_cascade_doc`); one RouterLiteError naming it otherwise."""
+    try:
+        text = f.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RouterLiteError(f"cascade file {f} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RouterLiteError(f"cascade file {f} cannot be read: {type(exc).__name__}") from None
+    depth = json_text_depth(text)
+    if depth > MAX_DEPTH:
+        raise RouterLiteError(f"cascade file {f}: nested {depth} levels deep, more than {MAX_DEPTH}")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise RouterLiteError(f"cascade file {f} is corrupt: {exc}") from None
+    check_cascade_doc(doc, f, names, directory)
+    return doc
 
 
 def check_cascade_doc(doc, f: Path, names: list[str], directory: Path) -> None:
@@ -37,6 +66,7 @@ def check_cascade_doc(doc, f: Path, names: list[str], directory: Path) -> None:
     if not isinstance(order, list) or sorted(o for o in order if type(o) is int) != list(range(len(names))) \
             or len(order) != len(names):
         bad("order", f"{_cut(order)} is not a permutation of the {len(names)} agents' indices")
+    _check_path_numbers(doc["path"], bad)
     for i, point in enumerate(doc["path"]["points"]):
         plan = point.get("plan") if isinstance(point, dict) else None
         if not isinstance(plan, dict) or not isinstance(plan.get("default"), dict):
@@ -48,6 +78,32 @@ def check_cascade_doc(doc, f: Path, names: list[str], directory: Path) -> None:
             _check_policy(policy, names, f"path.points[{i}].plan.{key}", bad)
     if doc.get("fallback") is not None:
         _check_fallback(doc["fallback"], directory, bad)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_path_numbers(path: dict, bad) -> None:
+    """The numbers a target resolves on: a string `lambda` or a point without `quality` is one line at load, not a
+    500 on every request that names a target."""
+    last = -math.inf
+    for i, p in enumerate(path["points"]):
+        if not isinstance(p, dict):
+            bad(f"path.points[{i}]", f"must be an object, got {_cut(p)}")
+        for key in POINT_NUMBERS + (("gain_se",) if "gain_se" in p else ()):
+            if not _finite(p.get(key)):
+                bad(f"path.points[{i}].{key}", f"must be a finite number, got {_cut(p.get(key))}")
+        if p["lambda"] < 0 or p["lambda"] < last:
+            bad(f"path.points[{i}].lambda", f"{p['lambda']!r} must be >= 0 and increase along the path")
+        last = p["lambda"]
+        if not isinstance(p.get("shares"), dict):
+            bad(f"path.points[{i}].shares", f"must be an object agent -> share, got {_cut(p.get('shares'))}")
+    bs = path.get("best_single_validation")
+    if not isinstance(bs, dict) or not _finite(bs.get("quality")):
+        bad("path.best_single_validation.quality", "must be a finite number (the best single agent's quality)")
+    if path.get("guard_z") is not None and not (_finite(path["guard_z"]) and path["guard_z"] >= 0):
+        bad("path.guard_z", f"must be null or a finite number >= 0, got {_cut(path['guard_z'])}")
 
 
 def _check_policy(policy, names: list[str], where: str, bad) -> None:

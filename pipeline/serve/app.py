@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
-from pipeline.collect.client import reply_usage
+from pipeline.collect.client import cost_invalid, reply_usage
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
 from pipeline.serve.batching import DecisionBatcher
@@ -293,6 +293,8 @@ def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> N
     paid = reply_usage(spec, upstream, data)
     headers["X-Router-Cost-Usd"] = f"{paid['cost']:.8f}"
     usage = dict(data["usage"]) if isinstance(data.get("usage"), dict) else {}
+    if cost_invalid(usage):  # refused (not finite, < 0 or absurd): the estimate replaces it, as in a cascade
+        headers["X-Router-Cost-Invalid"] = spec.name
     usage["prompt_tokens"], usage["completion_tokens"] = paid["prompt_tokens"], paid["completion_tokens"]
     if not isinstance(usage.get("total_tokens"), int) or isinstance(usage.get("total_tokens"), bool):
         usage["total_tokens"] = paid["prompt_tokens"] + paid["completion_tokens"]
@@ -484,7 +486,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
     if point.get("guessed"):
         headers["X-Router-Grader-Source"] = "guessed"
     invalid = [state.specs[r.agent].name for r in result.replies if r.cost_invalid]
-    if invalid:  # their usage.cost was not a finite number >= 0: estimated from prices x tokens instead
+    if invalid:  # their usage.cost was refused (not finite, < 0 or absurd): estimated from prices x tokens instead
         headers["X-Router-Cost-Invalid"] = ",".join(invalid)
     if result.accepted is None:
         last = result.replies[-1]

@@ -2,8 +2,9 @@
 parallel, their answers extracted and compared with the request's grader, and the first stage whose agreement rule
 holds returns the reply of its preferred agreeing agent. A failed or empty call never agrees, so it escalates; only
 a failure of the last agent is the caller's error. Cost is every call made (the provider's `usage.cost`, else the
-agent's prices × tokens, estimated from characters when usage is missing; a non-finite or negative `usage.cost`
-is no cost: the estimate replaces it and the reply is flagged `cost_invalid`). Each call is bounded as a whole by
+agent's prices × tokens, estimated from characters when usage is missing; a `usage.cost` that is negative, not
+finite or over pipeline/collect/costs.py's MAX_CALL_USD is no cost: the estimate replaces it and the reply is flagged
+`cost_invalid`, so a cascade's sum stays finite). Each call is bounded as a whole by
 `options["timeout"]` (headers and body: an agent trickling bytes is a timeout at the deadline, not per read).
 
 Extraction and comparison of the replies run under the grading budget, off the event loop
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,9 +24,9 @@ import numpy as np
 
 from pipeline.collect import bounded
 from pipeline.collect.agents import AgentSpec
-from pipeline.collect.client import parse_completion, reply_usage, usage_cost
+from pipeline.collect.client import cost_invalid, parse_completion, reply_usage
 from pipeline.route.cascade import Policy, new_agents, stage_step
-from pipeline.serve.relay import deadline_of, post_chat, within
+from pipeline.serve.relay import deadline_of, finite_float, post_chat, within
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class Reply:
     error: BaseException | None = None
     grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
     text: str | None = None  # the reply's text, until it is graded
-    cost_invalid: bool = False  # the agent reported a usage.cost that is not a finite number >= 0 (estimated)
+    cost_invalid: bool = False  # the agent's usage.cost was refused (client.cost_invalid): estimated
 
 
 @dataclasses.dataclass
@@ -68,7 +68,8 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
         resp = await post_chat(client, {"model": spec.model, **upstream, "stream": False}, options, deadline,
                                stream=False)
         try:
-            return json.loads(await resp.aread(), parse_constant=str)  # NaN / Infinity: strings, never relayed
+            # NaN / Infinity / 1e400: strings (a cost refused as such, flagged), never relayed as numbers
+            return json.loads(await resp.aread(), parse_constant=str, parse_float=_number_or_text)
         finally:
             await resp.aclose()
 
@@ -82,7 +83,7 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
     text = fields["text"]  # graded with the stage's other replies (run_cascade: one thread hop, bounded)
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    invalid = usage.get("cost") is not None and not _finite_cost(usage.get("cost"))
+    invalid = cost_invalid(usage)
     if invalid and isinstance(data.get("usage"), dict):
         data["usage"] = {**usage, "cost": None}  # relayed to the client: never "inf"
     cost = reply_usage(spec, upstream, data, text)["cost"]
@@ -90,9 +91,9 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
                  cost_invalid=invalid)
 
 
-def _finite_cost(v) -> bool:
-    c = usage_cost({"cost": v})
-    return c is not None and math.isfinite(c)
+def _number_or_text(text: str) -> float | str:
+    v = finite_float(text)
+    return text if v is None else v
 
 
 async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[AgentSpec], clients: Sequence[Any],

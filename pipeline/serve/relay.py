@@ -1,22 +1,25 @@
 """The picked agent's reply, relayed to the client: the JSON body with the `router` key added (`whole_reply`), or
-its SSE stream byte for byte with `router` added to the first JSON event (`relay`); an agent's failure as the 502
-the client gets (`upstream_error`, its message scrubbed of the client's key), and the upstream call's time in
-`Server-Timing` (`upstream_timing`). Every upstream call is bounded as a whole (`within`: headers and body together,
-not per read: an agent trickling a byte a second is an `upstream_timeout` at the deadline), and a request whose
-client disconnected cancels its upstream calls (`unless_disconnected`)."""
+its SSE stream with `router` added to the first JSON event (`relay`; never an `Infinity` or a refused `usage.cost`:
+pipeline/collect/costs.py); an agent's failure as the 502 the client gets (`upstream_error`, its message scrubbed of
+the client's key), and the upstream call's time in `Server-Timing` (`upstream_timing`). Every upstream call is
+bounded as a whole (`within`: headers and body together, not per read: an agent trickling a byte a second is an
+`upstream_timeout` at the deadline), and a request whose client disconnected cancels its upstream calls
+(`unless_disconnected`)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
-from pipeline.collect.client import scrub
+from pipeline.collect.client import cost_invalid, scrub
 from pipeline.serve.requests import RequestError, error_response
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+MAX_EVENT_BYTES = 1 << 20  # an SSE event held to be checked whole, at most
 
 
 DISCONNECTED = 499  # the status logged for a request whose client left before its answer (nobody reads it)
@@ -113,8 +116,10 @@ def upstream_timing(headers: dict, t_up: float, desc: str | None = None) -> dict
 
 
 async def relay(resp, spec: AgentSpec, client: Any, info: dict, deadline: float | None = None):
-    """The agent's SSE stream byte for byte, with `router` added to the first JSON event; a stream still running at
-    `deadline` ends with an `upstream_timeout` error event."""
+    """The agent's SSE stream event by event, with `router` added to the first JSON event; an event that carries
+    `usage` or a non-finite constant is rewritten (`_rewrite_event`: never `Infinity` / `NaN`, a refused `usage.cost`
+    null), the others pass byte for byte; a stream still running at `deadline` ends with an `upstream_timeout` error
+    event."""
     buf, injected = b"", False
     chunks = resp.aiter_bytes().__aiter__()
     try:
@@ -124,19 +129,18 @@ async def relay(resp, spec: AgentSpec, client: Any, info: dict, deadline: float 
                 chunk = await (nxt if deadline is None else within(deadline, nxt))
             except StopAsyncIteration:
                 break
-            if injected:
-                yield chunk
-                continue
             buf += chunk
-            while not injected:
-                m = _EVENT_END.search(buf)
-                if m is None:
-                    break
+            while (m := _EVENT_END.search(buf)) is not None:
                 event, sep, buf = buf[:m.start()], buf[m.start():m.end()], buf[m.end():]
-                new = _inject_router(event, info)
-                injected = new is not None
-                yield (new if injected else event) + sep
-            if injected and buf:
+                if not injected:
+                    new = _rewrite_event(event, info)
+                    injected = new is not None
+                elif any(w in event for w in (b'"usage"', b"Infinity", b"NaN")):
+                    new = _rewrite_event(event, None)
+                else:
+                    new = None
+                yield (event if new is None else new) + sep
+            if injected and len(buf) > MAX_EVENT_BYTES:  # no event end in sight: passed on as it comes
                 yield buf
                 buf = b""
         if buf:
@@ -164,7 +168,7 @@ async def whole_reply(resp, spec: AgentSpec, client: Any, info: dict, headers: d
     if t_up is not None:  # the whole upstream call: request sent -> reply body read
         headers = upstream_timing(headers, t_up)
     try:
-        data = json.loads(raw, parse_constant=_no_constant)  # NaN / Infinity are not JSON: never relayed
+        data = json.loads(raw, parse_constant=_no_constant, parse_float=finite_float)  # never relay inf / NaN
         if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
             raise ValueError("no choices" + (f": {str(data.get('error'))[:200]}" if isinstance(data, dict)
                                               and data.get("error") else ""))
@@ -182,8 +186,16 @@ def _no_constant(name: str) -> None:
     return None  # an agent's NaN / Infinity (Python's json reads them; no client does) becomes null
 
 
-def _inject_router(event: bytes, router: dict) -> bytes | None:
-    """The SSE event with `router` added to its JSON data, or None when it is not a `data: {...}` event."""
+def finite_float(text: str) -> float | None:
+    """A JSON number of an agent's reply; one past float range (1e400 reads as inf, written back as Infinity: no
+    client reads it) becomes null."""
+    v = float(text)
+    return v if math.isfinite(v) else None
+
+
+def _rewrite_event(event: bytes, router: dict | None) -> bytes | None:
+    """The SSE event with `router` added to its JSON data (when given), its non-finite numbers null and a refused
+    `usage.cost` (pipeline/collect/costs.py) null; None when it is not a `data: {...}` event."""
     lines = event.split(b"\n")
     for i, line in enumerate(lines):
         line = line.rstrip(b"\r")
@@ -192,12 +204,15 @@ def _inject_router(event: bytes, router: dict) -> bytes | None:
             if not payload.startswith(b"{"):
                 return None
             try:
-                obj = json.loads(payload)
-            except ValueError:
+                obj = json.loads(payload, parse_constant=_no_constant, parse_float=finite_float)
+            except (ValueError, RecursionError):
                 return None
             if not isinstance(obj, dict):
                 return None
-            obj["router"] = router
+            if router is not None:
+                obj["router"] = router
+            if isinstance(obj.get("usage"), dict) and cost_invalid(obj["usage"]):
+                obj["usage"]["cost"] = None
             lines[i] = b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
             return b"\n".join(lines)
     return None

@@ -170,8 +170,15 @@ async def read_body(request, limit: int) -> bytes:
     return bytes(buf)
 
 
+UNREAD_BODY = ("body_too_large", "invalid_request")  # refused before the body was read to its end
+
+
 def error_response(err: RequestError, headers: dict | None = None):
-    """`err` as the OpenAI-style JSON response the client gets."""
+    """`err` as the OpenAI-style JSON response the client gets. A request refused before its body was read through
+    (`UNREAD_BODY`) is answered `Connection: close`: the server closes the connection after the answer instead of
+    reading, and throwing away, whatever the client keeps sending (a chunked body has no end)."""
     from starlette.responses import JSONResponse
 
+    if err.code in UNREAD_BODY:
+        headers = {**(headers or {}), "Connection": "close"}
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
