@@ -375,3 +375,68 @@ def test_serve_with_a_bad_keys_file_named_by_the_environment_is_one_line(tmp_pat
     assert main(["serve", "--head", "nowhere", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"router-lite: error: {f}: keys[0].sha256: must be 64 hex digits (printf %s \"$KEY\" | sha256sum)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_budget_holds_across_two_worker_processes(tmp_path):
+    """`serve --workers 2 --api-keys FILE` (replay pool, the static-backbone head of test_serve_workers.py): 40
+    requests from 16 clients on new connections (the kernel spreads them over both workers) against a budget of 1.5
+    worst cases: 200s then 429s, nothing else; the default ledger in the home holds exactly the replies' usage.cost,
+    within the budget."""
+    import subprocess
+    import sys
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_serve_workers import ROOT, _head_dir
+
+    from pipeline.serve.spend import price_bounds, request_tokens, worst_case_usd
+    from resources.pool import PoolResource
+
+    head_dir, prompts = _head_dir(tmp_path)
+    reg = registry.load(head_dir)
+    agents = {a.name: a for a in PoolResource(kind="replay", pool="mmlu_pro").agents()}
+    bounds = price_bounds(reg, [agents[a["name"]] for a in reg.agents], None)
+    worst = max(worst_case_usd(bounds, *request_tokens({"messages": [{"role": "user", "content": p}]}, 4096))
+                for p in prompts)
+    keys = keys_file(tmp_path, budget_usd=round(1.5 * worst, 6), budget_window="1h")
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
+    env.pop("ROUTER_LITE_API_KEYS", None)
+    env.pop("ROUTER_LITE_LEDGER_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
+                             "mmlu_pro", "--port", str(port), "--workers", "2", "--api-keys", keys], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    try:
+        deadline = time.monotonic() + 240
+        while sum("router-lite serve: head " in ln for ln in lines) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.3)
+        assert httpx.post(url, json={"messages": [{"role": "user", "content": prompts[0]}]}).status_code == 401
+
+        def one(i):
+            return httpx.post(url, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60,
+                              json={"messages": [{"role": "user", "content": prompts[i % len(prompts)]}]})
+
+        with ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(one, range(40)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ok = [r for r in replies if r.status_code == 200]
+    assert ok and len(ok) < 40 and all(r.status_code == 429 and r.headers["retry-after"] for r in replies
+                                       if r.status_code != 200), [r.text[:200] for r in replies][:3]
+    ledger = tmp_path / "home" / "serve" / "ledger.sqlite"
+    recorded = SpendLedger(ledger).totals()["team-a"]
+    paid = sum(r.json()["usage"]["cost"] for r in ok)
+    assert recorded["requests"] == len(ok) and abs(recorded["usd"] - paid) < 1e-9 and paid <= 1.5 * worst + 1e-6
+    out = "".join(lines)
+    assert "2 client keys from" in out and KEY_A not in out and KEY_B not in out
