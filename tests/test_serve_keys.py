@@ -268,6 +268,18 @@ def test_over_rpm_is_429_with_retry_after(world, tmp_path):
     assert "3 requests per minute" in r.json()["error"]["message"] and 1 <= int(r.headers["retry-after"]) <= 60
 
 
+def test_a_ledger_that_fails_refuses_keyed_requests_rather_than_let_them_spend(world, tmp_path, caplog):
+    reg, _, specs, client_for = world
+    ledger = SpendLedger(tmp_path / "ledger.sqlite")
+    app = guard_clients(build_app(reg, HashBackbone(), specs, client_for, ServeSettings()),
+                        load_keys(keys_file(tmp_path, budget_usd=1.0)), ledger)
+    with serve_in_thread(app) as srv:
+        ledger._conn.close()  # the database goes away under the server
+        r = ask(srv, KEY_A)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "ledger_unavailable" and r.headers["retry-after"]
+    assert "spend ledger failed for key team-a" in caplog.text and KEY_A not in caplog.text
+
+
 def test_a_key_limited_to_some_targets_gets_403_for_others(world, tmp_path):
     keys = keys_file(tmp_path, targets=["quality>=0.95"])
     with serve(world, tmp_path / "ledger.sqlite", keys, cascade=True, default_target="max-quality") as srv:

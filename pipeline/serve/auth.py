@@ -131,11 +131,12 @@ class ClientGuard:
                             "target_not_allowed", TARGET_FIELD)
 
     def _bounds(self, state, target: str):
-        hit = self.bounds.get(target)
+        key = (state.router_name, target)  # the router's name too: a server that swaps its router gets new bounds
+        hit = self.bounds.get(key)
         if hit is None:
             hit = spend.price_bounds(state.registered, state.specs, target)
             if len(self.bounds) < MAX_BOUNDS:
-                self.bounds[target] = hit
+                self.bounds[key] = hit
         return hit
 
     async def _admit(self, key, need: float, state):
