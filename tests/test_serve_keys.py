@@ -361,6 +361,9 @@ def test_a_key_outside_the_servers_allowed_targets_is_refused_at_load(tmp_path):
     ring = load_keys(keys_file(tmp_path, targets=["parity", "quality>=0.950"]))
     assert ring.find(KEY_A).targets == ("parity", "quality>=0.95") and ring.find(KEY_B).name == "team-b"
     assert ring.find("nope") is None and ring.find(None) is None and KEY_B not in repr(ring.keys)
+    from resources.ledger import shown
+
+    assert shown("postgresql+psycopg2://router:s3cr3t@db:5432/ledger") == "postgresql+psycopg2://router:***@db:5432/ledger"
 
 
 @pytest.mark.parametrize("argv, says", [

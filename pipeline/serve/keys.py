@@ -9,7 +9,8 @@ and checked at load; any problem is one `RouterLiteError` "<file>: keys[i].<fiel
         budget_usd: 5.0                    # what its requests may cost per window (the replies' usage.cost)
         budget_window: 1d                  # rolling window: Ns, Nm, Nh or Nd (default 1d)
         rpm: 120                           # requests per rolling minute
-        targets: ["quality>=0.95", parity] # the operating points it may ask for (the first: its default)
+        targets: ["quality>=0.95", parity] # the operating points it may ask for (the first: its default when
+                                           # the server's default is not among them)
 
 Only the digests are kept: `Keyring.find` hashes the bearer token and compares it with every key's digest in
 constant time (`hmac.compare_digest`), so neither the key nor the time taken says which key was close.
