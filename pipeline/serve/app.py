@@ -55,7 +55,7 @@ it the endpoint answers every client, so `serve` refuses to listen beyond loopba
 The endpoint by job, in pipeline/serve/: settings.py (`ServeSettings`), requests.py (reading and validating a
 request: `parse_chat_request`, `RequestError`), batching.py (the micro-batched decisions: `DecisionBatcher`),
 relay.py (the agent's reply or stream back to the client, its failures as 502s), cascade_calls.py (a cascade's
-stages on one request), keys.py / spend.py / auth.py (client keys, budgets and rates), server.py
+stages on one request), keys.py / spend.py / auth.py / metering.py (client keys, budgets and rates), server.py
 (`serve_in_thread`, `RouterServer`); this module builds the app and holds its request handlers.
 """
 from __future__ import annotations

@@ -28,11 +28,10 @@ import logging
 import time
 import uuid
 
-from pipeline.collect.client import reply_usage
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, parse_target, request_target
 from pipeline.serve import spend
-from pipeline.serve.relay import DISCONNECTED
+from pipeline.serve.metering import ReplyMeter
 from pipeline.serve.requests import RequestError, error_response, parse_chat_request
 
 log = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ class ClientGuard:
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
-        meter = _Meter(send, state, req.upstream)
+        meter = ReplyMeter(send, state, req.upstream)
         try:
             await self.app(scope, receive, meter.send)
         finally:
@@ -254,70 +253,3 @@ async def _refuse(scope, receive, send, key, err: RequestError, headers: dict | 
         access_log.info(json.dumps({"request_id": rid, "router": state.router_name, "key": key and key.name,
                                     "path": scope["path"], "status": err.status, "error": err.code}))
     await resp(scope, receive, send)
-
-
-class _Meter:
-    """What the reply cost, read from the response as it goes out (module doc)."""
-
-    def __init__(self, send, state, upstream: dict):
-        self.send_, self.state, self.upstream = send, state, upstream
-        self.status, self.header_cost, self.stream = None, None, None
-
-    async def send(self, message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            headers = {k.lower(): v for k, v in message.get("headers", [])}
-            cost = headers.get(b"x-router-cost-usd")
-            self.header_cost = float(cost) if cost else None
-            spec = {s.name: s for s in self.state.specs}.get(headers.get(b"x-router-agent", b"").decode("latin-1"))
-            if self.status == 200 and cost is None and spec is not None and \
-                    headers.get(b"content-type", b"").startswith(b"text/event-stream"):
-                self.stream = _StreamCost(spec, self.upstream)
-        elif message["type"] == "http.response.body" and self.stream is not None:
-            self.stream.feed(message.get("body", b""))
-        await self.send_(message)
-
-    def cost(self, worst_case: float) -> float:
-        if self.stream is not None:
-            return self.stream.cost()
-        if self.header_cost is not None:
-            return self.header_cost
-        return worst_case if self.status in (None, DISCONNECTED) else 0.0
-
-
-class _StreamCost:
-    """A relayed SSE stream's cost: its last `usage` (the agent's, `cost` included when it reports one) and its
-    content, priced by `reply_usage` as the app prices a whole reply."""
-
-    def __init__(self, spec, upstream: dict):
-        self.spec, self.upstream = spec, upstream
-        self.buf, self.parts, self.usage = b"", [], None
-
-    def feed(self, chunk: bytes) -> None:
-        self.buf = (self.buf + chunk).replace(b"\r\n", b"\n")
-        while True:
-            event, sep, rest = self.buf.partition(b"\n\n")
-            if not sep:
-                return
-            self.buf = rest
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip())
-
-    def _data(self, payload: bytes) -> None:
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            return
-        if not isinstance(obj, dict):
-            return
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
-        choices = obj.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            delta = choices[0].get("delta")
-            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                self.parts.append(delta["content"])
-
-    def cost(self) -> float:
-        return reply_usage(self.spec, self.upstream, {"usage": self.usage or {}}, "".join(self.parts))["cost"]
