@@ -19,6 +19,12 @@ for the batched mode on new prompts (the goal's case), plus the same for `unbatc
     .venv/bin/python bench/serve.py                       # a head trained here on real rewards of 300 prompts
     .venv/bin/python bench/serve.py --head DIR --dtype auto bfloat16 --concurrency 1 16 --requests 200
 
+`--auth` compares instead the same server with and without client keys (docs/serving.md, "Client keys and budgets"):
+the static-backbone head, `--auth-clients` (16) clients, cold and warm prompts, alternating rounds, side by side
+(`auth_variants` lists the servers compared; written to `$ROUTER_LITE_HOME/bench/serve_auth.json`):
+
+    .venv/bin/python bench/serve.py --auth --requests 200 --auth-rounds 2
+
 Without `--head`, a head is trained and registered in a temp dir, or in `--save-head DIR` (MiniLM, max_seq_length
 128, rewards = whether each demo agent's recorded reply is correct): serving cost does not depend on how good the
 head is.
@@ -102,7 +108,7 @@ def free_port() -> int:
 
 
 def start_server(head: Path, profile: str, dtype: str, device: str, threads: int = 0, timeout_s: float = 180.0,
-                 mode: str = "batched", workers: int = 1):
+                 mode: str = "batched", workers: int = 1, extra: tuple = ()):
     import httpx
 
     port = free_port()
@@ -111,7 +117,7 @@ def start_server(head: Path, profile: str, dtype: str, device: str, threads: int
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head), "--profile", profile,
                              "--port", str(port), "--dtype", dtype, "--device", device,
                              "--threads", str(threads), "--max-batch", MODES[mode][0],
-                             "--batch-wait-ms", MODES[mode][1], "--workers", str(workers)],
+                             "--batch-wait-ms", MODES[mode][1], "--workers", str(workers), *extra],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
@@ -143,7 +149,8 @@ def stop_server(proc) -> None:
             proc.wait(5)
 
 
-async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, max_seconds: float) -> dict:
+async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, max_seconds: float,
+                headers: dict | None = None) -> dict:
     """Send each prompt once from `concurrency` concurrent clients; (overheads, latencies, errors, seconds)."""
     import httpx
 
@@ -152,7 +159,7 @@ async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, 
     deadline = time.monotonic() + max_seconds
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60, headers=headers) as client:
         async def worker():
             nonlocal errors
             for p in todo:
@@ -230,6 +237,12 @@ def main(argv=None) -> int:
     ap.add_argument("--static-clients", type=int, nargs="*", default=[1, 16, 64],
                     help="client levels for a head on the static backbone (cold prompts); none: skip")
     ap.add_argument("--static-workers", type=int, default=1, help="server processes for the static head")
+    ap.add_argument("--auth", action="store_true",
+                    help="the static head served side by side with and without client keys (AUTH_VARIANTS: a key "
+                         "with a budget, an rpm and targets, SQLite ledger), --auth-clients clients, cold and warm "
+                         "prompts, alternating rounds; then exit")
+    ap.add_argument("--auth-clients", type=int, default=16)
+    ap.add_argument("--auth-rounds", type=int, default=2)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -237,6 +250,8 @@ def main(argv=None) -> int:
     from pipeline.route import registry
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-serve-")
+    if args.auth:
+        return auth_main(Path(tmp.name), args)
     if args.head:
         head = Path(args.head)
     else:
@@ -397,6 +412,80 @@ def static_phase(tmpdir: Path, pool: list[str], args) -> list[dict]:
         stop_server(proc)
         log.close()
     return rows
+
+
+def auth_variants(tmpdir: Path) -> dict[str, tuple[tuple, dict]]:
+    """(serve arguments, client headers) of each server `--auth` compares: `plain` (no keys, loopback) and `keys`
+    (every check on: a key with a budget far above what the run spends, an rpm far above its rate and a targets list,
+    its spend in a SQLite ledger of its own). Another check to compare (a /metrics endpoint, ...) is one more row."""
+    import hashlib
+    import secrets
+
+    key = "rl-bench-" + secrets.token_hex(16)
+    keys = tmpdir / "bench-keys.yaml"
+    keys.write_text(f"keys:\n  - {{name: bench, sha256: {hashlib.sha256(key.encode()).hexdigest()}, budget_usd: "
+                    "1000000, budget_window: 1d, rpm: 1000000, targets: [max-quality]}\n")
+    return {"plain": ((), {}),
+            "keys": (("--api-keys", str(keys), "--ledger", str(tmpdir / "bench-ledger.sqlite")),
+                     {"Authorization": f"Bearer {key}"})}
+
+
+def auth_main(tmpdir: Path, args) -> int:
+    """`--auth`: the static head behind each of `auth_variants`, fresh servers in alternating rounds, the same cold
+    prompts then the same again (warm: the LRU answers, so what is left is HTTP, the checks and the replay agent)."""
+    from pipeline.route import registry
+
+    head = Path(args.head) if args.head else build_head(tmpdir / "static", backbone="static")
+    reg = registry.load(head)
+    prompts = recorded_prompts(args.requests + 8, skip=400)
+    variants = auth_variants(tmpdir)
+    rows, load_before = [], os.getloadavg()[0]
+    for rnd in range(args.auth_rounds):
+        for name, (extra, headers) in variants.items():
+            proc, url, log = start_server(head, args.profile, "auto", "cpu", 0, workers=1, extra=extra)
+            try:
+                asyncio.run(phase(url, reg.name, prompts[-8:], 1, 60, headers))
+                for cache in ("cold", "warm"):
+                    cpu0 = cpu_seconds(proc.pid)
+                    r = asyncio.run(phase(url, reg.name, prompts[:args.requests], args.auth_clients,
+                                          args.max_seconds, headers))
+                    cpu = cpu_seconds(proc.pid) - cpu0
+                    rows.append({"variant": name, "round": rnd, "cache": cache, "requests": len(r["latency_ms"]),
+                                 "errors": r["errors"], "overhead_p50_ms": pct(r["overhead_ms"], 50),
+                                 "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
+                                 "req_per_s": len(r["latency_ms"]) / r["seconds"],
+                                 "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"]))})
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            finally:
+                stop_server(proc)
+                log.close()
+    return auth_report(rows, args, load_before)
+
+
+def auth_report(rows: list[dict], args, load_before: float) -> int:
+    """The `--auth` table (means over rounds, side by side), written to $ROUTER_LITE_HOME/bench/serve_auth.json."""
+    keys = ["e2e_p50_ms", "e2e_p99_ms", "overhead_p50_ms", "req_per_s", "server_cpu_ms_per_req"]
+    table = {}
+    for (variant, cache) in dict.fromkeys((r["variant"], r["cache"]) for r in rows):
+        sel = [r for r in rows if r["variant"] == variant and r["cache"] == cache]
+        table.setdefault(cache, {})[variant] = {k: float(np.mean([r[k] for r in sel])) for k in keys} | {
+            "errors": sum(r["errors"] for r in sel), "requests": sum(r["requests"] for r in sel)}
+    print(f"\nclient keys on the static head: {args.auth_clients} clients, {args.requests} prompts, "
+          f"{args.auth_rounds} alternating rounds (means) | load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after\n")
+    print("| prompts | server | e2e p50 | e2e p99 | router overhead p50 | req/s | server CPU/req | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cache, per in table.items():
+        for variant, m in per.items():
+            print(f"| {cache} | {variant} | {m['e2e_p50_ms']:.1f} ms | {m['e2e_p99_ms']:.1f} ms | "
+                  f"{m['overhead_p50_ms']:.2f} ms | {m['req_per_s']:.0f} | {m['server_cpu_ms_per_req']:.2f} ms | "
+                  f"{m['errors']} |")
+    out = Path(args.json) if args.json else bench_dir() / "serve_auth.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"clients": args.auth_clients, "table": table, "rows": rows,
+                               "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}, indent=2))
+    print(f"\nwrote {out}", file=sys.stderr)
+    return 0
 
 
 def bench_dir() -> Path:

@@ -390,6 +390,7 @@ def cmd_serve(args) -> int:
     from resources.storage import home_of
 
     _check_serve_args(args)
+    keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
     _take_stop_signals()
     use_override(args)
     profile = load_profile(args.profile)
@@ -405,6 +406,7 @@ def cmd_serve(args) -> int:
     agents = pool.agents()
     pool.check(agents, needed_by="serve")
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
+    _check_guard(args, keyring, allowed, target)
     if args.workers > 1 and args.fd is None:  # the router, target, profile and pool are checked: start the workers
         return _serve_workers(args)
     # bind before the backbone loads: a taken port is one line at once (a worker serves its parent's socket)
@@ -416,11 +418,9 @@ def cmd_serve(args) -> int:
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     formats = _format_guess(reg, home_of(profile)) if reg.needs_grader else None
     app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts)
+    app = _guarded(app, args, keyring, allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"router-lite serve: warning: binding {args.host}: the endpoint has no authentication",
-              file=sys.stderr)
     print(f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})"
           + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
@@ -429,6 +429,77 @@ def cmd_serve(args) -> int:
                             **settings.uvicorn_options())
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+# --- client keys (docs/serving.md, "Client keys and budgets"; pipeline/serve/auth.py) -------------------------------
+def _add_client_key_options(p) -> None:
+    g = p.add_argument_group("client keys and budgets (docs/serving.md)")
+    g.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="YAML file of client keys (name, sha256 or key, budget_usd, budget_window, rpm, targets); "
+                        "clients send `Authorization: Bearer <key>` (default: $ROUTER_LITE_API_KEYS; none: no keys)")
+    g.add_argument("--ledger", default=None, metavar="URL",
+                   help="where the keys' spend is kept: a SQLite path or sqlite:///PATH, or postgresql://... "
+                        "(default: $ROUTER_LITE_LEDGER_URL, else <home>/serve/ledger.sqlite)")
+    g.add_argument("--allowed-targets", default=None, metavar="T1,T2",
+                   help="the only operating points any client may ask for (others: 403)")
+    g.add_argument("--allow-unauthenticated", action="store_true",
+                   help="listen beyond loopback without client keys (every client may spend)")
+
+
+def _client_keys(args):
+    """(Keyring or None, allowed targets) of `serve`: the keys file (`--api-keys`, else $ROUTER_LITE_API_KEYS) read
+    and checked; without keys, a non-loopback --host is refused unless --allow-unauthenticated."""
+    import ipaddress
+
+    from pipeline.serve.keys import KEYS_ENV, load_keys, parse_targets
+
+    allowed = parse_targets(args.allowed_targets)
+    path = args.api_keys or os.environ.get(KEYS_ENV) or None
+    keyring = load_keys(path, allowed) if path else None
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = False
+    if keyring is None and not loopback:
+        if not args.allow_unauthenticated:
+            raise RouterLiteError(f"--host {args.host} is reachable beyond this machine and no client keys are set: "
+                                  f"pass --api-keys FILE (or {KEYS_ENV}), or --allow-unauthenticated to let every "
+                                  "client spend")
+        print(f"router-lite serve: warning: binding {args.host} without client keys (--allow-unauthenticated): "
+              "every client may spend", file=sys.stderr)
+    if keyring is None and args.ledger:
+        raise RouterLiteError("--ledger keeps the spend of client keys: pass --api-keys FILE too")
+    return keyring, allowed
+
+
+def _ledger_url(args):
+    from resources.ledger import LEDGER_ENV, default_ledger_url
+
+    return args.ledger or os.environ.get(LEDGER_ENV) or default_ledger_url()
+
+
+def _check_guard(args, keyring, allowed, target) -> None:
+    """Before any worker starts: the default target within --allowed-targets, and the ledger can be opened."""
+    from pipeline.route.targets import parse_target
+    from resources.ledger import SpendLedger
+
+    if allowed and parse_target(target).name not in allowed:
+        raise RouterLiteError(f"the default target {parse_target(target).name} is not among --allowed-targets "
+                              f"({', '.join(allowed)}): pass --target with one of them")
+    if keyring is not None and args.fd is None:
+        SpendLedger(_ledger_url(args)).close()
+
+
+def _guarded(app, args, keyring, allowed):
+    from pipeline.serve.auth import guard_clients
+    from resources.ledger import SpendLedger, shown
+
+    if keyring is not None:
+        url = _ledger_url(args)
+        print(f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger "
+              f"{shown(url)}", file=sys.stderr)
+        return guard_clients(app, keyring, SpendLedger(url), allowed)
+    return guard_clients(app, None, None, allowed)
 
 
 def _take_stop_signals() -> None:
@@ -780,6 +851,7 @@ def _add_serve_command(sub) -> None:
     p.add_argument("--reserved-connections", type=int, default=64,
                    help="slots idle connections never take: kept for requests with a complete head")
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
+    _add_client_key_options(p)
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 

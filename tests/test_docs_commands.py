@@ -62,6 +62,7 @@ PLAN: dict[tuple[str, str], Plan] = {
     ("docs/serving.md", "router-lite serve --profile demo"): Plan("run"),
     ("docs/serving.md", "python -c \"import json, pandas as pd"): Plan("run"),
     ("docs/serving.md", "curl -s localhost:8080/v1/chat/completions -H 'X-Router-Target: parity'"): Plan("run"),
+    ("docs/serving.md", "KEY=$(python -c \"import secrets"): Plan("run"),
     ("docs/operations.md", "export DAGSTER_HOME=$PWD"): Plan("run"),
     ("docs/operations.md", "HEAD=$(jq -r .head.path .router-lite/registry/latest.json)"): Plan("run"),
     ("docs/operations.md", "python -m pipeline.standin --port 8765"): Plan(

@@ -47,14 +47,16 @@ most `max_connections` are open at once (pipeline/core/http_server.py). An LRU o
 re-embedded (the router and guard are fixed, so the decision is what its embedding would give).
 
 `serve_in_thread(app)` runs the app under uvicorn on a loopback port in a daemon thread (tests, benchmarks);
-`router-lite serve` (cli/main.py) runs it in the foreground. There is no authentication: bind to loopback or
-put a proxy in front.
+`router-lite serve` (cli/main.py) runs it in the foreground. Client keys, their budgets and rates, and the targets
+clients may ask for are a middleware around this app (auth.py, `guard_clients`; `serve --api-keys FILE`): without
+it the endpoint answers every client, so `serve` refuses to listen beyond loopback without keys unless told
+`--allow-unauthenticated`. With keys, the access log line names the request's key (`key`: its name, never the key).
 
 The endpoint by job, in pipeline/serve/: settings.py (`ServeSettings`), requests.py (reading and validating a
 request: `parse_chat_request`, `RequestError`), batching.py (the micro-batched decisions: `DecisionBatcher`),
 relay.py (the agent's reply or stream back to the client, its failures as 502s), cascade_calls.py (a cascade's
-stages on one request), server.py (`serve_in_thread`, `RouterServer`); this module builds the app and holds its
-request handlers.
+stages on one request), keys.py / spend.py / auth.py / metering.py (client keys, budgets and rates), server.py
+(`serve_in_thread`, `RouterServer`); this module builds the app and holds its request handlers.
 """
 from __future__ import annotations
 
@@ -325,6 +327,9 @@ def _log_access(request, resp, rid: str, t_start: float) -> None:
             "latency_ms": round((time.perf_counter() - t_start) * 1000.0, 3), "status": resp.status_code,
             "ood": h.get("X-Router-OOD") == "true" if h.get("X-Router-OOD") else None,
             "stream": resp.media_type == "text/event-stream"}
+    key = getattr(request.state, "client_key", None)  # set by the client-key middleware (auth.py)
+    if key is not None:
+        line["key"] = key
     if state.log_prompts:
         line["prompt"] = getattr(request.state, "prompt", None)
     access_log.info(json.dumps(line, ensure_ascii=False))

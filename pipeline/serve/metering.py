@@ -1,0 +1,80 @@
+"""What a reply cost, read from the response as it goes out to the client (`ReplyMeter`, for the client keys'
+spend: pipeline/serve/auth.py): the `X-Router-Cost-Usd` header the app sends with every priced reply (= the body's
+`usage.cost`); for a streamed prompt-routed reply, which the app relays byte for byte without that header, the
+stream's own last `usage` and its content priced as the app prices a whole reply (`reply_usage`). A response that
+never started, or whose client left (499), is charged the request's worst case: its calls may have been paid and
+their cost is unknown; any other response without a cost (a 4xx, a failed agent) costs nothing."""
+from __future__ import annotations
+
+import json
+
+from pipeline.collect.client import reply_usage
+from pipeline.serve.relay import DISCONNECTED
+
+
+class ReplyMeter:
+    """What the reply cost, read from the response as it goes out: `send` wraps the ASGI send; `cost(worst_case)`
+    once the response is over."""
+
+    def __init__(self, send, state, upstream: dict):
+        self.send_, self.state, self.upstream = send, state, upstream
+        self.status, self.header_cost, self.stream = None, None, None
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = {k.lower(): v for k, v in message.get("headers", [])}
+            cost = headers.get(b"x-router-cost-usd")
+            self.header_cost = float(cost) if cost else None
+            spec = {s.name: s for s in self.state.specs}.get(headers.get(b"x-router-agent", b"").decode("latin-1"))
+            if self.status == 200 and cost is None and spec is not None and \
+                    headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                self.stream = StreamCost(spec, self.upstream)
+        elif message["type"] == "http.response.body" and self.stream is not None:
+            self.stream.feed(message.get("body", b""))
+        await self.send_(message)
+
+    def cost(self, worst_case: float) -> float:
+        if self.stream is not None:
+            return self.stream.cost()
+        if self.header_cost is not None:
+            return self.header_cost
+        return worst_case if self.status in (None, DISCONNECTED) else 0.0
+
+
+class StreamCost:
+    """A relayed SSE stream's cost: its last `usage` (the agent's, `cost` included when it reports one) and its
+    content, priced by `reply_usage` as the app prices a whole reply."""
+
+    def __init__(self, spec, upstream: dict):
+        self.spec, self.upstream = spec, upstream
+        self.buf, self.parts, self.usage = b"", [], None
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf = (self.buf + chunk).replace(b"\r\n", b"\n")
+        while True:
+            event, sep, rest = self.buf.partition(b"\n\n")
+            if not sep:
+                return
+            self.buf = rest
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._data(line[5:].strip())
+
+    def _data(self, payload: bytes) -> None:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(obj, dict):
+            return
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            delta = choices[0].get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                self.parts.append(delta["content"])
+
+    def cost(self) -> float:
+        return reply_usage(self.spec, self.upstream, {"usage": self.usage or {}}, "".join(self.parts))["cost"]
