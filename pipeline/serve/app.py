@@ -21,7 +21,17 @@
   line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
   `X-Request-Id` naming it.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
-- `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}`.
+- `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}` (liveness).
+- `GET /readyz`: 503 until the backbone, the router and the grading worker are warm, then 200, with a JSON body
+  naming what is warm, the router served and what following the pointer did (pipeline/serve/readiness.py).
+- `GET /metrics` (unless `settings.metrics` is off): the Prometheus series (pipeline/serve/metrics.py), observed once
+  per chat reply; the client key's name for the `key` label is `request.state.key_name` ("" when unset).
+
+The router is one immutable `ServedRouter` (pipeline/serve/served.py) in `app.state.served`; a chat request takes it
+once when it arrives and reads everything from it, so with `follow` (a `PointerFollower`, pipeline/serve/follow.py:
+it swaps in the router `registry/latest.json` names, loaded, checked and warmed first) a request finishes on the
+router it started with. Every chat reply carries `X-Router-Name`, the router that answered; the access log and the
+metrics name the same one.
 
 Errors are OpenAI-style `{"error": {"message", "type", "param", "code"}}`:
 400 malformed JSON / not an object / nested deeper than `max_json_depth` / a string that is not valid text (a lone
@@ -53,8 +63,9 @@ put a proxy in front.
 The endpoint by job, in pipeline/serve/: settings.py (`ServeSettings`), requests.py (reading and validating a
 request: `parse_chat_request`, `RequestError`), batching.py (the micro-batched decisions: `DecisionBatcher`),
 relay.py (the agent's reply or stream back to the client, its failures as 502s), cascade_calls.py (a cascade's
-stages on one request), server.py (`serve_in_thread`, `RouterServer`); this module builds the app and holds its
-request handlers.
+stages on one request), server.py (`serve_in_thread`, `RouterServer`), served.py (the router a request is answered
+by), follow.py (following the registry pointer), metrics.py and readiness.py (`/metrics`, `/readyz`); this module
+builds the app and holds its request handlers.
 """
 from __future__ import annotations
 
