@@ -199,11 +199,14 @@ def test_a_request_finishes_on_the_router_it_started_with(routers):
         registry.mark_latest(root, b.name, b)
         assert _wait(lambda: httpx.get(srv.base_url + "/models", timeout=10).json()["data"][0]["id"] == b.name)
         t.join(60)
-        later = httpx.post(srv.base_url + "/chat/completions", timeout=60,
-                           json={"messages": [{"role": "user", "content": "another question"}]})
+        later = httpx.post(srv.base_url + "/chat/completions", timeout=60,  # the name a client pinned before
+                           json={"model": a.name, "messages": [{"role": "user", "content": "another question"}]})
+        never = httpx.post(srv.base_url + "/chat/completions", timeout=60,
+                           json={"model": "head-other", "messages": [{"role": "user", "content": "q"}]})
     r = out["r"]
     assert r.status_code == 200 and r.headers["x-router-name"] == a.name and r.json()["router"]["head"] == a.name
-    assert later.headers["x-router-name"] == b.name
+    assert later.status_code == 200 and later.headers["x-router-name"] == b.name
+    assert never.status_code == 404 and never.json()["error"]["code"] == "model_not_found"
 
 
 def test_a_broken_candidate_never_serves_and_is_counted_once(routers, caplog):

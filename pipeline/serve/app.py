@@ -286,7 +286,7 @@ def _log_access(request, resp, rid: str, t_start: float) -> None:
     server was started with `log_prompts`."""
     if not access_log.isEnabledFor(logging.INFO):
         return
-    h, state = resp.headers, request.state.served  # the router that answered
+    h, state = resp.headers, getattr(request.state, "served", None) or request.app.state.served  # who answered
     called = h.get("X-Router-Agents-Called") or h.get("X-Router-Agent")
     cost = h.get("X-Router-Cost-Usd")
     line = {"request_id": rid, "router": state.router_name, "target": h.get(TARGET_HEADER),
@@ -336,7 +336,7 @@ async def _route(request, state):
         try:
             body = await read_body(request, settings.max_body_bytes)
             t0 = time.perf_counter()
-            req = parse_chat_request(body, state.router_name, settings)
+            req = parse_chat_request(body, state.router_name, settings, state.endpoint.retired)
             try:
                 target = request_target(request.headers, req.body, settings.default_target)
             except RouterLiteError as exc:

@@ -92,6 +92,8 @@ class PointerFollower:
             self._failed(sha, path, exc, metrics)
             return False
         app.state.served = fresh  # the swap: later requests take the new router
+        fresh.endpoint.retired.add(current.router_name)  # clients that pinned its name (models.list) keep working
+        fresh.endpoint.retired.discard(fresh.router_name)
         self.swaps += 1
         if metrics is not None:
             metrics.swaps.inc()

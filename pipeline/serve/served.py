@@ -67,6 +67,7 @@ class Endpoint:
         self.backbone, self.agents, self.client_for, self.settings = backbone, list(agents), client_for, settings
         self.log_prompts = bool(log_prompts)
         self.clients: dict[str, Any] = {}
+        self.retired: set[str] = set()  # routers served before a swap: a request naming one gets the current router
         self.batcher = DecisionBatcher(None, backbone, settings)  # every request names its router's view
         self.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
 
