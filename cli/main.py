@@ -15,6 +15,7 @@ from pipeline.core.errors import RouterLiteError, debug_enabled, one_line
 
 TARGET_HELP = ("operating point: max-quality (default), parity, quality>=F (fraction of the best single agent's "
                "quality), budget=USD per 1k queries, lambda=L")
+DEFAULT_FOLLOW_INTERVAL_S = 2.0  # `serve` checks the registry pointer this often (pipeline/serve/follow.py)
 DEFAULT_WORKERS = 2  # `serve` processes: on 2 cores, 2 gave ~1.4x the cold requests/s of 1 at the same p99
 DEVICE_HELP = "where the backbone runs: auto (cuda when present, else cpu), cpu, cuda or cuda:N (default: auto)"
 BACKBONE_HELP = ("embedding model: a hub id or local dir (sentence-transformers / transformers), `static` (Model2Vec "
@@ -417,14 +418,18 @@ def cmd_serve(args) -> int:
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     formats = _format_guess(reg, home_of(profile)) if reg.needs_grader else None
-    app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts)
+    follow = _pointer_follower(args, profile)
+    app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts,
+                    follow=follow)
     app = _guarded(app, args, keyring, allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
     print(f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
           f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})"
           + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
-             f"prompts ({', '.join(formats.graders)})" if formats is not None else ""), file=sys.stderr, flush=True)
+             f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
+          + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""),
+          file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
                             **settings.uvicorn_options())
     uvicorn.Server(config).run(sockets=[sock])
@@ -525,6 +530,8 @@ def _check_serve_args(args) -> None:
         args.workers = min(DEFAULT_WORKERS, os.cpu_count() or 1)
     if args.workers < 1:
         raise RouterLiteError(f"--workers {args.workers} must be >= 1")
+    if not args.follow_interval >= 0:  # NaN too
+        raise RouterLiteError(f"--follow-interval {args.follow_interval} must be >= 0 seconds (0: do not follow)")
 
 
 def _served_router(args, profile):
@@ -559,6 +566,21 @@ def _served_router(args, profile):
     if star and star.get("target") == v["target"] and held.get("cost_ratio") is not None:
         what += f"; held-out test: {pct(held['quality_ratio'])} at {pct(held['cost_ratio'])}"
     return reg, v["target"], what + ")"
+
+
+def _pointer_follower(args, profile):
+    """Without --head: a follower of the profile's registry pointer that swaps in each router promoted there
+    (pipeline/serve/follow.py); None with --head or --follow-interval 0."""
+    from pathlib import Path
+
+    from pipeline.serve.follow import PointerFollower
+    from resources.storage import home_of
+
+    if args.head or args.follow_interval == 0:
+        return None
+    home = home_of(profile)
+    return PointerFollower(Path(home) / "registry", args.follow_interval,
+                           formats_for=lambda reg: _format_guess(reg, home))
 
 
 def _format_guess(reg, home):
@@ -610,19 +632,24 @@ def _serve_settings(args, profile, target: str | None = None):
                                          batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
                                          max_idle_per_client=args.max_idle_per_client,
                                          reserved_connections=args.reserved_connections,
-                                         default_target=target)
+                                         default_target=target, metrics=not args.no_metrics)
 
 
 def _serve_workers(args) -> int:
     """`serve --workers N`: bind the port once, start N `serve` processes that each load the head and backbone and
     accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
     exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
+    import contextlib
     import signal
     import subprocess
 
+    from pipeline.serve.metrics import multiprocess_dir
     from pipeline.serve.server import bind_listener, spawn_worker
 
     sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
+    metrics_dir = contextlib.ExitStack()  # the workers' metrics in files of one folder, summed by /metrics
+    if not args.no_metrics:
+        metrics_dir.enter_context(multiprocess_dir())
     sock.set_inheritable(True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     # the same command; the later --workers / --threads win, --fd hands over the socket
@@ -662,6 +689,7 @@ def _serve_workers(args) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         sock.close()
+        metrics_dir.close()
     return 0 if stopping and rc == 0 else rc
 
 
@@ -852,6 +880,10 @@ def _add_serve_command(sub) -> None:
                    help="slots idle connections never take: kept for requests with a complete head")
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     _add_client_key_options(p)
+    p.add_argument("--follow-interval", type=float, default=DEFAULT_FOLLOW_INTERVAL_S, metavar="S",
+                   help="without --head: check registry/latest.json every S seconds and swap in the router it "
+                        "names without a restart (default %(default)g; 0: do not follow)")
+    p.add_argument("--no-metrics", action="store_true", help="no GET /metrics (and no series recorded)")
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
     p.set_defaults(fn=cmd_serve)
 

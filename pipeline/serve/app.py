@@ -21,7 +21,17 @@
   line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
   `X-Request-Id` naming it.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
-- `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}`.
+- `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}` (liveness).
+- `GET /readyz`: 503 until the backbone, the router and the grading worker are warm, then 200, with a JSON body
+  naming what is warm, the router served and what following the pointer did (pipeline/serve/readiness.py).
+- `GET /metrics` (unless `settings.metrics` is off): the Prometheus series (pipeline/serve/metrics.py), observed once
+  per chat reply; the client key's name for the `key` label is `request.state.client_key` ("" when unset).
+
+The router is one immutable `ServedRouter` (pipeline/serve/served.py) in `app.state.served`; a chat request takes it
+once when it arrives and reads everything from it, so with `follow` (a `PointerFollower`, pipeline/serve/follow.py:
+it swaps in the router `registry/latest.json` names, loaded, checked and warmed first) a request finishes on the
+router it started with. Every chat reply carries `X-Router-Name`, the router that answered; the access log and the
+metrics name the same one.
 
 Errors are OpenAI-style `{"error": {"message", "type", "param", "code"}}`:
 400 malformed JSON / not an object / nested deeper than `max_json_depth` / a string that is not valid text (a lone
@@ -56,12 +66,13 @@ The endpoint by job, in pipeline/serve/: settings.py (`ServeSettings`), requests
 request: `parse_chat_request`, `RequestError`), batching.py (the micro-batched decisions: `DecisionBatcher`),
 relay.py (the agent's reply or stream back to the client, its failures as 502s), cascade_calls.py (a cascade's
 stages on one request), keys.py / spend.py / auth.py / metering.py (client keys, budgets and rates), server.py
-(`serve_in_thread`, `RouterServer`); this module builds the app and holds its request handlers.
+(`serve_in_thread`, `RouterServer`), served.py (the router a request is answered by), follow.py (following the
+registry pointer), metrics.py and readiness.py (`/metrics`, `/readyz`); this module builds the app and holds its
+request handlers.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import json
@@ -75,7 +86,6 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import cost_invalid, reply_usage
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
-from pipeline.serve.batching import DecisionBatcher
 from pipeline.serve.relay import (
     DISCONNECTED,
     deadline_of,
@@ -87,94 +97,57 @@ from pipeline.serve.relay import (
     whole_reply,
 )
 from pipeline.serve.requests import RequestError, error_response, parse_chat_request, read_body, show
+from pipeline.serve.served import Endpoint, decision_tag, served_router
 from pipeline.serve.settings import ServeSettings
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("router_lite.access")  # one JSON line per chat request (`_log_access`)
 
-MODEL_OWNER = "router-lite"
 MAX_TARGETS = 16  # target names whose router view is kept (LRU; the server's default is never evicted)
 GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
 MAX_CASCADE_VIEWS = 64  # (target, grader) views of a cascade kept; more are made per request, not cached
 
 
-def resolve_agents(registered, agents: Sequence[AgentSpec]) -> list[AgentSpec]:
-    """The pool's AgentSpec for each of the router's agents, in the router's order (the pool says which model to
-    call); an agent of the router missing from the pool -> RouterLiteError naming it."""
-    by_name = {a.name: a for a in agents}
-    missing = [a["name"] for a in registered.agents if a["name"] not in by_name]
-    if missing:
-        raise RouterLiteError(f"router {registered.name} routes to agent(s) {missing} that the pool lacks; pool "
-                              f"agents: {', '.join(sorted(by_name)) or '(none)'}")
-    out = []
-    for a in registered.agents:
-        spec = by_name[a["name"]]
-        if a.get("model") not in (None, a["name"], spec.model):
-            log.warning("router %s: agent %s was trained on model %s but the pool calls %s", registered.name,
-                        a["name"], a.get("model"), spec.model)
-        out.append(spec)
-    return out
-
-
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
-              settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False):
+              settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False, follow=None):
     """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredRouter`) with `backbone` (a
     `pipeline.embed.backbone.Backbone` of the router's model, pooling and max_seq_length), calling the pool `agents`
     through `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before
     serving; the clients are closed when the app shuts down). The handlers below are module-level and read what they
-    serve from `request.app.state`.
+    serve from `request.app.state`: the router from `state.served` (a `ServedRouter`, taken once per request).
 
     `formats` (a `pipeline.serve.formats.FormatGuess` over the router's training prompts): a cascade guesses the
     answer format of a request that names none from it (else such a request is routed prompt-only).
-    `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt."""
+    `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt.
+    `follow` (a `pipeline.serve.follow.PointerFollower`): the app swaps in the router the registry's pointer names
+    whenever it changes (started and stopped with the app)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
+    from pipeline.serve.metrics import ServeMetrics
+    from pipeline.serve.readiness import Readiness
+
     settings = settings or ServeSettings()
-    _check_backbone(registered, backbone)
-    specs = resolve_agents(registered, agents)
-    clients = [client_for(a) for a in specs]
-    default_point = registered.resolve_target(settings.default_target) if hasattr(registered, "resolve_target") \
-        else {"target": "max-quality", "lambda": 0.0}
-    batcher = DecisionBatcher(registered.at(settings.default_target) if hasattr(registered, "at") else registered,
-                              backbone, settings)
+    endpoint = Endpoint(backbone, agents, client_for, settings, log_prompts)
+    served = served_router(registered, endpoint, formats=formats)
     routes = [
         Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", _readyz, methods=["GET"]),
         Route("/v1/models", _models, methods=["GET"]),
         Route("/v1/models/{model:path}", _model_one, methods=["GET"]),
         Route("/v1/chat/completions", _chat, methods=["POST"]),
     ]
+    if settings.metrics:
+        routes.append(Route("/metrics", _metrics, methods=["GET"]))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found}, lifespan=_lifespan)
     state = app.state
-    state.registered, state.backbone, state.settings = registered, backbone, settings
-    state.specs, state.clients = specs, clients
-    state.batcher, state.default_point = batcher, default_point
-    # the router's view at each operating point a request asks for (made on first use); one DecisionBatcher embeds
-    # for all
-    state.views = collections.OrderedDict({default_point["target"]: (batcher.registered, default_point)})
-    state.cascade_views = {}
-    if settings.default_grader is not None and getattr(registered, "needs_grader", False):
-        registered.cascade_at(settings.default_target, settings.default_grader)  # a bad default fails before serving
-    state.router_name = registered.name
-    is_cascade = getattr(registered, "needs_grader", False)  # answer formats select a cascade's plan
-    state.formats = formats if is_cascade and formats is not None and formats.d == int(
-        registered.manifest.get("dim", registered.router.d)) else None
-    state.auto_views, state.log_prompts = {}, bool(log_prompts)
-    state.model_obj = {"id": registered.name, "object": "model", "created": 0, "owned_by": MODEL_OWNER}
-    state.upstream_opts = {"timeout": float(settings.upstream_timeout_s), "max_retries": 0}
+    state.endpoint, state.served, state.follower, state.readiness = endpoint, served, follow, Readiness()
+    state.settings = settings  # the server's connection limits (pipeline/serve/server.py RouterServer)
+    state.metrics = ServeMetrics() if settings.metrics else None
+    if state.metrics is not None:
+        state.metrics.router(served)
     return app
-
-
-def _check_backbone(registered, backbone) -> None:
-    """Refuse a backbone of the wrong width; warn when it is not the one the router was trained on."""
-    dim = int(registered.manifest.get("dim", registered.router.d))
-    if int(getattr(backbone, "dim", dim)) != dim:
-        raise RouterLiteError(f"backbone {getattr(backbone, 'model_id', backbone)!r} embeds {backbone.dim} dims but "
-                              f"router {registered.name} takes {dim}")
-    want_key = (registered.manifest.get("backbone") or {}).get("key")
-    if want_key and getattr(backbone, "key", want_key) != want_key:
-        log.warning("router %s was trained on backbone %s; serving with %s", registered.name, want_key, backbone.key)
 
 
 def _view_for(state, target: str | None):
@@ -318,7 +291,7 @@ def _log_access(request, resp, rid: str, t_start: float) -> None:
     server was started with `log_prompts`."""
     if not access_log.isEnabledFor(logging.INFO):
         return
-    h, state = resp.headers, request.app.state
+    h, state = resp.headers, getattr(request.state, "served", None) or request.app.state.served  # who answered
     called = h.get("X-Router-Agents-Called") or h.get("X-Router-Agent")
     cost = h.get("X-Router-Cost-Usd")
     line = {"request_id": rid, "router": state.router_name, "target": h.get(TARGET_HEADER),
@@ -338,7 +311,7 @@ def _log_access(request, resp, rid: str, t_start: float) -> None:
 async def _healthz(request):
     from starlette.responses import JSONResponse
 
-    state = request.app.state
+    state = request.app.state.served
     return JSONResponse({"status": "ok", "head": state.router_name, "agents": [a.name for a in state.specs],
                          "backbone": getattr(state.backbone, "model_id", str(state.backbone)),
                          "device": getattr(state.backbone, "device", "")})
@@ -347,13 +320,13 @@ async def _healthz(request):
 async def _models(request):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"object": "list", "data": [request.app.state.model_obj]})
+    return JSONResponse({"object": "list", "data": [request.app.state.served.model_obj]})
 
 
 async def _model_one(request):
     from starlette.responses import JSONResponse
 
-    state = request.app.state
+    state = request.app.state.served
     if request.path_params["model"] != state.router_name:
         return error_response(RequestError(404, f"The model {show(request.path_params['model'])} does not exist",
                                            "model_not_found", "model"))
@@ -371,7 +344,7 @@ async def _route(request, state):
         try:
             body = await read_body(request, settings.max_body_bytes)
             t0 = time.perf_counter()
-            req = parse_chat_request(body, state.router_name, settings)
+            req = parse_chat_request(body, state.router_name, settings, state.endpoint.retired)
             try:
                 target = request_target(request.headers, req.body, settings.default_target)
             except RouterLiteError as exc:
@@ -392,7 +365,7 @@ async def _route(request, state):
             batcher.arriving -= 1
         tag = getattr(view, "tag", None) or (point["target"] if getattr(view, "grader", None) is None
                                               else f"cascade|{point['target']}|{view.grader}")
-        decision = await batcher.decide(req.text, view, tag)
+        decision = await batcher.decide(req.text, view, decision_tag(state, tag))
     except RequestError as err:
         return error_response(err)
     except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
@@ -406,19 +379,25 @@ async def _route(request, state):
 
 
 async def _chat(request):
-    """A chat request: routed and answered by `_answer`, then one JSON line in the access log."""
+    """A chat request: routed and answered by `_answer` on the router served when it arrived (taken once: a swap
+    meanwhile does not change it), then one JSON line in the access log and the metrics."""
     t_start = time.perf_counter()
     rid = uuid.uuid4().hex
+    served = request.state.served = request.app.state.served
     resp = await _answer(request)
     resp.headers["X-Request-Id"] = rid
+    if "X-Router-Name" not in resp.headers:
+        resp.headers["X-Router-Name"] = served.router_name
     _log_access(request, resp, rid, t_start)
+    if request.app.state.metrics is not None:
+        request.app.state.metrics.observe(request, resp, served.router_name)
     return resp
 
 
 async def _answer(request):
     from starlette.responses import StreamingResponse
 
-    state = request.app.state
+    state = request.state.served
     routed = await _route(request, state)
     if not isinstance(routed, tuple):
         return routed
@@ -479,6 +458,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
     if result is None:  # the client left: its stage calls were cancelled and no escalation started
         return _gone()
     names = [state.specs[j].name for j in result.called]
+    request.state.calls = [(state.specs[r.agent].name, r.cost, r.latency_ms / 1000.0) for r in result.replies]
     name = state.router_name
     headers = {"X-Router-Head": name, "X-Router-Agents-Called": ",".join(names),
                "X-Router-Cost-Usd": f"{result.cost:.8f}", "X-Router-Cascade-Stage": str(result.stage),
@@ -520,15 +500,40 @@ async def _not_found(request, exc):
                                        code))
 
 
+async def _readyz(request):
+    from starlette.responses import JSONResponse
+
+    state = request.app.state
+    return JSONResponse(state.readiness.body(state.served, state.follower), 200 if state.readiness.ready else 503)
+
+
+async def _metrics(request):
+    from starlette.responses import Response
+
+    from pipeline.serve.metrics import CONTENT_TYPE
+
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app):
-    """Close the agents' clients and the router's embedding worker when the app shuts down."""
+    """Warm up (`/readyz`) and follow the registry's pointer in the background while the app runs; close the agents'
+    clients and the embedding worker when it shuts down."""
+    from pipeline.serve.readiness import warm_up
+
+    state = app.state
+    tasks = [asyncio.create_task(warm_up(app))]
+    if state.follower is not None:
+        tasks.append(asyncio.create_task(state.follower.run(app)))
     try:
         yield
     finally:
-        for c in app.state.clients:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in state.endpoint.clients.values():
             try:
                 await c.close()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
-        app.state.batcher.close()
+        state.endpoint.batcher.close()

@@ -88,7 +88,7 @@ class ClientGuard:
         state = scope["app"].state
         body, receive = await _buffered(scope, receive, state.settings.max_body_bytes)
         try:
-            req = parse_chat_request(body, state.router_name, state.settings) if body is not None else None
+            req = parse_chat_request(body, state.served.router_name, state.settings) if body is not None else None
             named = request_target(_Headers(scope), req.body) if req is not None else None
         except (RequestError, RouterLiteError):
             req = None
@@ -130,10 +130,11 @@ class ClientGuard:
                             "target_not_allowed", TARGET_FIELD)
 
     def _bounds(self, state, target: str):
-        key = (state.router_name, target)  # the router's name too: a server that swaps its router gets new bounds
+        served = state.served  # the router now served (it can be swapped between requests: read it once)
+        key = (served.router_name, target)  # the router's name too: a server that swaps its router gets new bounds
         hit = self.bounds.get(key)
         if hit is None:
-            hit = spend.price_bounds(state.registered, state.specs, target)
+            hit = spend.price_bounds(served.registered, served.specs, target)
             if len(self.bounds) < MAX_BOUNDS:
                 self.bounds[key] = hit
         return hit
@@ -185,9 +186,10 @@ def _longest_request_s(state) -> float:
     """How long a request may hold its reservation: every stage of the longest plan at the upstream deadline, the
     one retry of a dropped connection, and a minute more."""
     stages = 1
-    router = state.registered.router
+    registered = state.served.registered
+    router = registered.router
     for point in (getattr(router, "path", None) or {}).get("points", []) if getattr(
-            state.registered, "needs_grader", False) else ():
+            registered, "needs_grader", False) else ():
         plan = point.get("plan") or {}
         for pol in [plan.get("default") or {}, *(plan.get("by_grader") or {}).values()]:
             stages = max(stages, len(pol.get("stages") or ()))
@@ -250,6 +252,6 @@ async def _refuse(scope, receive, send, key, err: RequestError, headers: dict | 
     resp = error_response(err, {**(headers or {}), "X-Request-Id": rid})
     if access_log.isEnabledFor(logging.INFO):
         state = scope["app"].state
-        access_log.info(json.dumps({"request_id": rid, "router": state.router_name, "key": key and key.name,
+        access_log.info(json.dumps({"request_id": rid, "router": state.served.router_name, "key": key and key.name,
                                     "path": scope["path"], "status": err.status, "error": err.code}))
     await resp(scope, receive, send)

@@ -89,13 +89,14 @@ def load_json_body(body: bytes, settings: ServeSettings) -> dict:
     return req
 
 
-def parse_chat_request(body: bytes, router_name: str, settings: ServeSettings) -> ChatRequest:
-    """Validate a chat-completions body (a pure function: the whole 400/404 contract lives here)."""
+def parse_chat_request(body: bytes, router_name: str, settings: ServeSettings, aliases=()) -> ChatRequest:
+    """Validate a chat-completions body (a pure function: the whole 400/404 contract lives here). `model` may be
+    `router_name`, one of `aliases` (routers served before a promotion) or absent."""
     req = load_json_body(body, settings)
     model = req.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(400, f"'model' must be a string, got {type(model).__name__}", "invalid_value", "model")
-    if model not in (None, "", router_name):
+    if model not in (None, "", router_name) and model not in aliases:
         raise RequestError(404, f"The model {show(model)} does not exist: this router serves `{router_name}` "
                                 "(or leave `model` out)", "model_not_found", "model")
     messages = req.get("messages")

@@ -32,6 +32,7 @@ class ServeSettings:
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
     default_target: str | None = None  # operating point when a request names none (pipeline/route/targets.py)
     default_grader: str | None = None  # a cascade's answer format when a request names none (None: prompt-only)
+    metrics: bool = True  # GET /metrics and the series behind it (pipeline/serve/metrics.py)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_batch", "max_json_depth", "max_tokens_cap",

@@ -1,0 +1,282 @@
+"""Swapping the served router under load, and what /metrics costs.
+
+1. Swap. A home with two heads registered on the static backbone (random weights: serving cost does not depend on how
+   good a head is) and `registry/latest.json` on the first; `router-lite serve --workers 2` on it without `--head`
+   (it follows the pointer, `--follow-interval`, default 2 s), replay pool `mmlu_pro`. 16 concurrent clients send
+   recorded MMLU-Pro prompts; the pointer is moved to the second entry, and the script prints the seconds until all
+   replies name the new router (the end of the last reply naming the old one, after the move) and the requests
+   ok / failed from the move to then; then the pointer is moved back (a rollback) and measured the same way. After
+   both it reads /metrics (summed over the workers): swaps done and swap failures.
+2. /metrics overhead. Fresh `serve --workers 2` servers on the same home, with and without `--no-metrics`, in
+   alternating rounds: p50 of the client's latency and of X-Router-Overhead-Ms at 16 clients (new prompts each round,
+   so each is embedded by the static backbone: the cheap path where a per-request cost shows), and the servers' CPU
+   time per request (the steadier figure on a shared machine).
+
+    .venv/bin/python bench/serve_swap.py                       # both parts, about a minute after the static build
+    .venv/bin/python bench/serve_swap.py --skip-overhead --follow-interval 1
+
+On a real demo home (after `router-lite run`): the pointer's router and another registered entry of the same
+profile, prompts from the home's held-out tasks; the pointer's bytes are restored at the end:
+
+    ROUTER_LITE_HOME=.router-lite .venv/bin/python bench/serve_swap.py --home .router-lite --profile demo \
+        --to .router-lite/registry/<another entry> --skip-overhead
+
+Writes `--json` (default `$ROUTER_LITE_HOME/bench/serve_swap.json`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve import bench_dir, free_port, pct, phase, recorded_prompts, stop_server, tree_cpu_seconds  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def register_pair(root: Path, bb, prompts: list[str]) -> tuple[Path, Path]:
+    """Two heads with random weights on backbone `bb` for the mmlu_pro pool, registered under `root` (the OOD guard
+    fitted on `prompts`); the pointer names the first."""
+    from pipeline.route import registry
+    from pipeline.route.head import Head
+    from pipeline.route.ood import OODGuard
+    from resources.pool import PoolResource
+
+    agents = PoolResource(kind="replay", pool="mmlu_pro").agents()
+    X = bb.encode(prompts)
+    guard = OODGuard(k=3).fit(X[: len(X) // 2], X[len(X) // 2:])
+    out = []
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
+        out.append(registry.register(
+            root, head, guard, 0, agents=[{"name": a.name, "model": a.model} for a in agents],
+            backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
+                      "dim": bb.dim, **bb.registry_fields()},
+            training={"bench": "serve_swap", "seed": seed}, data_hashes={}, metrics={}))
+    registry.mark_latest(root, out[0].name, out[0])
+    return out[0], out[1]
+
+
+def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout_s: float = 240.0):
+    """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once every
+    worker printed its banner and /readyz answers 200."""
+    import threading
+
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "ROUTER_LITE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", profile, "--port", str(port),
+                             "--workers", str(workers), "--access-log", "off", *extra], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{''.join(lines)[-3000:]}")
+        banners = sum("router-lite serve: " in ln and " on http" in ln and "worker processes" not in ln
+                      for ln in lines)
+        try:
+            if banners >= workers and httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return proc, url, lines
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"router-lite serve was not ready within {timeout_s:.0f} s:\n{''.join(lines)[-3000:]}")
+
+
+async def swap_under_load(url: str, prompts: list[str], move, old: str, new: str, clients: int = 16,
+                          window_s: float = 30.0) -> dict:
+    """`clients` clients ask in a loop (keep-alive connections) until every reply names `new` (or `window_s` after
+    `move()` moved the pointer); {seconds until all replies name new, ok, failed, replies}."""
+    import httpx
+
+    replies: list[tuple[float, int, str | None]] = []  # (end, status, router) of each reply
+    done = asyncio.Event()
+
+    async def client(i: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            n = 0
+            while not done.is_set():
+                n += 1
+                p = prompts[(i * 7919 + n) % len(prompts)]
+                try:
+                    r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": p}]})
+                    replies.append((time.monotonic(), r.status_code, r.headers.get("x-router-name")))
+                except httpx.HTTPError:
+                    replies.append((time.monotonic(), 0, None))
+
+    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+    while len(replies) < 2 * clients:  # every client under way on the old router
+        await asyncio.sleep(0.05)
+    moved = time.monotonic()
+    move()
+    settled = None
+    while time.monotonic() - moved < window_s:
+        await asyncio.sleep(0.1)
+        after = [r for r in replies if r[0] > moved]
+        last_old = max((r[0] for r in after if r[2] == old), default=moved)
+        if any(r[2] == new for r in after) and sum(1 for r in after if r[0] > last_old) >= 4 * clients:
+            settled = last_old  # 4 rounds of every client since the last old reply, all new
+            break
+    done.set()
+    await asyncio.gather(*tasks)
+    during = [r for r in replies if moved < r[0] <= (settled or time.monotonic())]
+    return {"seconds_to_all_new": None if settled is None else round(settled - moved, 3),
+            "ok": sum(r[1] == 200 for r in during), "failed": sum(r[1] != 200 for r in during),
+            "replies": len(replies), "other_router": sum(r[2] not in (old, new) for r in replies if r[1] == 200)}
+
+
+def metric_value(text: str, name: str) -> float:
+    """The sum of every sample named `name` in a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def swap_part(home: Path, profile: str, a: Path, b: Path, prompts: list[str], args) -> dict:
+    import httpx
+
+    from pipeline.route import registry
+    from resources.storage import home_of
+
+    root = home_of(_profile(profile), home=home) / "registry"
+    proc, url, _ = start(home, profile, args.workers, ("--follow-interval", str(args.follow_interval)))
+    try:
+        out = {}
+        for label, (src, dst) in (("swap", (a, b)), ("rollback", (b, a))):
+            out[label] = asyncio.run(swap_under_load(
+                url, prompts, lambda dst=dst: registry.mark_latest(root, dst.name, dst), src.name, dst.name,
+                args.clients, args.window))
+            print(f"{label} {src.name} -> {dst.name}: {json.dumps(out[label])}", file=sys.stderr, flush=True)
+        time.sleep(args.follow_interval + 1)
+        text = httpx.get(url + "/metrics", timeout=30).text
+        out["metrics"] = {"swaps": metric_value(text, "router_lite_router_swaps_total"),
+                          "swap_failures": metric_value(text, "router_lite_router_swap_failures_total"),
+                          "requests": metric_value(text, "router_lite_requests_total")}
+    finally:
+        stop_server(proc)
+    return out
+
+
+def overhead_part(home: Path, profile: str, router: str, prompts: list[str], args) -> dict:
+    """p50 at `--clients` clients with and without metrics, alternating fresh servers, new prompts each round."""
+    rows = {"metrics": [], "no_metrics": []}
+    per = len(prompts) // (2 * args.rounds)
+    for r in range(args.rounds):
+        for i, (label, extra) in enumerate((("metrics", ()), ("no_metrics", ("--no-metrics",)))):
+            order = i if r % 2 == 0 else 1 - i
+            chunk = prompts[(2 * r + order) * per:(2 * r + order + 1) * per]
+            proc, url, _ = start(home, profile, args.workers, ("--follow-interval", "0", *extra))
+            try:
+                asyncio.run(phase(url, router, prompts[-8:], 1, 60))  # first-call costs
+                cpu0 = tree_cpu_seconds(proc.pid)
+                res = asyncio.run(phase(url, router, chunk, args.clients, 120))
+                cpu = tree_cpu_seconds(proc.pid) - cpu0
+            finally:
+                stop_server(proc)
+            rows[label].append({"e2e_p50_ms": pct(res["latency_ms"], 50),
+                                "overhead_p50_ms": pct(res["overhead_ms"], 50),
+                                "cpu_ms_per_req": 1000 * cpu / max(1, len(res["latency_ms"])),
+                                "requests": len(res["latency_ms"]), "errors": res["errors"]})
+            print(f"round {r} {label}: {json.dumps(rows[label][-1])}", file=sys.stderr, flush=True)
+    return {k: {f: float(np.median([x[f] for x in v])) for f in v[0]} for k, v in rows.items()}
+
+
+def _profile(name: str):
+    from pipeline.profile import load_profile
+
+    return load_profile(name)
+
+
+def _demo_prompts(home: Path, profile: str, n: int) -> list[str]:
+    import pandas as pd
+
+    from resources.storage import home_of
+
+    return pd.read_parquet(home_of(_profile(profile), home=home) / "datasets" / "tasks" / "test.parquet",
+                           columns=["prompt"])["prompt"].iloc[:n].tolist()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", default=None, help="a home whose pointer names A (default: a temp home, two heads)")
+    ap.add_argument("--profile", default="mmlu_pro")
+    ap.add_argument("--to", default=None, help="with --home: the entry B the pointer is moved to")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--follow-interval", type=float, default=2.0)
+    ap.add_argument("--window", type=float, default=60.0, help="give up on a swap after this many seconds")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of the /metrics overhead part")
+    ap.add_argument("--requests", type=int, default=200, help="requests per overhead round")
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(REPO))
+    from pipeline.route import registry
+    from resources.storage import home_of
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-serve-swap-")
+    if args.home:
+        home = Path(args.home)
+        if not args.to:
+            ap.error("--home needs --to: the registered entry the pointer is moved to")
+        root = home_of(_profile(args.profile), home=home) / "registry"
+        saved = (root / registry.LATEST).read_bytes()
+        a, b = registry.latest_path(root), Path(args.to)
+        prompts = _demo_prompts(home, args.profile, 400)
+    else:
+        from pipeline.route.embed import Backbone
+
+        home = Path(tmp.name) / "home"
+        root = home_of(_profile(args.profile), home=home) / "registry"
+        saved = None
+        prompts = recorded_prompts(2 * args.rounds * args.requests + 8)
+        a, b = register_pair(root, Backbone("static"), prompts[:40])
+    load0 = os.getloadavg()[0]
+    result = {"workers": args.workers, "clients": args.clients, "follow_interval_s": args.follow_interval,
+              "a": a.name, "b": b.name}
+    try:
+        result.update(swap_part(home, args.profile, a, b, prompts, args))
+        if not args.skip_overhead:
+            result["overhead"] = overhead_part(home, args.profile, a.name, prompts, args)
+    finally:
+        if saved is not None:
+            (root / registry.LATEST).write_bytes(saved)
+    result["load_avg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    print(f"\nswap under load: serve --workers {args.workers}, {args.clients} clients, follow interval "
+          f"{args.follow_interval:g} s (load average {load0:.1f} -> {os.getloadavg()[0]:.1f})")
+    print("| move | seconds until all replies name the new router | ok | failed |\n|---|---|---|---|")
+    for label in ("swap", "rollback"):
+        r = result[label]
+        print(f"| {label} | {r['seconds_to_all_new']} | {r['ok']} | {r['failed']} |")
+    print(f"/metrics after both: {result['metrics']}")
+    if "overhead" in result:
+        print("\n| /metrics | e2e p50 | overhead p50 | server CPU/req |\n|---|---|---|---|")
+        for label, r in result["overhead"].items():
+            print(f"| {label} | {r['e2e_p50_ms']:.1f} ms | {r['overhead_p50_ms']:.2f} ms | "
+                  f"{r['cpu_ms_per_req']:.2f} ms |")
+    out = Path(args.json) if args.json else bench_dir() / "serve_swap.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=float))
+    tmp.cleanup()
+    return 0 if all(result[k]["failed"] == 0 and result[k]["seconds_to_all_new"] is not None
+                    for k in ("swap", "rollback")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

