@@ -310,7 +310,7 @@ def test_allowed_targets_restrict_every_client(world):
     app = build_app(reg, HashBackbone(), specs, client_for, ServeSettings())
     with pytest.raises(RouterLiteError, match="default target max-quality is not among --allowed-targets"):
         guard_clients(app, allowed_targets=("parity",))
-    app.state.batcher.close()
+    app.state.served.endpoint.batcher.close()
 
 
 def test_retry_after_is_when_enough_old_spend_leaves_the_rolling_window():

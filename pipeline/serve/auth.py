@@ -104,7 +104,7 @@ class ClientGuard:
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
-        meter = ReplyMeter(send, state, req.upstream)
+        meter = ReplyMeter(send, state.served, req.upstream)  # the served router: its agents price the reply
         try:
             await self.app(scope, receive, meter.send)
         finally:

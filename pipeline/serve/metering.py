@@ -16,8 +16,8 @@ class ReplyMeter:
     """What the reply cost, read from the response as it goes out: `send` wraps the ASGI send; `cost(worst_case)`
     once the response is over."""
 
-    def __init__(self, send, state, upstream: dict):
-        self.send_, self.state, self.upstream = send, state, upstream
+    def __init__(self, send, served, upstream: dict):
+        self.send_, self.served, self.upstream = send, served, upstream
         self.status, self.header_cost, self.stream = None, None, None
 
     async def send(self, message) -> None:
@@ -26,7 +26,7 @@ class ReplyMeter:
             headers = {k.lower(): v for k, v in message.get("headers", [])}
             cost = headers.get(b"x-router-cost-usd")
             self.header_cost = float(cost) if cost else None
-            spec = {s.name: s for s in self.state.specs}.get(headers.get(b"x-router-agent", b"").decode("latin-1"))
+            spec = {s.name: s for s in self.served.specs}.get(headers.get(b"x-router-agent", b"").decode("latin-1"))
             if self.status == 200 and cost is None and spec is not None and \
                     headers.get(b"content-type", b"").startswith(b"text/event-stream"):
                 self.stream = StreamCost(spec, self.upstream)
