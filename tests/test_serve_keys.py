@@ -147,6 +147,7 @@ def test_no_key_or_a_wrong_one_is_401_and_healthz_stays_open(world, tmp_path, ca
         health = httpx.get(srv.url + "/healthz")
         ok_a, ok_b = ask(srv, KEY_A), ask(srv, KEY_B)
         models = httpx.get(srv.base_url + "/models", headers={"Authorization": f"Bearer {KEY_B}"})
+        metrics = httpx.get(srv.url + "/metrics").text
     for r in refused:
         assert r.status_code == 401, r.text
         assert r.json() == {"error": {"message": r.json()["error"]["message"], "type": "invalid_request_error",
@@ -159,6 +160,12 @@ def test_no_key_or_a_wrong_one_is_401_and_healthz_stays_open(world, tmp_path, ca
     assert sum(x["status"] == 401 and x["key"] is None for x in lines) == len(refused)
     text = caplog.text + json.dumps(lines)
     assert KEY_A not in text and KEY_B not in text and "0123456788" not in text
+    # /metrics counts the refused requests too, by status and key name (none for a refused one)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counted = {(x.labels["status"], x.labels["key"]): x.value for f in text_string_to_metric_families(metrics)
+               if f.name == "router_lite_requests" for x in f.samples if x.name.endswith("_total")}
+    assert counted == {("401", ""): len(refused), ("200", "team-a"): 1, ("200", "team-b"): 1}
 
 
 def test_recorded_spend_is_the_replies_usage_cost_and_survives_a_restart(world, tmp_path):

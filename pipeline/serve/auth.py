@@ -247,11 +247,14 @@ async def _buffered(scope, receive, limit: int):
 
 
 async def _refuse(scope, receive, send, key, err: RequestError, headers: dict | None = None) -> None:
-    """Answer `err` (OpenAI-shaped) and log one access line naming the key (never the key itself)."""
+    """Answer `err` (OpenAI-shaped), count it in the metrics and log one access line naming the key (never the key
+    itself)."""
     rid = uuid.uuid4().hex
-    resp = error_response(err, {**(headers or {}), "X-Request-Id": rid})
+    state = scope["app"].state
+    resp = error_response(err, {**(headers or {}), "X-Request-Id": rid, "X-Router-Name": state.served.router_name})
+    if getattr(state, "metrics", None) is not None:
+        state.metrics.refused(err.status, state.served.router_name, key.name if key is not None else "")
     if access_log.isEnabledFor(logging.INFO):
-        state = scope["app"].state
         access_log.info(json.dumps({"request_id": rid, "router": state.served.router_name, "key": key and key.name,
                                     "path": scope["path"], "status": err.status, "error": err.code}))
     await resp(scope, receive, send)

@@ -70,6 +70,10 @@ class ServeMetrics:
         self.served.labels(served.router_name).set(1)
         self.promoted.labels(served.router_name).set(served.origin["promoted_at"])
 
+    def refused(self, status: int, router: str, key: str) -> None:
+        """A chat request the client-key middleware refused (401, 403, 429, 503) before the app saw it."""
+        self.requests.labels(str(status), router, key).inc()
+
     def observe(self, request, resp, router: str) -> None:
         """One answered chat request (any status)."""
         h = resp.headers
