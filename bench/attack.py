@@ -1062,10 +1062,9 @@ def _cascade_entry(tmp: Path, names: list[str]) -> Path:
                              metrics={})
 
 
-@row("25.1", "serve: cheap agents answer poisoned replies; /healthz < 100 ms meanwhile, 200 escalated, counted")
-def grading_poison_serve(tmp: Path) -> str:
-    import threading
-
+def poisoned_cascade_app(tmp: Path, reply_of: Callable[[str, str, int], str], **settings):
+    """The cascade of `_cascade_entry` (cheap_a and cheap_b asked first, k=2, else strong) as an app whose agents
+    answer `reply_of(agent, grader, i)` to a prompt "<grader> <i> row <i>" (no network: httpx.MockTransport)."""
     import httpx
     import numpy as np
     import openai
@@ -1073,29 +1072,41 @@ def grading_poison_serve(tmp: Path) -> str:
     from pipeline.collect.agents import AgentSpec
     from pipeline.route import registry
     from pipeline.serve.app import build_app
-    from pipeline.serve.server import serve_in_thread
     from pipeline.serve.settings import ServeSettings
 
     names = ["strong", "cheap_a", "cheap_b"]
     reg = registry.load(_cascade_entry(tmp, names))
     X = np.load(_world_files().parent.parent / "X.npy")
     specs = [AgentSpec(n, n, "test", None, p, p) for n, p in zip(names, (10.0, 0.1, 0.1))]
-    poison = {"math_expression": [r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$"],
-              "integer": [r"The answer is $(9^{99})^{99}$", '{"answer": "1' + " " * 20_000 + '+1"}']}
 
     def client_for(spec):
         def reply(request):
-            body = json.loads(request.content)
-            grader, i = body["messages"][-1]["content"].split()[:2]
-            which = (int(i) + (spec.name == "cheap_b")) % 2  # the two cheap agents never give the same poison
-            text = "The answer is 1" if spec.name == "strong" else poison[grader][which]
+            grader, i = json.loads(request.content)["messages"][-1]["content"].split()[:2]
+            text = reply_of(spec.name, grader, int(i))
             return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": spec.model, "choices": [
                 {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
         return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
                                   http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
 
+    return build_app(reg, _Backbone(X), specs, client_for, ServeSettings(**settings))
+
+
+@row("25.1", "serve: cheap agents answer poisoned replies; /healthz < 100 ms meanwhile, 200 escalated, counted")
+def grading_poison_serve(tmp: Path) -> str:
+    import threading
+
+    import httpx
+
+    from pipeline.serve.server import serve_in_thread
+
+    poison = {"math_expression": [r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$"],
+              "integer": [r"The answer is $(9^{99})^{99}$", '{"answer": "1' + " " * 20_000 + '+1"}']}
+
+    def reply_of(agent: str, grader: str, i: int) -> str:  # the two cheap agents never give the same poison
+        return "The answer is 1" if agent == "strong" else poison[grader][(i + (agent == "cheap_b")) % 2]
+
     health, results = [], []
-    with serve_in_thread(build_app(reg, _Backbone(X), specs, client_for, ServeSettings())) as srv:
+    with serve_in_thread(poisoned_cascade_app(tmp, reply_of)) as srv:
         def ask(grader: str, i: int) -> None:
             r = httpx.post(srv.base_url + "/chat/completions", timeout=60, headers={"X-Router-Grader": grader},
                            json={"messages": [{"role": "user", "content": f"{grader} {i} row {i}"}]})
