@@ -1139,6 +1139,74 @@ def grading_poison_serve(tmp: Path) -> str:
             f"polls: median {np.median(health):.0f} ms, p90 {p90:.0f} ms, max {worst:.0f} ms")
 
 
+def grading_workers() -> int:
+    """Live children of the grading forkserver (pipeline/collect/bounded.py's sympy workers), read from /proc."""
+    from multiprocessing import forkserver
+
+    pid, alive = getattr(forkserver._forkserver, "_forkserver_pid", None), 0
+    for proc in Path("/proc").iterdir() if pid is not None else ():
+        try:
+            state, ppid = (proc / "stat").read_text().split(")")[-1].split()[:2] if proc.name.isdigit() else ("", "")
+        except OSError:  # gone meanwhile
+            continue
+        alive += ppid == str(pid) and state != "Z"
+    return alive
+
+
+@row("starvation", "serve: 40 math_expression cascades spinning in sympy (3 s budget); integer ones answered first")
+def grading_starvation(tmp: Path) -> str:
+    import asyncio
+
+    import httpx
+
+    from pipeline.collect import bounded
+    from pipeline.serve.server import serve_in_thread
+
+    poison = (r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$")
+    n = 40  # more than any event loop's default thread pool (32 threads at most), where grading used to queue
+
+    def reply_of(agent: str, grader: str, i: int) -> str:
+        if agent == "strong":
+            return "The answer is 1"
+        return "The answer is 7" if grader == "integer" else poison[agent == "cheap_b"]
+
+    async def scenario(base_url: str):
+        async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            async def ask(grader: str, i: int) -> httpx.Response:
+                return await c.post("/chat/completions", headers={"X-Router-Grader": grader},
+                                    json={"messages": [{"role": "user", "content": f"{grader} {i} row {i}"}]})
+
+            poisoned = [asyncio.ensure_future(ask("math_expression", i)) for i in range(n)]
+            await asyncio.sleep(0.5)
+            t = time.perf_counter()
+            good = await asyncio.gather(*(ask("integer", 100 + i) for i in range(5)))
+            good_s, done = time.perf_counter() - t, [p.done() for p in poisoned]
+            return good, good_s, done, await asyncio.gather(*poisoned)
+
+    bounded.warm_up(background=False)
+    previous = bounded.configure(bounded.Budget(budget_ms=3000))  # a comparison spins 3 s before it is killed
+    try:
+        with serve_in_thread(poisoned_cascade_app(tmp, reply_of)) as srv:
+            good, good_s, done, bad = asyncio.run(scenario(srv.base_url))
+    finally:
+        bounded.configure(previous)
+    assert [r.status_code for r in good] == [200] * 5 and {r.headers["x-router-agent"] for r in good} == {"cheap_a"}
+    # the order, not a time: every integer request was answered while no poisoned cascade had finished (the OOD
+    # guard sends a few rows to strong alone: they grade nothing)
+    graded = [d for d, r in zip(done, bad) if "cheap_a" in r.headers["x-router-agents-called"]]
+    assert len(graded) >= n // 2 and not any(graded), \
+        f"{sum(graded)} of {len(graded)} poisoned cascades finished before the 5 integer ones ({good_s:.1f} s)"
+    assert all(r.status_code == 200 and r.headers["x-router-agent"] == "strong" for r in bad), \
+        [(r.status_code, r.headers.get("x-router-agent")) for r in bad]
+    deadline = time.monotonic() + 10
+    while grading_workers() > bounded.POOL_SIZE and time.monotonic() < deadline:  # killed ones going
+        time.sleep(0.1)
+    left = grading_workers()
+    assert left <= bounded.POOL_SIZE, f"{left} grading workers alive after"
+    return (f"5 integer cascades answered in {good_s:.2f} s with {len(graded)} poisoned cascades in flight; all 200, "
+            f"the poisoned escalated; {left} grading worker(s) alive after")
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []

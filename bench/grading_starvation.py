@@ -5,7 +5,10 @@ budget) are put in flight, then 20 good `integer` requests (both cheap agents sa
 the good requests' latency (p50 / p95 / max), the poisoned ones' outcome (statuses, how many escalated to strong,
 overruns counted), /healthz latency meanwhile, and the grading worker processes alive after.
 
-    python bench/grading_starvation.py [--poisoned 60,200] [--good 20]
+    python bench/grading_starvation.py [--poisoned 60,200] [--good 20] [--control]
+
+`--control`: the same requests with good math_expression replies (the cheap agents agree, no sympy): what the load
+itself costs on this machine.
 
 The old code side by side: the same script on a copy of an older tree, e.g.
     git archive de80346 | tar -x -C /tmp/old && cp bench/grading_starvation.py bench/attack.py /tmp/old/bench/
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import sys
 import tempfile
 import time
@@ -24,13 +28,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from attack import poisoned_cascade_app  # noqa: E402 - bench/ is the script's directory
+from attack import grading_workers, poisoned_cascade_app  # noqa: E402 - bench/ is the script's directory
 
 from pipeline.collect import bounded  # noqa: E402
 from pipeline.serve.server import serve_in_thread  # noqa: E402
@@ -41,20 +44,12 @@ POISON = (r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\
 def reply_of(agent: str, grader: str, i: int) -> str:
     if agent == "strong":
         return "The answer is 1"
-    if grader == "integer":
+    if grader == "integer" or CONTROL:
         return "The answer is 7"
     return POISON[agent == "cheap_b"]  # two different poisons: their comparison needs sympy
 
 
-def grading_workers() -> int:
-    """Live children of the grading forkserver (the sympy workers)."""
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid is None:
-        return 0
-    with_children = psutil.Process(pid).children() if psutil.pid_exists(pid) else []
-    return sum(p.status() != psutil.STATUS_ZOMBIE for p in with_children)
+CONTROL = False  # --control: the same load, the math_expression replies good (no sympy): what the load alone costs
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -85,6 +80,7 @@ async def scenario(base_url: str, health_url: str, n_poisoned: int, n_good: int)
         good, bad = await good_task, await asyncio.gather(*poisoned)
     wall = time.perf_counter() - t0
     good_s = [s for _, s in good]
+    overruns = sum(int(r.headers.get("x-router-grading-overruns", 0)) for r, _ in bad)
     return {
         "poisoned": n_poisoned, "poisoned_in_flight_when_good_sent": in_flight,
         "good": {"n": n_good, "status": dict(collections.Counter(r.status_code for r, _ in good)),
@@ -92,7 +88,7 @@ async def scenario(base_url: str, health_url: str, n_poisoned: int, n_good: int)
                  "p50_s": pct(good_s, 50), "p95_s": pct(good_s, 95), "max_s": max(good_s)},
         "poisoned_outcome": {"status": dict(collections.Counter(r.status_code for r, _ in bad)),
                              "escalated_to_strong": sum(r.headers.get("x-router-agent") == "strong" for r, _ in bad),
-                             "overruns_counted": sum(int(r.headers.get("x-router-grading-overruns", 0)) for r, _ in bad),
+                             "overruns_counted": overruns,
                              "p50_s": pct([s for _, s in bad], 50), "max_s": max(s for _, s in bad)},
         "healthz_ms": {"polls": len(health), "p50": pct(health, 50), "p95": pct(health, 95), "max": max(health)},
         "wall_s": wall,
@@ -103,10 +99,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--poisoned", default="60,200", help="comma-separated numbers of poisoned requests in flight")
     ap.add_argument("--good", type=int, default=20)
+    ap.add_argument("--control", action="store_true", help="the N math_expression requests are good too")
     a = ap.parse_args(argv)
+    global CONTROL
+    CONTROL = a.control
     import pipeline
 
-    print(f"code: {Path(pipeline.__file__).parent.parent}; load average {psutil.getloadavg()}", flush=True)
+    print(f"code: {Path(pipeline.__file__).parent.parent}; load average {os.getloadavg()}", flush=True)
     bounded.warm_up(background=False)  # as `router-lite serve` does at start
     tmp = Path(tempfile.mkdtemp(prefix="grading-starvation-"))
     out = []
@@ -120,7 +119,7 @@ def main(argv=None) -> int:
         time.sleep(1.0)  # an overrun worker being killed gets its moment
         res["grading_workers_after"], res["pool_size"], res["grading_counts"] = (grading_workers(), bounded.POOL_SIZE,
                                                                                  bounded.counts())
-        res["load_average_after"] = psutil.getloadavg()
+        res["load_average_after"] = os.getloadavg()
         print(json.dumps(res), flush=True)
         out.append(res)
     print("\n| poisoned in flight | good p50 / p95 / max s | poisoned: 200 / escalated / overruns | poisoned max s "
