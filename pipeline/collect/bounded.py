@@ -21,7 +21,9 @@ the agreement tensor, collection and regrade run goes through here.
   once instead of queueing for minutes). A request's grading awaits its sympy jobs one at a time (its grading is a
   generator, `Steps`, that yields them), so a request has at most one job queued or running and poisoned requests
   take turns in their lane. Lanes are threads, not asyncio primitives: the worker slots are shared with the
-  blocking API, and one process runs several event loops (serve_in_thread, tests).
+  blocking API, and one process runs several event loops (serve_in_thread, tests). (Whole gradings used to run in
+  the event loop's default thread pool, whose few threads then all waited for the two workers behind poisoned
+  comparisons: text-only grading of every format queued behind them, bench/grading_starvation.py.)
 
 The budget and the cap are `collection.grading_budget_ms` / `collection.grading_max_chars` of a profile (and
 `--grading-budget-ms` of `serve` and `train`); `configure` sets this process's defaults.
