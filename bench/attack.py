@@ -1062,10 +1062,9 @@ def _cascade_entry(tmp: Path, names: list[str]) -> Path:
                              metrics={})
 
 
-@row("25.1", "serve: cheap agents answer poisoned replies; /healthz < 100 ms meanwhile, 200 escalated, counted")
-def grading_poison_serve(tmp: Path) -> str:
-    import threading
-
+def poisoned_cascade_app(tmp: Path, reply_of: Callable[[str, str, int], str], **settings):
+    """The cascade of `_cascade_entry` (cheap_a and cheap_b asked first, k=2, else strong) as an app whose agents
+    answer `reply_of(agent, grader, i)` to a prompt "<grader> <i> row <i>" (no network: httpx.MockTransport)."""
     import httpx
     import numpy as np
     import openai
@@ -1073,29 +1072,41 @@ def grading_poison_serve(tmp: Path) -> str:
     from pipeline.collect.agents import AgentSpec
     from pipeline.route import registry
     from pipeline.serve.app import build_app
-    from pipeline.serve.server import serve_in_thread
     from pipeline.serve.settings import ServeSettings
 
     names = ["strong", "cheap_a", "cheap_b"]
     reg = registry.load(_cascade_entry(tmp, names))
     X = np.load(_world_files().parent.parent / "X.npy")
     specs = [AgentSpec(n, n, "test", None, p, p) for n, p in zip(names, (10.0, 0.1, 0.1))]
-    poison = {"math_expression": [r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$"],
-              "integer": [r"The answer is $(9^{99})^{99}$", '{"answer": "1' + " " * 20_000 + '+1"}']}
 
     def client_for(spec):
         def reply(request):
-            body = json.loads(request.content)
-            grader, i = body["messages"][-1]["content"].split()[:2]
-            which = (int(i) + (spec.name == "cheap_b")) % 2  # the two cheap agents never give the same poison
-            text = "The answer is 1" if spec.name == "strong" else poison[grader][which]
+            grader, i = json.loads(request.content)["messages"][-1]["content"].split()[:2]
+            text = reply_of(spec.name, grader, int(i))
             return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": spec.model, "choices": [
                 {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
         return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
                                   http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
 
+    return build_app(reg, _Backbone(X), specs, client_for, ServeSettings(**settings))
+
+
+@row("25.1", "serve: cheap agents answer poisoned replies; /healthz < 100 ms meanwhile, 200 escalated, counted")
+def grading_poison_serve(tmp: Path) -> str:
+    import threading
+
+    import httpx
+
+    from pipeline.serve.server import serve_in_thread
+
+    poison = {"math_expression": [r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$"],
+              "integer": [r"The answer is $(9^{99})^{99}$", '{"answer": "1' + " " * 20_000 + '+1"}']}
+
+    def reply_of(agent: str, grader: str, i: int) -> str:  # the two cheap agents never give the same poison
+        return "The answer is 1" if agent == "strong" else poison[grader][(i + (agent == "cheap_b")) % 2]
+
     health, results = [], []
-    with serve_in_thread(build_app(reg, _Backbone(X), specs, client_for, ServeSettings())) as srv:
+    with serve_in_thread(poisoned_cascade_app(tmp, reply_of)) as srv:
         def ask(grader: str, i: int) -> None:
             r = httpx.post(srv.base_url + "/chat/completions", timeout=60, headers={"X-Router-Grader": grader},
                            json={"messages": [{"role": "user", "content": f"{grader} {i} row {i}"}]})
@@ -1422,6 +1433,74 @@ def body_refused_closes(tmp: Path) -> str:
         with httpx.Client(base_url=srv.base_url, timeout=10) as c:
             assert _chat(c).status_code == 200
     return "; ".join(out)
+
+
+def grading_workers() -> int:
+    """Live children of the grading forkserver (pipeline/collect/bounded.py's sympy workers), read from /proc."""
+    from multiprocessing import forkserver
+
+    pid, alive = getattr(forkserver._forkserver, "_forkserver_pid", None), 0
+    for proc in Path("/proc").iterdir() if pid is not None else ():
+        try:
+            state, ppid = (proc / "stat").read_text().split(")")[-1].split()[:2] if proc.name.isdigit() else ("", "")
+        except OSError:  # gone meanwhile
+            continue
+        alive += ppid == str(pid) and state != "Z"
+    return alive
+
+
+@row("starvation", "serve: 40 math_expression cascades spinning in sympy (3 s budget); integer ones answered first")
+def grading_starvation(tmp: Path) -> str:
+    import asyncio
+
+    import httpx
+
+    from pipeline.collect import bounded
+    from pipeline.serve.server import serve_in_thread
+
+    poison = (r"The answer is $\exp(\exp(\exp(100)))$", r"The answer is $\tan(\exp(\exp(20)))$")
+    n = 40  # more than any event loop's default thread pool (32 threads at most), where grading used to queue
+
+    def reply_of(agent: str, grader: str, i: int) -> str:
+        if agent == "strong":
+            return "The answer is 1"
+        return "The answer is 7" if grader == "integer" else poison[agent == "cheap_b"]
+
+    async def scenario(base_url: str):
+        async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=httpx.Limits(max_connections=64)) as c:
+            async def ask(grader: str, i: int) -> httpx.Response:
+                return await c.post("/chat/completions", headers={"X-Router-Grader": grader},
+                                    json={"messages": [{"role": "user", "content": f"{grader} {i} row {i}"}]})
+
+            poisoned = [asyncio.ensure_future(ask("math_expression", i)) for i in range(n)]
+            await asyncio.sleep(0.5)
+            t = time.perf_counter()
+            good = await asyncio.gather(*(ask("integer", 100 + i) for i in range(5)))
+            good_s, done = time.perf_counter() - t, [p.done() for p in poisoned]
+            return good, good_s, done, await asyncio.gather(*poisoned)
+
+    bounded.warm_up(background=False)
+    previous = bounded.configure(bounded.Budget(budget_ms=3000))  # a comparison spins 3 s before it is killed
+    try:
+        with serve_in_thread(poisoned_cascade_app(tmp, reply_of)) as srv:
+            good, good_s, done, bad = asyncio.run(scenario(srv.base_url))
+    finally:
+        bounded.configure(previous)
+    assert [r.status_code for r in good] == [200] * 5 and {r.headers["x-router-agent"] for r in good} == {"cheap_a"}
+    # the order, not a time: every integer request was answered while no poisoned cascade had finished (the OOD
+    # guard sends a few rows to strong alone: they grade nothing)
+    graded = [d for d, r in zip(done, bad) if "cheap_a" in r.headers["x-router-agents-called"]]
+    assert len(graded) >= n // 2 and not any(graded), \
+        f"{sum(graded)} of {len(graded)} poisoned cascades finished before the 5 integer ones ({good_s:.1f} s)"
+    assert all(r.status_code == 200 and r.headers["x-router-agent"] == "strong" for r in bad), \
+        [(r.status_code, r.headers.get("x-router-agent")) for r in bad]
+    deadline = time.monotonic() + 10
+    while grading_workers() > bounded.POOL_SIZE and time.monotonic() < deadline:  # killed ones going
+        time.sleep(0.1)
+    left = grading_workers()
+    assert left <= bounded.POOL_SIZE, f"{left} grading workers alive after"
+    return (f"5 integer cascades answered in {good_s:.2f} s with {len(graded)} poisoned cascades in flight; all 200, "
+            f"the poisoned escalated; {left} grading worker(s) alive after")
 
 
 # --------------------------------------------------------------------------------------------------------- run

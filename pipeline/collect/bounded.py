@@ -11,6 +11,19 @@ the agreement tensor, collection and regrade run goes through here.
 - An overrun or any exception is "no answer" (`Outcome.status` "overrun" / "error"): an extraction gives None, a
   comparison disagrees. Each is counted (`counts()`), so callers report them (a serve header, asset metadata, a
   collection log line).
+- Queues. The blocking API (collection, regrade, the agreement tensor, train) waits for a worker as long as it takes:
+  a batch's verdicts never depend on the machine's load. The `*_async` API (serve) never lets one answer format's
+  poison delay anything else: a reply's in-process part runs in a thread pool of its own (`TEXT_THREADS`) that never
+  waits for a worker, so text-only grading (mcq_letter, plain numbers) never queues behind sympy; each job that needs
+  sympy goes to its format's lane (`FORMAT_SLOTS` threads per grader: the worker jobs one format runs at once, so the
+  other `POOL_SIZE - FORMAT_SLOTS` workers stay for the other formats); and a job that holds no worker within its
+  budget, counted from when it was queued, is an overrun like one that runs past it (so a flood of poison drains at
+  once instead of queueing for minutes). A request's grading awaits its sympy jobs one at a time (its grading is a
+  generator, `Steps`, that yields them), so a request has at most one job queued or running and poisoned requests
+  take turns in their lane. Lanes are threads, not asyncio primitives: the worker slots are shared with the
+  blocking API, and one process runs several event loops (serve_in_thread, tests). (Whole gradings used to run in
+  the event loop's default thread pool, whose few threads then all waited for the two workers behind poisoned
+  comparisons: text-only grading of every format queued behind them, bench/grading_starvation.py.)
 
 The budget and the cap are `collection.grading_budget_ms` / `collection.grading_max_chars` of a profile (and
 `--grading-budget-ms` of `serve` and `train`); `configure` sets this process's defaults.
@@ -26,7 +39,9 @@ import multiprocessing
 import pickle
 import queue
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -38,6 +53,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET_MS = 250.0
 DEFAULT_MAX_CHARS = 32_768
 POOL_SIZE = 2  # worker processes for the sympy part (jobs from more threads wait for one)
+FORMAT_SLOTS = 1  # serve: worker jobs one answer format runs at once (its lane); the other workers stay for the rest
+TEXT_THREADS = 1  # serve: the thread for the in-process part of grading (never waits for a worker; GIL-bound: one)
 START_TIMEOUT_S = 60.0  # a worker that does not report ready by then is an error, not an overrun
 
 
@@ -171,27 +188,37 @@ class _Pool:
                 self.ctx = ctx
             return self.ctx
 
-    def call(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
-        with self.slots:
+    def call(self, fn: Callable, args: tuple, timeout_s: float, queued_until: float | None = None) -> Outcome:
+        """`fn(*args)` in a worker, killed past `timeout_s`. `queued_until` (time.monotonic()): a job that holds no
+        worker by then is an overrun (serve's lanes); None waits for one as long as it takes."""
+        left = None if queued_until is None else queued_until - time.monotonic()
+        if (left is not None and left <= 0) or not self.slots.acquire(timeout=left):
+            return Outcome(None, "overrun")
+        try:
+            return self._on_worker(fn, args, timeout_s)
+        finally:
+            self.slots.release()
+
+    def _on_worker(self, fn: Callable, args: tuple, timeout_s: float) -> Outcome:
+        try:
+            worker = self.idle.get_nowait()
+        except queue.Empty:
             try:
-                worker = self.idle.get_nowait()
-            except queue.Empty:
-                try:
-                    worker = _Worker(self._context())
-                except Exception as exc:  # noqa: BLE001 - no worker: this reply gets no answer, said once here
-                    log.warning("grading worker failed to start: %s", exc)
-                    return Outcome(None, "error")
-            try:
-                worker.conn.send((fn, args))
-                if not worker.conn.poll(timeout_s):
-                    worker.kill()
-                    return Outcome(None, "overrun")
-                status, value = worker.conn.recv()
-            except (EOFError, OSError, ValueError, pickle.PicklingError):
-                worker.kill()
+                worker = _Worker(self._context())
+            except Exception as exc:  # noqa: BLE001 - no worker: this reply gets no answer, said once here
+                log.warning("grading worker failed to start: %s", exc)
                 return Outcome(None, "error")
-            self.idle.put(worker)
-            return Outcome(value, status)
+        try:
+            worker.conn.send((fn, args))
+            if not worker.conn.poll(timeout_s):
+                worker.kill()
+                return Outcome(None, "overrun")
+            status, value = worker.conn.recv()
+        except (EOFError, OSError, ValueError, pickle.PicklingError):
+            worker.kill()
+            return Outcome(None, "error")
+        self.idle.put(worker)
+        return Outcome(value, status)
 
     def close(self) -> None:
         while True:
@@ -226,7 +253,13 @@ def close() -> None:
 
 
 # --------------------------------------------------------------------------------------------------- the jobs
-def _run(fn: Callable, args: tuple, budget: Budget) -> Outcome:
+Job = tuple[Callable, tuple]  # what a worker runs: fn(*args)
+Steps = Generator[Job, Outcome, Any]  # a grading: yields each job that needs a worker, is sent its Outcome
+
+
+def _job(fn: Callable, args: tuple) -> Steps:
+    """One extraction or comparison: the fast path in process; where it needs sympy, the job is yielded for a worker
+    (the driver sends back its Outcome)."""
     try:
         with sympy_refused():
             out = Outcome(fn(*args), "ok")
@@ -247,9 +280,51 @@ def _run(fn: Callable, args: tuple, budget: Budget) -> Outcome:
             out = Outcome(None, "error")
         _count(out.status, False)
         return out
-    out = _pool.call(fn, args, budget.budget_ms / 1000.0)
+    out = yield fn, args
     _count(out.status, True)
     return out
+
+
+def _drive(steps: Steps, budget: Budget) -> Any:
+    """Run a grading in this thread; each worker job waits for a worker as long as it takes (the blocking API)."""
+    try:
+        job = next(steps)
+        while True:
+            job = steps.send(_pool.call(*job, budget.budget_ms / 1000.0))
+    except StopIteration as done:
+        return done.value
+
+
+_executors: dict[str, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def _executor(name: str, threads: int) -> ThreadPoolExecutor:
+    with _executors_lock:
+        if name not in _executors:
+            _executors[name] = ThreadPoolExecutor(threads, thread_name_prefix=f"grading-{name}")
+        return _executors[name]
+
+
+def _advance(steps: Steps, sent: Outcome | None) -> tuple[bool, Any]:
+    try:
+        return False, steps.send(sent)
+    except StopIteration as done:
+        return True, done.value
+
+
+async def _drive_async(steps: Steps, grader: str, budget: Budget) -> Any:
+    """Run a grading off the event loop: its in-process parts in the text threads, each worker job in the grader's
+    lane, one at a time (see the module docstring: "Queues")."""
+    loop = asyncio.get_running_loop()
+    sent = None
+    while True:
+        finished, value = await loop.run_in_executor(_executor("text", TEXT_THREADS), _advance, steps, sent)
+        if finished:
+            return value
+        budget_s = budget.budget_ms / 1000.0
+        sent = await loop.run_in_executor(_executor(f"lane-{grader}", FORMAT_SLOTS), _pool.call, *value, budget_s,
+                                          time.monotonic() + budget_s)
 
 
 def _capped(text: str, budget: Budget) -> str:
@@ -273,14 +348,46 @@ def _agree_job(spec, a: str, b: str) -> bool:
     return bool(spec.agree(a, b))
 
 
+def _extract_steps(spec, text: str | None, budget: Budget) -> Steps:
+    if text is None or is_empty(text):
+        return Outcome(None, "ok")
+    return (yield from _job(_extract_job, (spec, _capped(str(text), budget))))
+
+
+def _agree_steps(spec, a: str | None, b: str | None, budget: Budget) -> Steps:
+    if a is None or b is None or is_empty(a) or is_empty(b):
+        return Outcome(False, "ok")
+    a, b = str(a), str(b)  # identical answers are compared too: a degenerate one agrees with nothing, itself included
+    if len(a) > budget.max_chars or len(b) > budget.max_chars:
+        return Outcome(False, "ok")
+    out = yield from _job(_agree_job, (spec, a, b))
+    return out if out.status == "ok" else Outcome(False, out.status)
+
+
+def _table_steps(spec, answers: Iterable[str | None], budget: Budget) -> Steps:
+    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
+    out, bad = {}, 0
+    for i, a in enumerate(distinct):
+        for b in distinct[i + 1:]:
+            o = yield from _agree_steps(spec, a, b, budget)
+            bad += o.status != "ok"
+            out[(a, b)] = out[(b, a)] = bool(o.value)
+    return out, bad
+
+
+def _stage_steps(spec, texts: dict[Any, str | None], known: dict[Any, str | None], budget: Budget) -> Steps:
+    got = {}
+    for k, t in texts.items():
+        got[k] = (yield from _extract_steps(spec, t, budget)) if t and t.strip() else Outcome(None, "ok")
+    table, bad = yield from _table_steps(spec, [*known.values(), *(o.value for o in got.values())], budget)
+    return got, table, bad + sum(o.status != "ok" for o in got.values())
+
+
 def extract(text: str | None, grader: str, budget: Budget | None = None) -> Outcome:
     """The answer in `text` under `grader` (grading.extract_answer), bounded; an unknown grader is the caller's
     error (RouterLiteError), anything else that goes wrong is Outcome(None, status)."""
     budget = budget or _default
-    spec = grader_spec(grader)
-    if text is None or is_empty(text):
-        return Outcome(None, "ok")
-    return _run(_extract_job, (spec, _capped(str(text), budget)), budget)
+    return _drive(_extract_steps(grader_spec(grader), text, budget), budget)
 
 
 def grade(text: str | None, gold: str, grader: str, budget: Budget | None = None) -> tuple[str | None, bool, str]:
@@ -289,7 +396,7 @@ def grade(text: str | None, gold: str, grader: str, budget: Budget | None = None
     spec = grader_spec(grader)
     if text is None or is_empty(text):
         return None, False, "ok"
-    out = _run(_grade_job, (spec, _capped(str(text), budget), str(gold)), budget)
+    out = _drive(_job(_grade_job, (spec, _capped(str(text), budget), str(gold))), budget)
     if out.status != "ok":
         return None, False, out.status
     extracted, correct = out.value
@@ -306,44 +413,18 @@ def agree_outcome(a: str | None, b: str | None, grader: str, budget: Budget | No
     """Whether two extracted answers are equivalent (GraderSpec.agree), bounded: an overrun or an error disagrees.
     Identical answers are compared too: a degenerate answer (grading.py) agrees with nothing, itself included."""
     budget = budget or _default
-    spec = grader_spec(grader)
-    if a is None or b is None or is_empty(a) or is_empty(b):
-        return Outcome(False, "ok")
-    a, b = str(a), str(b)
-    if len(a) > budget.max_chars or len(b) > budget.max_chars:
-        return Outcome(False, "ok")
-    out = _run(_agree_job, (spec, a, b), budget)
-    return out if out.status == "ok" else Outcome(False, out.status)
+    return _drive(_agree_steps(grader_spec(grader), a, b, budget), budget)
 
 
 def agree(a: str | None, b: str | None, grader: str, budget: Budget | None = None) -> bool:
     return bool(agree_outcome(a, b, grader, budget).value)
 
 
-# ---------------------------------------------------------------------------------------------- off the loop
-async def extract_async(text: str | None, grader: str, budget: Budget | None = None) -> Outcome:
-    """`extract` in a thread: an event loop never runs grading (serve)."""
-    return await asyncio.to_thread(extract, text, grader, budget)
-
-
 def agree_table(answers: Iterable[str | None], grader: str,
                 budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
     """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed)."""
-    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
-    out, bad = {}, 0
-    for i, a in enumerate(distinct):
-        for b in distinct[i + 1:]:
-            o = agree_outcome(a, b, grader, budget)
-            bad += o.status != "ok"
-            out[(a, b)] = out[(b, a)] = bool(o.value)
-    return out, bad
-
-
-async def agree_table_async(answers: Iterable[str | None], grader: str,
-                            budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """`agree_table` in a thread (serve's cascade: its agreement rule then reads the table)."""
-    answers = list(answers)
-    return await asyncio.to_thread(agree_table, answers, grader, budget)
+    budget = budget or _default
+    return _drive(_table_steps(grader_spec(grader), answers, budget), budget)
 
 
 def grade_stage(texts: dict[Any, str | None], known: dict[Any, str | None], grader: str, budget: Budget | None = None
@@ -351,12 +432,26 @@ def grade_stage(texts: dict[Any, str | None], known: dict[Any, str | None], grad
     """One cascade stage's grading at once: the new replies' `texts` extracted (key -> Outcome), then the table of
     `agree_table` over those answers and the `known` ones; the count of extractions and comparisons without a
     verdict."""
-    got = {k: extract(t, grader, budget) if t and t.strip() else Outcome(None, "ok") for k, t in texts.items()}
-    table, bad = agree_table([*known.values(), *(o.value for o in got.values())], grader, budget)
-    return got, table, bad + sum(o.status != "ok" for o in got.values())
+    budget = budget or _default
+    return _drive(_stage_steps(grader_spec(grader), texts, known, budget), budget)
+
+
+# ---------------------------------------------------------------------------------------------- off the loop
+async def extract_async(text: str | None, grader: str, budget: Budget | None = None) -> Outcome:
+    """`extract` off the event loop (serve): in the text threads, sympy in the grader's lane."""
+    budget = budget or _default
+    return await _drive_async(_extract_steps(grader_spec(grader), text, budget), grader, budget)
+
+
+async def agree_table_async(answers: Iterable[str | None], grader: str,
+                            budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
+    """`agree_table` off the event loop (serve's cascade: its agreement rule then reads the table)."""
+    budget = budget or _default
+    return await _drive_async(_table_steps(grader_spec(grader), list(answers), budget), grader, budget)
 
 
 async def grade_stage_async(texts: dict[Any, str | None], known: dict[Any, str | None], grader: str,
                             budget: Budget | None = None):
-    """`grade_stage` in one thread hop: an event loop never runs grading (serve)."""
-    return await asyncio.to_thread(grade_stage, texts, known, grader, budget)
+    """`grade_stage` off the event loop (serve): one hop to the text threads when no reply needs sympy."""
+    budget = budget or _default
+    return await _drive_async(_stage_steps(grader_spec(grader), dict(texts), dict(known), budget), grader, budget)
