@@ -4,9 +4,10 @@ After new graded calls (a re-collection, a UI backfill of `graded_calls`), the a
 API call refresh through Dagster's own `AutomationCondition.eager()`, evaluated by the automation sensor
 `refresh_after_collection` (declared RUNNING; the daemon of `dagster dev` evaluates it every 30 s). Never automated:
 `graded_calls` and `preflight` (they call the pool: paid on OpenRouter; a collection starts only from a
-`recollect_preflight` run, see assets/ops.py), `hub_release` (pushes to the Hub), and `benchmark_report` when the
-pool is live (it calls the routed agents); on a pool of a free kind (`PoolKind.free`: replay) the benchmark costs
-nothing and refreshes too.
+`recollect_preflight` run, see assets/ops.py), `hub_release` (pushes to the Hub), and `benchmark_report` and
+`promotion` when the pool is live (the benchmark calls the routed agents, and the gate reads its evidence); on a pool
+of a free kind (`PoolKind.free`: replay) the benchmark costs nothing and refreshes too, and so does the promotion
+behind its gate: the schedule retrains, the gate promotes or refuses, a running `serve` follows.
 
 The condition is `eager()` with four changes, each for a case the plain one gets wrong here:
 - updates of the collection's inputs (source_tasks, task_pool, agent_pool, preflight) are no trigger: a pre-flight
@@ -40,6 +41,9 @@ FREE_REFRESH = ("reward_matrix", "agent_answers", "baselines", "pool_report", "r
                 "cascade_router", "registered_cascade")
 # calls the routed agents through the pool: automated only where that costs nothing (a free pool kind: replay)
 BENCHMARK = "benchmark_report"
+# the gated promotion reads the benchmark report's evidence: refreshed after it, so a re-collection's retrained ★ is
+# promoted (or refused, its evidence in the UI) without a hand; on a live pool both wait for a run someone starts
+PROMOTION = "promotion"
 NOT_A_TRIGGER = AssetSelection.assets("source_tasks", "task_pool", "agent_pool", "preflight")
 
 
@@ -56,7 +60,7 @@ def refresh_condition() -> AutomationCondition:
 
 def refresh_keys(kind: str) -> list[str]:
     """The assets the automation refreshes for a pool of kind `kind` (the benchmark only where calls are free)."""
-    return list(FREE_REFRESH) + ([BENCHMARK] if pool_kind(kind).free else [])
+    return list(FREE_REFRESH) + ([BENCHMARK, PROMOTION] if pool_kind(kind).free else [])
 
 
 def with_refresh_automation(assets: list, kind: str) -> list:

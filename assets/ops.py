@@ -31,7 +31,7 @@ from dagster import (
 )
 
 # REFRESH_SENSOR: the automation sensor's name
-from assets.automation import BENCHMARK, FREE_REFRESH, REFRESH_SENSOR, refresh_sensor  # noqa: F401
+from assets.automation import BENCHMARK, FREE_REFRESH, PROMOTION, REFRESH_SENSOR, refresh_sensor  # noqa: F401
 from assets.collection import POOL_TAG, REGRADE_TAG
 from assets.dask_executor import router_lite_dask_executor
 from pipeline.profile import Profile
@@ -51,8 +51,8 @@ COLLECT_SENSOR = "recollect_collect_partitions"
 
 # the manual refresh job (no daemon, or a live pool's benchmark): everything downstream of the rewards that is not
 # partitioned: what the automation refreshes, the embeddings, the benchmark on any pool, and the promotion (its gate
-# decides whether the refreshed routers are served; never automated: what is served changes by a run someone started)
-REFRESH_ASSETS = [*FREE_REFRESH, "prompt_embeddings", BENCHMARK, "promotion"]
+# decides whether the refreshed routers are served; automated with the benchmark on a free pool, assets/automation.py)
+REFRESH_ASSETS = [*FREE_REFRESH, "prompt_embeddings", BENCHMARK, PROMOTION]
 
 
 def preflight_run_config(pool: str) -> dict:
