@@ -240,7 +240,7 @@ def main(argv=None) -> int:
         a, b = registry.latest_path(root), Path(args.to)
         prompts = _demo_prompts(home, args.profile, 400)
     else:
-        from pipeline.route.embed import Backbone
+        from pipeline.embed.backbone import Backbone
 
         home = Path(tmp.name) / "home"
         root = home_of(_profile(args.profile), home=home) / "registry"

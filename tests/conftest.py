@@ -215,3 +215,72 @@ def _synthetic_cascade(n=3000, seed=0):
 def synthetic_cascade():
     """A factory of a synthetic 3-agent matrix with answers whose agreement a cascade can use (n, seed)."""
     return _synthetic_cascade
+
+
+@pytest.fixture
+def static_head_dir(tmp_path, tiny_distill):
+    """(a registered head over a tiny static backbone and the mmlu_pro replay pool's agents, 12 recorded prompts):
+    a `serve` process loads it in seconds (tests/test_serve_workers.py, tests/test_serve_keys.py)."""
+    import numpy as np
+
+    from pipeline.embed import static_backbone
+    from pipeline.embed.backbone import Backbone, bundled_model_path
+    from pipeline.route import registry
+    from pipeline.route.head import Head
+    from pipeline.route.ood import OODGuard
+    from pipeline.tasks.sources import load_source
+    from resources.pool import PoolResource
+
+    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
+    bb = Backbone(static, log_every=10**9)
+    pool = PoolResource(kind="replay", pool="mmlu_pro")
+    agents, store = pool.agents(), pool.store()
+    prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]
+               if all(store.text_for(a.model, p) is not None for a in agents)][:12]
+    X = bb.encode(prompts)
+    rng = np.random.default_rng(0)
+    head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
+    guard = OODGuard(k=3).fit(X[:8], X[8:])
+    head_dir = registry.register(
+        tmp_path / "reg", head, guard, 0,
+        backbone={"id": bb.model_id, "key": bb.key, "pooling": "mean", "max_seq_length": 256, "dim": bb.dim,
+                  **bb.registry_fields()},
+        agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
+    return head_dir, prompts
+
+
+def _small_head_parts(seed=0):
+    """(a linear head over 3 agents a, b, c on 8-d embeddings, its OOD guard, 50 unit embeddings): a registry entry
+    made in milliseconds."""
+    import numpy as np
+
+    from pipeline.route.head import Head
+    from pipeline.route.ood import OODGuard
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(50, 8)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    head = Head(rng.normal(size=(8, 3)), rng.normal(size=3), agents=["a", "b", "c"])
+    guard = OODGuard(k=5).fit(X[:40], X[40:])
+    return head, guard, X
+
+
+def _register_small_head(root, seed=0):
+    from pipeline.route import registry
+
+    head, guard, _ = _small_head_parts(seed)
+    return registry.register(root, head, guard, 1, backbone={"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": 8},
+                             agents=[{"name": n, "model": f"m-{n}"} for n in "abc"], training={"generations": 3},
+                             data_hashes={"rewards": "x"}, metrics={"head": 0.5})
+
+
+@pytest.fixture(scope="session")
+def small_head_parts():
+    """A factory: (head, guard, X) of a small head (seed)."""
+    return _small_head_parts
+
+
+@pytest.fixture(scope="session")
+def register_small_head():
+    """A factory: the registry entry of a small head under `root` (seed); the same seed gives the same entry."""
+    return _register_small_head

@@ -1,6 +1,6 @@
 """The served pointer (registry/latest.json): relative to the registry so a copied home serves its own files, checked
 at load (one line, exit 2), never followed outside the registry; promotion's gate, `router-lite promote` and
-`rollback` with their history. Fast: routers registered directly (tests/test_registry.py's `_register`)."""
+`rollback` with their history. Fast: routers registered directly (the register_small_head fixture)."""
 import json
 import shutil
 
@@ -9,13 +9,13 @@ import pytest
 from cli.main import main
 from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
-from tests.test_registry import _register
 
 
-def _home(tmp_path, name="home"):
-    """A home with two registered heads and latest.json pointing at the first (the head beside it)."""
+def _home(register, tmp_path, name="home"):
+    """A home with two registered heads (`register`: the register_small_head fixture) and latest.json pointing at the
+    first (the head beside it)."""
     root = tmp_path / name / "registry"
-    a, b = _register(root), _register(root, seed=1)
+    a, b = register(root), register(root, seed=1)
     registry.mark_latest(root, a.name, a, head={"name": a.name, "path": str(a)}, kind="head")
     return tmp_path / name, a, b
 
@@ -25,16 +25,16 @@ def _copy(src, dst):
     return dst
 
 
-def test_the_pointer_is_stored_relative_and_resolves_inside_the_registry(tmp_path):
-    home, a, _ = _home(tmp_path)
+def test_the_pointer_is_stored_relative_and_resolves_inside_the_registry(tmp_path, register_small_head):
+    home, a, _ = _home(register_small_head, tmp_path)
     stored = json.loads((home / "registry" / "latest.json").read_text())
     assert stored["path"] == a.name and stored["head"]["path"] == a.name
     entry = registry.latest_entry(home / "registry")
     assert entry["path"] == str(a.resolve()) and registry.latest_path(home / "registry") == a.resolve()
 
 
-def test_a_copied_home_serves_its_own_files_with_the_original_gone(tmp_path):
-    home, a, _ = _home(tmp_path)
+def test_a_copied_home_serves_its_own_files_with_the_original_gone(tmp_path, register_small_head):
+    home, a, _ = _home(register_small_head, tmp_path)
     copy = _copy(home, tmp_path / "moved")
     shutil.rmtree(home)
     path = registry.latest_path(copy / "registry")
@@ -42,16 +42,16 @@ def test_a_copied_home_serves_its_own_files_with_the_original_gone(tmp_path):
     assert registry.load(path).name == a.name
 
 
-def test_a_copied_home_serves_its_own_files_with_the_original_present(tmp_path):
-    home, a, _ = _home(tmp_path)
+def test_a_copied_home_serves_its_own_files_with_the_original_present(tmp_path, register_small_head):
+    home, a, _ = _home(register_small_head, tmp_path)
     copy = _copy(home, tmp_path / "copy")
     (a / "manifest.json").write_text("{broken")  # the original's files change: the copy must not read them
     path = registry.latest_path(copy / "registry")
     assert path.is_relative_to(copy.resolve()) and registry.load(path).name == a.name
 
 
-def test_an_old_absolute_pointer_inside_the_registry_reads_and_is_made_relative(tmp_path):
-    home, a, _ = _home(tmp_path)
+def test_an_old_absolute_pointer_inside_the_registry_reads_and_is_made_relative(tmp_path, register_small_head):
+    home, a, _ = _home(register_small_head, tmp_path)
     f = home / "registry" / "latest.json"
     f.write_text(json.dumps({"name": a.name, "path": str(a), "head": {"name": a.name, "path": str(a)}}))
     assert registry.latest_path(home / "registry") == a.resolve()
@@ -59,9 +59,9 @@ def test_an_old_absolute_pointer_inside_the_registry_reads_and_is_made_relative(
     assert stored["path"] == a.name and stored["head"]["path"] == a.name
 
 
-def test_a_pointer_outside_the_registry_is_refused(tmp_path):
-    home, a, _ = _home(tmp_path)
-    other, b, _ = _home(tmp_path, "other")
+def test_a_pointer_outside_the_registry_is_refused(tmp_path, register_small_head):
+    home, a, _ = _home(register_small_head, tmp_path)
+    other, b, _ = _home(register_small_head, tmp_path, "other")
     f = home / "registry" / "latest.json"
     for path in (str(b), f"../../other/registry/{b.name}", ".", "/etc"):
         f.write_text(json.dumps({"name": b.name, "path": path}))
@@ -86,8 +86,8 @@ BAD_POINTERS = [("{not json", "not JSON"), ("[1, 2]", "a JSON object is expected
 
 
 @pytest.mark.parametrize("text,why", BAD_POINTERS)
-def test_a_malformed_pointer_is_one_error_naming_the_file_and_field(tmp_path, text, why):
-    home, _, _ = _home(tmp_path)
+def test_a_malformed_pointer_is_one_error_naming_the_file_and_field(tmp_path, text, why, register_small_head):
+    home, _, _ = _home(register_small_head, tmp_path)
     (home / "registry" / "latest.json").write_text(text)
     with pytest.raises(RouterLiteError, match=why) as e:
         registry.latest_entry(home / "registry")
@@ -98,8 +98,9 @@ def test_a_malformed_pointer_is_one_error_naming_the_file_and_field(tmp_path, te
 @pytest.mark.parametrize("command", [["publish", "--repo-id", "me/x", "--dry-run"],
                                      ["serve", "--profile", "smoke", "--workers", "2"],
                                      ["rollback", "--profile", "smoke"]])
-def test_the_cli_says_a_malformed_pointer_in_one_line(tmp_path, monkeypatch, capsys, text, why, command):
-    home, _, _ = _home(tmp_path)
+def test_the_cli_says_a_malformed_pointer_in_one_line(tmp_path, monkeypatch, capsys, text, why, command,
+                                                      register_small_head):
+    home, _, _ = _home(register_small_head, tmp_path)
     (home / "registry" / "latest.json").write_text(text)
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -110,7 +111,7 @@ def test_the_cli_says_a_malformed_pointer_in_one_line(tmp_path, monkeypatch, cap
 
 # ------------------------------------------------------------------------------------ the gate, promote, rollback
 def _rows(n=200, seed=0):
-    """Held-out rows for the three agents of `_register`'s heads (max-quality: they have no operating points)."""
+    """Held-out rows for the three agents of the small heads (max-quality: they have no operating points)."""
     import numpy as np
 
     from pipeline.report.promotion import HeldOut
@@ -149,11 +150,12 @@ def _lines(root):
     return pointer.history(root)
 
 
-def test_the_gate_refuses_a_worse_candidate_and_keeps_the_pointer_then_accepts_a_better_one(tmp_path):
+def test_the_gate_refuses_a_worse_candidate_and_keeps_the_pointer_then_accepts_a_better_one(tmp_path,
+                                                                                            register_small_head):
     from pipeline.report.promotion import decide
 
     root = tmp_path / "registry"
-    a, b = _register(root), _register(root, seed=1)
+    a, b = register_small_head(root), register_small_head(root, seed=1)
     action, verdict = decide(root, *_candidate(a, rows := _rows(), value=1.0), rows)  # nothing promoted yet
     assert action == "promoted" and verdict["mode"] == "own" and "first promotion" in verdict["reason"]
     assert registry.latest_entry(root)["name"] == a.name and (root / "evidence" / f"{a.name}.json").is_file()
@@ -174,11 +176,11 @@ def test_the_gate_refuses_a_worse_candidate_and_keeps_the_pointer_then_accepts_a
     assert lines[2]["previous"] == {"name": a.name, "path": a.name} and lines[2]["at"].endswith("+00:00")
 
 
-def test_a_dearer_candidate_is_refused_and_other_rows_are_not_paired(tmp_path):
+def test_a_dearer_candidate_is_refused_and_other_rows_are_not_paired(tmp_path, register_small_head):
     from pipeline.report.promotion import decide
 
     root = tmp_path / "registry"
-    a, b = _register(root), _register(root, seed=1)
+    a, b = register_small_head(root), register_small_head(root, seed=1)
     decide(root, *_candidate(a, rows := _rows(), value=1.0, cost=1e-3), rows)
     action, verdict = decide(root, *_candidate(b, rows := _rows(), value=1.0, cost=3e-3), rows)
     assert action == "refused" and "dearer" in verdict["reason"]
@@ -187,13 +189,13 @@ def test_a_dearer_candidate_is_refused_and_other_rows_are_not_paired(tmp_path):
     assert action == "promoted" and verdict["mode"] == "own" and "task pool changed" in verdict["reason"]
 
 
-def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypatch, capsys):
+def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypatch, capsys, register_small_head):
     from pipeline.profile import OVERRIDE_ENV
     from pipeline.report.promotion import decide
 
     home = tmp_path / "home"
     root = home / "registry"
-    a, b, c = _register(root), _register(root, seed=1), _register(root, seed=2)
+    a, b, c = register_small_head(root), register_small_head(root, seed=1), register_small_head(root, seed=2)
     decide(root, *_candidate(a, rows := _rows(), value=1.0), rows)
     decide(root, *_candidate(b, rows := _rows(), value=1.0, cost=5e-4), rows)
     override = tmp_path / "serve.yaml"
@@ -221,7 +223,7 @@ def test_promote_and_rollback_re_point_and_write_the_history(tmp_path, monkeypat
         assert main(["promote", bad, *cli]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"no registered router {bad!r}" in err[0] and a.name in err[0]
-    elsewhere, far, _ = _home(tmp_path, "elsewhere")
+    elsewhere, far, _ = _home(register_small_head, tmp_path, "elsewhere")
     (root / "linked").symlink_to(far, target_is_directory=True)  # an entry that is a symlink out of the registry
     assert main(["promote", "linked", *cli]) == 2
     err = capsys.readouterr().err.strip().splitlines()

