@@ -3,6 +3,7 @@ optimal selection and the optimal-cost ratio from the static matrix, decision ro
 (embedded by the lineage's backbone through the embedding cache: a rerun embeds nothing) and the decision latency
 per query. The fitted routers are re-run, never refitted; `benchmark_report` puts the result into
 reports/router_value.json (`router_arena`)."""
+import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
@@ -18,7 +19,7 @@ from pipeline.route.value import agent_costs
 from resources.backbone import BackboneResource
 from resources.storage import StorageResource
 
-LATENCY_QUERIES = 200  # test prompts timed one by one (batch size 1, as RouterArena measures): the first 200
+LATENCY_QUERIES = 100  # test prompts timed one by one (batch size 1, as RouterArena measures): the first 100
 
 @asset(group_name="report", io_manager_key="io_manager",
        description="RouterArena's measures of every router kind and baseline on the held-out test split: optimal "
@@ -57,7 +58,9 @@ def router_arena(context: AssetExecutionContext, reward_matrix: pd.DataFrame, ta
                  for k in arena.PERTURBATIONS}
     ms = decision_ms(prompts[:LATENCY_QUERIES], bb.encode, parts, kinds, cascades,
                      CascadeRows(U, C, Agreement(*answers), graders))  # a fresh store: nothing compared yet
-    latency = {name: {**arena.latency(v), "batch_size": 1} for name, v in ms.items()}
+    embed = np.asarray(ms.pop("embed"))
+    latency = {name: {**arena.latency(embed + np.asarray(v)), "pick": arena.latency(v), "batch_size": 1}
+               for name, v in ms.items()}
     out = arena.arena_report(base, perturbed, latency, U, C, best, agents)
     out["backbone"] = {"id": bb.model_id, "backend": bb.backend, "precision": bb.precision}
     md = arena_markdown(out)

@@ -54,6 +54,14 @@ def test_ties_and_fractional_rewards():
     assert arena.optimality(np.array([2, 0]), np.array([1.0, 1.0]), Rf, Cf)["optimal_selection"] == 0.5
 
 
+def test_the_oracle_takes_the_cheapest_of_the_best_agents_even_in_float32():
+    U = np.array([[1, 1, 0], [0, 1, 1], [0, 0, 0]], dtype=np.float32)
+    Cs = np.array([[0.002, 0.001, 0.0005], [0.001, 0.003, 0.002], [0.001, 0.002, 0.003]])
+    picks = arena.oracle_picks(U, Cs)
+    assert picks.tolist() == [1, 2, 0]
+    assert arena.optimality(picks, Cs[np.arange(3), picks], U, Cs)["optimal_selection"] == 1.0
+
+
 def test_random_is_the_mean_of_the_constant_routers():
     m = arena.random_optimality(R, C)
     consts = [arena.optimality(np.full(4, j), C[:, j], R, C) for j in range(3)]
@@ -101,7 +109,7 @@ def test_report_entry_and_table():
             "outcomes": {}}
     flipped = {"routers": {"head": {"max-quality": np.array([0, 1, 2, 0])}},
                "prompt_routers": {"knn": {"max-quality": picks}}, "outcomes": {}}
-    ms = {"head": {"p50": 3.0, "p95": 5.0, "n": 4, "batch_size": 1}}
+    ms = {"head": {"p50": 3.0, "p95": 5.0, "n": 4, "batch_size": 1, "pick": {"p50": 0.1, "p95": 0.2, "n": 4}}}
     out = arena.arena_report(base, {"typos": flipped}, ms, R, C, 2, ["a", "b", "c"])
     head = out["routers"]["head"]
     assert head["max-quality"]["robustness"] == 0.75 and head["decision_ms"]["p50"] == 3.0
@@ -111,7 +119,8 @@ def test_report_entry_and_table():
     assert out["baselines"]["best_single"]["agent"] == "c" and out["baselines"]["best_single"]["robustness"] == 1.0
     assert out["perturbations"]["seed"] == arena.SEED and set(out["perturbations"]["set"]) == set(arena.PERTURBATIONS)
     table = arena_markdown(out)
-    assert "prompt-only (head) at max-quality | 66.7%" in table and "3.0 / 5.0" in table
+    assert "prompt-only (head) at max-quality | 66.7%" in table and "3.0 / 5.0" in table and "0.10 / 0.20" in table
+    assert head["max-quality"]["quality"] == pytest.approx(np.mean(R[ROWS, picks]))
     value = {"targets": {"max-quality": {"quality": 1.0, "ci_low": 1, "ci_high": 1, "cost_per_1k": 1.0,
                                          "cost_ratio": 1.0, "lambda": 0.0, "shares": {}, "gain": 0.0,
                                          "gain_low": 0.0, "gain_high": 0.0}},

@@ -44,22 +44,23 @@ def optimal_mask(R_eff: np.ndarray, C: np.ndarray) -> np.ndarray:
     return ok & (cost <= least + COST_TOL)
 
 
-def _sums(answered_by: np.ndarray, cost: np.ndarray, ok: np.ndarray, opt_cost: np.ndarray,
+def _sums(answered_by: np.ndarray, cost: np.ndarray, R_eff: np.ndarray, ok: np.ndarray, opt_cost: np.ndarray,
           optimal: np.ndarray) -> np.ndarray:
     """[optimal selections, router correct, optimum's cost where correct, router's cost where correct, optimum's
-    cost, router's cost] over the answerable rows."""
+    cost, router's cost] over the answerable rows, then the router's summed reward over every row."""
     rows = np.arange(len(answered_by))
     ans = ok.any(axis=1)
     hit = ok[rows, answered_by] & ans
     return np.array([(optimal[rows, answered_by] & ans).sum(), hit.sum(), opt_cost[hit].sum(), cost[hit].sum(),
-                     opt_cost[ans].sum(), cost[ans].sum()], dtype=np.float64)
+                     opt_cost[ans].sum(), cost[ans].sum(), R_eff[rows, answered_by].sum()], dtype=np.float64)
 
 
-def _measures(s: np.ndarray, n_answerable: int) -> dict:
+def _measures(s: np.ndarray, n_answerable: int, n: int) -> dict:
     return {"optimal_selection": float(s[0] / n_answerable) if n_answerable else None,
             "optimal_cost_ratio": float(s[2] / s[3]) if s[3] > 0 else None,
             "optimal_cost_ratio_all": float(s[4] / s[5]) if s[5] > 0 else None,
-            "n_answerable": int(n_answerable), "n_correct": float(s[1])}
+            "n_answerable": int(n_answerable), "n_correct": float(s[1]),
+            "quality": float(s[6] / n) if n else None}  # the decisions' mean reward: the value report's quality
 
 
 def optimality(answered_by, cost, R_eff: np.ndarray, C: np.ndarray) -> dict:
@@ -72,8 +73,9 @@ def optimality(answered_by, cost, R_eff: np.ndarray, C: np.ndarray) -> dict:
     ok = correct_mask(R_eff)
     opt = optimal_mask(R_eff, C)
     opt_cost = np.where(opt, np.asarray(C, np.float64), np.inf).min(axis=1)
-    s = _sums(np.asarray(answered_by, np.int64), np.asarray(cost, np.float64), ok, opt_cost, opt)
-    return _measures(s, int(ok.any(axis=1).sum()))
+    R = np.asarray(R_eff, np.float64)
+    s = _sums(np.asarray(answered_by, np.int64), np.asarray(cost, np.float64), R, ok, opt_cost, opt)
+    return _measures(s, int(ok.any(axis=1).sum()), len(R))
 
 
 def random_optimality(R_eff: np.ndarray, C: np.ndarray) -> dict:
@@ -83,8 +85,17 @@ def random_optimality(R_eff: np.ndarray, C: np.ndarray) -> dict:
     C = np.asarray(C, np.float64)
     opt_cost = np.where(opt, C, np.inf).min(axis=1)
     n, K = C.shape
-    s = sum(_sums(np.full(n, j), C[:, j], ok, opt_cost, opt) for j in range(K)) / K
-    return _measures(s, int(ok.any(axis=1).sum()))
+    R = np.asarray(R_eff, np.float64)
+    s = sum(_sums(np.full(n, j), C[:, j], R, ok, opt_cost, opt) for j in range(K)) / K
+    return _measures(s, int(ok.any(axis=1).sum()), n)
+
+
+def oracle_picks(R_eff: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Per row the cheapest of its best agents (in float64: a float32 reward minus 1e-9 × a cost of ~1e-3 USD
+    cannot tell two agents apart, so a tie would go to the first agent)."""
+    R = np.asarray(R_eff, np.float64)
+    best = R >= R.max(axis=1, keepdims=True) - TOL
+    return np.argmin(np.where(best, np.asarray(C, np.float64), np.inf), axis=1)
 
 
 def _rng(prompt: str, kind: str, seed: int) -> random.Random:
@@ -157,14 +168,14 @@ def arena_report(base: dict, perturbed: dict, latency: dict, U: np.ndarray, C: n
             entry["decision_ms"] = latency.get(name if group == "routers" else f"prompt:{name}")
             out[group][name] = entry
     same = {"robustness": 1.0, "robustness_pairs": 1.0, "by_perturbation": {k: 1.0 for k in perturbed}}
-    oracle = np.argmax(U - 1e-9 * C, axis=1)  # as pipeline.route.value.held_out_value's oracle
+    oracle = oracle_picks(U, C)
     out["baselines"] = {
         "best_single": {"agent": agents[best], **optimality(np.full(len(U), best), C[:, best], U, C), **same,
                         "ignores_prompt": True},
         "random": {**random_optimality(U, C), **same, "ignores_prompt": True,
                    "note": "expected over a uniform pick per query"},
         "oracle": {**optimality(oracle, C[rows, oracle], U, C), **same, "ignores_prompt": True,
-                   "note": "reads the test rewards: the best reward, the cheapest agent among ties"}}
+                   "note": "reads the test rewards: the best reward, the cheapest agent among ties (in float64)"}}
     out["perturbations"] = {"set": dict(PERTURBATIONS), "seed": SEED, "template": TEMPLATE}
     out["definitions"] = ("correct = the row's best tie-aware reward, > 0; optimal = the cheapest correct agent; "
                           "optimal_cost_ratio over the answerable rows the router answered correctly (RouterArena), "

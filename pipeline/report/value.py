@@ -4,6 +4,8 @@ come from pipeline/route/value.py (the value and cost scorers, `held_out_value`)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.route.targets import REPORT_TARGETS
 
@@ -79,10 +81,8 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     `imputed_cells`: reward-matrix cells estimated, not collected (new agents asked on a sample,
     `collection.new_agent_sample`; 0 for a fully collected matrix). Each router's `selection` says how its operating
     points (and `aiq_validation`) were chosen: {"method": "validation", "rows"} on the validation split, or {"method":
-    "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation.
-
-    `arena`: RouterArena's measures of every router and baseline on the test rows (the `router_arena` asset,
-    pipeline/report/arena.py); None when not measured."""
+    "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation. `router_arena`:
+    RouterArena's measures (`arena`, the `router_arena` asset: pipeline/report/arena.py), None when not measured."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
@@ -190,7 +190,9 @@ def arena_markdown(arena: dict, targets=("max-quality", "parity")) -> str:
     def row(name: str, m: dict, ms: dict | None) -> dict:
         return {"router": name, "optimal selection": pct(m["optimal_selection"]),
                 "optimal-cost ratio": pct(m["optimal_cost_ratio"]), "robustness": pct(m["robustness"]),
-                "decision p50 / p95 ms": "" if not ms else f"{ms['p50']:.1f} / {ms['p95']:.1f}"}
+                "decision p50 / p95 ms": "" if not ms else f"{ms['p50']:.1f} / {ms['p95']:.1f}",
+                "of which pick": "" if not ms or "pick" not in ms else f"{ms['pick']['p50']:.2f} / "
+                                                                       f"{ms['pick']['p95']:.2f}"}
 
     rows = []
     for kind, r in arena["routers"].items():
@@ -206,7 +208,29 @@ def arena_markdown(arena: dict, targets=("max-quality", "parity")) -> str:
     return (pd.DataFrame(rows).to_markdown(index=False)
             + f"\n\nHeld-out test n={arena['n_test']}; robustness: decision unchanged under every perturbation of "
               f"the set ({', '.join(p['set'])}; seed {p['seed']}); baselines ignore the prompt (stable by "
-              "construction); decision time at max quality, embedding included.\n")
+              "construction); decision time per query at max quality, batch size 1: the prompt embedded alone, then "
+              "the pick (a cascade: its plan run on the recorded answers, the agents' latency excluded).\n")
+
+
+def fit_optimality(fit, X_te, U_te, C_te, agent_cost) -> dict:
+    """RouterArena's optimal selection and optimal-cost ratios of a `pipeline.route.fit.RouterFit` on its held-out
+    rows (embeddings X_te, tie-aware rewards U_te, costs C_te; `agent_cost` the agents' mean training costs): the
+    shipped router per report target and each prompt-only kind at max quality, as `router-lite train` prints them
+    (robustness and decision time need the lineage's backbone runs: the `router_arena` asset)."""
+    from pipeline.report.arena import optimality
+    from pipeline.route.decisions import PromptParts, head_decisions, kind_decisions
+
+    rows = np.arange(len(U_te))
+    parts = PromptParts(fit.head, fit.guard, fit.scorer, fit.cost_scorer, fit.operating_points, fit.best_single,
+                        agent_cost)
+
+    def measures(picks):
+        m = optimality(picks, C_te[rows, picks], U_te, C_te)
+        return {k: m[k] for k in ("optimal_selection", "optimal_cost_ratio", "optimal_cost_ratio_all")}
+
+    return {"targets": {t: measures(p) for t, p in head_decisions(parts, X_te).items()},
+            "prompt_routers": {k: measures(p) for k, p in kind_decisions(fit.kinds, fit.guard, fit.best_single,
+                                                                          X_te).items()}}
 
 
 def validation_at(reg, target=None) -> dict:

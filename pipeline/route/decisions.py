@@ -122,19 +122,19 @@ def _decide_one(name: str, x: np.ndarray, i: int, parts: PromptParts, kinds: dic
 
 def decision_ms(prompts: list[str], encode, parts: PromptParts, kinds: dict, cascades: dict,
                 fresh: CascadeRows) -> dict[str, list[float]]:
-    """{router: per-query decision times (ms)} for `prompts` (the test rows' first ones, in order): each prompt
-    embedded alone by `encode` (not from the cache), then each router's max-quality pick on it; a cascade also runs
-    its plan on the row, comparing the recorded answers the plan reads (`fresh`: an agreement store with nothing
+    """Per-query times (ms) for `prompts` (the test rows' first ones, in order): "embed", each prompt embedded alone
+    by `encode` (not from the cache), and per router its max-quality pick on that embedding; a cascade also runs its
+    plan on the row, comparing the recorded answers the plan reads (`fresh`: an agreement store with nothing
     compared yet), its agents' own latency excluded. Routers named as in `all_decisions`, prompt-only kinds
     "prompt:<kind>"."""
     names = ["head", *(f"prompt:{k}" for k in kinds), *cascades]
-    ms: dict[str, list] = {name: [] for name in names}
+    ms: dict[str, list] = {name: [] for name in ["embed", *names]}
     for i, p in enumerate(prompts):
         t0 = time.perf_counter()
         x = encode([p])
-        embed = time.perf_counter() - t0
+        ms["embed"].append(1000.0 * (time.perf_counter() - t0))
         for name in names:
             t1 = time.perf_counter()
             _decide_one(name, x, i, parts, kinds, cascades, fresh)
-            ms[name].append(1000.0 * (embed + time.perf_counter() - t1))
+            ms[name].append(1000.0 * (time.perf_counter() - t1))
     return ms

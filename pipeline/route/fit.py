@@ -205,9 +205,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
         extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents, score_head=head)
-    return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, scorer=value.pop("scorer"),
-                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn,
-                     kinds=dict(routers))
+    return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, value.pop("scorer"),
+                     value.pop("cost_scorer"), value.pop("path"), value, knn=knn, kinds=dict(routers))
 
 
 def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_head: Router | None = None) -> dict:
