@@ -201,7 +201,7 @@ def arena_markdown(arena: dict, targets=("max-quality", "parity")) -> str:
                 rows.append(row(f"{ROUTER_LABELS.get(kind, kind)} at {t}", r[t], r.get("decision_ms")
                                 if t == "max-quality" else None))
     for kind, r in arena["prompt_routers"].items():
-        rows.append(row(f"prompt-only {kind} (max-quality)", r["max-quality"], r.get("decision_ms")))
+        rows.append(row(f"prompt kind {kind} at max-quality", r["max-quality"], r.get("decision_ms")))
     for name, b in arena["baselines"].items():
         rows.append(row(f"{name}" + (f" ({b['agent']})" if "agent" in b else ""), b, None))
     p = arena["perturbations"]
