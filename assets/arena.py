@@ -21,6 +21,7 @@ from resources.storage import StorageResource
 
 LATENCY_QUERIES = 100  # test prompts timed one by one (batch size 1, as RouterArena measures): the first 100
 
+
 @asset(group_name="report", io_manager_key="io_manager",
        description="RouterArena's measures of every router kind and baseline on the held-out test split: optimal "
                    "selection (the cheapest agent that answers correctly), the optimal-cost ratio, decision "
@@ -54,8 +55,8 @@ def router_arena(context: AssetExecutionContext, reward_matrix: pd.DataFrame, ta
     cache = EmbeddingCache(storage.path("embeddings"))
     base = all_decisions(parts, kinds, cascades, rows, X)
     perturbed = {k: all_decisions(parts, kinds, cascades, rows,
-                               cache.get_or_compute([arena.perturb(p, k) for p in prompts], bb))
-                 for k in arena.PERTURBATIONS}
+                                  cache.get_or_compute([arena.perturb(p, k) for p in prompts], bb))
+                 for k in arena.PERTURBATIONS}  # embedded once: a rerun reads them from the cache
     ms = decision_ms(prompts[:LATENCY_QUERIES], bb.encode, parts, kinds, cascades,
                      CascadeRows(U, C, Agreement(*answers), graders))  # a fresh store: nothing compared yet
     embed = np.asarray(ms.pop("embed"))
