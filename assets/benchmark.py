@@ -52,7 +52,7 @@ from pipeline.report.frontier import (
 )
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
-from pipeline.report.value import ablation_markdown, router_value, targets_markdown, value_line
+from pipeline.report.value import ablation_markdown, arena_markdown, router_value, targets_markdown, value_line
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.fit import reward_embeddings, training_split
@@ -206,7 +206,7 @@ def head_validation_aiq(router_head: FittedRouter, rewards: pd.DataFrame, split:
 
 
 def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: FittedRouter, cascade: dict, reg,
-                  verdict: str, estimated: bool, cascade_meta: dict, bb, png: Path):
+                  verdict: str, estimated: bool, cascade_meta: dict, bb, png: Path, arena: dict | None = None):
     """The frontier on the held-out test split and reports/router_value.json's content: (frontier table, AIQ by
     policy, router value)."""
     split = training_split(rewards, task_pool)
@@ -222,8 +222,14 @@ def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: Fitt
                       cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
                       prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"),
                       imputed_cells=imputed_cells(rewards),
-                      head_selection=sel or None)
+                      head_selection=sel or None, arena=arena)
     return table, png, aiq, rv
+
+
+def arena_lines(rv: dict) -> list[str]:
+    """The report's RouterArena section (none when the measures are missing)."""
+    a = rv.get("router_arena")
+    return ["### RouterArena's measures (held-out test)", "", arena_markdown(a), ""] if a else []
 
 
 def imputed_lines(rv: dict) -> list[str]:
@@ -240,7 +246,7 @@ def imputed_lines(rv: dict) -> list[str]:
 def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, reward_matrix: pd.DataFrame,
                      task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, router_head: FittedRouter,
                      preflight: pd.DataFrame, pool_report: dict, registered_head: dict, cascade_router: FittedRouter,
-                     registered_cascade: dict, profile: ProfileResource, pool: PoolResource,
+                     registered_cascade: dict, router_arena: dict, profile: ProfileResource, pool: PoolResource,
                      backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     reg = registry.load(entry_dir(storage, registered_head))
@@ -255,7 +261,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     verdict = pool_report["verdict"]["text"]
     table, png, aiq, rv = _router_value(prof, reward_matrix, task_pool, prompt_embeddings, router_head,
                                         cascade_router.summary, reg, verdict, routed.estimated, routed.cascade_meta,
-                                        backbone.get_backbone(), reports / f"frontier_{prof.name}.png")
+                                        backbone.get_backbone(), reports / f"frontier_{prof.name}.png", router_arena)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
     line = value_line(value, VALUE_TARGET, {a["name"]: a["model"] for a in reg.agents})
@@ -265,7 +271,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
          f"{'; costs estimated' if routed.estimated else ''})", "", f"Pool verdict: {verdict}", "", line, "",
          targets_markdown(value), "", *imputed_lines(rv),
          "### Router kinds side by side (prompt-only / cascade / combined)", "",
-         ablation_markdown(rv), ""],
+         ablation_markdown(rv), "", *arena_lines(rv)],
         ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
          table_markdown(prof.name, table), f"![frontier]({png.name})", ""])
     atomic_write_text(text, reports / "benchmark_report.md")

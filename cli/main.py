@@ -138,14 +138,27 @@ def cmd_train(args) -> int:
     print(f"registered {path.name} at {path}", file=sys.stderr)
     cascade = _train_cascade(args, rewards, joined, X, fit, bb, out) if "answers" in rewards and \
         "grader" in joined else None
+    arena = _train_arena(fit, X, rewards, joined["split"], args.held_out_split)
     print(json.dumps({**fit.metrics, "pool_verdict": rep["verdict"]["text"],
                       "targets": {k: {f: v[f] for f in ("quality", "cost_per_1k", "cost_ratio", "lambda")}
                                   for k, v in fit.value["targets"].items()},
                       "shipped": fit.extra["shipped"], "operating_points": fit.operating_points.get("selection"),
                       "prompt_routers": {k: {f: v[f] for f in ("validation", "test")}
                                          for k, v in fit.extra["kinds"].items()},
-                      "registered": str(path), **({"cascade": cascade} if cascade else {})}, default=float))
+                      "registered": str(path), **({"cascade": cascade} if cascade else {}),
+                      "router_arena": arena}, default=float))
     return 0
+
+
+def _train_arena(fit, X, rewards, split, held_out: str) -> dict:
+    """RouterArena's optimality figures of the fitted prompt routers on the held-out rows (`fit_optimality`)."""
+    from pipeline.report.value import fit_optimality
+    from pipeline.route.fit import reward_arrays
+    from pipeline.route.value import agent_costs
+
+    a = reward_arrays(rewards, split, held_out)
+    te = a.masks["held_out"]
+    return fit_optimality(fit, X[te], a.R_eff[te], a.C[te], agent_costs(a.C[a.masks["train"]]))
 
 
 def _file_hashes(args) -> dict:

@@ -34,7 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.report.value import ROUTER_LABELS, ablation_markdown, prompt_routers_markdown  # noqa: E402
+from pipeline.report.value import (  # noqa: E402
+    ROUTER_LABELS,
+    ablation_markdown,
+    arena_markdown,
+    prompt_routers_markdown,
+)
 
 README = Path("README.md")
 TEMPLATE = Path("docs") / "README.template.md"
@@ -68,6 +73,8 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
         lines += ["Prompt-only router kinds at max quality (the lineage ships the best by validation; "
                   "docs/training.md, \"Which prompt router ships\"):", "",
                   prompt_routers_markdown(rv["prompt_routers"], rv.get("shipped_prompt_router"))]
+    if rv.get("router_arena"):
+        lines += arena_lines(rv["router_arena"], rv.get("backbone"))
     name, frac, cap = GOAL
     t = best["targets"].get(name)
     if t:
@@ -87,6 +94,18 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
                   + ("**met**." if met else "**not met** on this pool (docs/training.md, \"Cascades\", says why "
                                               "and how it was measured)."), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def arena_lines(arena: dict, backbone: dict | None) -> list[str]:
+    """RouterArena's measures (reports/router_value.json `router_arena`), with what embedded the perturbed prompts
+    when that differs from the rest of the report (the committed copy keeps its own precision)."""
+    bb = arena.get("backbone") or {}
+    other = f" (measured on {bb['backend']} {bb['precision']})" if bb and backbone and \
+        bb.get("precision") != backbone.get("precision") else ""
+    return [f"RouterArena's measures{other}: the share of answerable test queries sent to the cheapest agent that "
+            "answers them correctly, the optimum's cost over the router's on the queries it answered correctly, "
+            "the share of decisions unchanged under every prompt perturbation, the decision time per query "
+            "(docs/training.md, \"RouterArena's measures\"):", "", arena_markdown(arena)]
 
 
 def render_wide(rv: dict) -> str:

@@ -44,6 +44,10 @@ def test_train_prints_one_json_object_and_registers(own_files, tmp_path, monkeyp
     assert out["n_test"] == 128 and len(out["distribution"]) == 11
     assert {"head", "knn", "cluster"} <= set(out["prompt_routers"]) and "## Prompt routers" in captured.err
     assert set(out["shipped"]) >= {"kind", "validation", "test"} and out["shipped"]["test"] == out["head"]
+    arena = out["router_arena"]  # RouterArena's optimality of the same picks (pipeline/report/arena.py)
+    assert set(arena["targets"]) == set(out["targets"]) and set(arena["prompt_routers"]) == set(out["prompt_routers"])
+    assert all(0 <= m["optimal_selection"] <= 1 and 0 < m["optimal_cost_ratio"] <= 1 + 1e-9
+               for m in [*arena["targets"].values(), *arena["prompt_routers"].values()])
     head_dir = out["registered"]
     assert main(["route", "--head", head_dir, "Write a python function to reverse a list."]) == 0
     picked = capsys.readouterr().out.split("\t")[0]

@@ -67,6 +67,14 @@ def test_router_value_and_pool_report(smoke_home):
     home, _ = smoke_home
     rv = json.loads((home / "reports" / "router_value.json").read_text())
     assert set(rv) == set(ROUTER_VALUE_KEYS)
+    arena = rv["router_arena"]  # RouterArena's measures re-run the fitted routers: the report's own decisions
+    for kind, r in rv["routers"].items():
+        for name, t in r["targets"].items():
+            assert arena["routers"][kind][name]["quality"] == pytest.approx(t["quality"], abs=1e-6)
+    for kind, r in rv["prompt_routers"].items():
+        assert arena["prompt_routers"][kind]["max-quality"]["quality"] == pytest.approx(r["test"], abs=1e-6)
+    assert arena["baselines"]["oracle"]["optimal_selection"] == 1.0 and arena["perturbations"]["seed"]
+    assert arena["routers"]["head"]["decision_ms"]["batch_size"] == 1
     assert rv["profile"] == "smoke" and rv["pool_verdict"].startswith(("quality-dominated", "complementary"))
     assert set(rv["best_single"]) == {"agent", "quality", "cost_per_1k"}
     assert set(rv["max_quality"]) == {"quality", "ci_low", "ci_high", "gain", "cost_per_1k"}

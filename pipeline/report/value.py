@@ -4,6 +4,8 @@ come from pipeline/route/value.py (the value and cost scorers, `held_out_value`)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.route.targets import REPORT_TARGETS
 
@@ -49,7 +51,7 @@ def targets_markdown(value: dict) -> str:
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
                      "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone",
-                     "prompt_routers", "shipped_prompt_router", "imputed_cells")
+                     "prompt_routers", "shipped_prompt_router", "imputed_cells", "router_arena")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -61,7 +63,7 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
                  head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
                  cascade_benchmark: dict | None = None, backbone: dict | None = None,
                  prompt_routers: dict | None = None, shipped: dict | None = None, imputed_cells: int = 0,
-                 head_selection: dict | None = None) -> dict:
+                 head_selection: dict | None = None, arena: dict | None = None) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
 
     `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
@@ -79,7 +81,8 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     `imputed_cells`: reward-matrix cells estimated, not collected (new agents asked on a sample,
     `collection.new_agent_sample`; 0 for a fully collected matrix). Each router's `selection` says how its operating
     points (and `aiq_validation`) were chosen: {"method": "validation", "rows"} on the validation split, or {"method":
-    "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation."""
+    "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation. `router_arena`:
+    RouterArena's measures (`arena`, the `router_arena` asset: pipeline/report/arena.py), None when not measured."""
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
@@ -114,7 +117,7 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
         "label_router": None if lr is None else lr["quality"], "knn": value.get("knn"),
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
         "prompt_routers": dict(prompt_routers or {}), "shipped_prompt_router": shipped,
-        "imputed_cells": int(imputed_cells),
+        "imputed_cells": int(imputed_cells), "router_arena": arena,
     }
 
 
@@ -174,6 +177,60 @@ def ablation_markdown(rv: dict, targets=REPORT_TARGETS) -> str:
             f"of its cost; ★ = best validation AIQ. Baselines' test AIQ: prior {a['prior']:.4f}, individual hull "
             f"{a['hull']:.4f}, kNN {a['knn']:.4f}.\n\n"
             + pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f") + "\n")
+
+
+def arena_markdown(arena: dict, targets=("max-quality", "parity")) -> str:
+    """RouterArena's measures side by side (reports/router_value.json `router_arena`): each router kind at `targets`,
+    each prompt-only kind and baseline at max quality; decision time per query (batch size 1)."""
+    import pandas as pd
+
+    def pct(x):
+        return "n/a" if x is None else f"{x:.1%}"
+
+    def row(name: str, m: dict, ms: dict | None) -> dict:
+        return {"router": name, "optimal selection": pct(m["optimal_selection"]),
+                "optimal-cost ratio": pct(m["optimal_cost_ratio"]), "robustness": pct(m["robustness"]),
+                "decision p50 / p95 ms": "" if not ms else f"{ms['p50']:.1f} / {ms['p95']:.1f}",
+                "of which pick": "" if not ms or "pick" not in ms else f"{ms['pick']['p50']:.2f} / "
+                                                                       f"{ms['pick']['p95']:.2f}"}
+
+    rows = []
+    for kind, r in arena["routers"].items():
+        for t in targets:
+            if t in r:
+                rows.append(row(f"{ROUTER_LABELS.get(kind, kind)} at {t}", r[t], r.get("decision_ms")
+                                if t == "max-quality" else None))
+    for kind, r in arena["prompt_routers"].items():
+        rows.append(row(f"prompt kind {kind} at max-quality", r["max-quality"], r.get("decision_ms")))
+    for name, b in arena["baselines"].items():
+        rows.append(row(f"{name}" + (f" ({b['agent']})" if "agent" in b else ""), b, None))
+    p = arena["perturbations"]
+    return (pd.DataFrame(rows).to_markdown(index=False)
+            + f"\n\nHeld-out test n={arena['n_test']}; robustness: decision unchanged under every perturbation of "
+              f"the set ({', '.join(p['set'])}; seed {p['seed']}); baselines ignore the prompt (stable by "
+              "construction); decision time per query at max quality, batch size 1: the prompt embedded alone, then "
+              "the pick (a cascade: its plan run on the recorded answers, the agents' latency excluded).\n")
+
+
+def fit_optimality(fit, X_te, U_te, C_te, agent_cost) -> dict:
+    """RouterArena's optimal selection and optimal-cost ratios of a `pipeline.route.fit.RouterFit` on its held-out
+    rows (embeddings X_te, tie-aware rewards U_te, costs C_te; `agent_cost` the agents' mean training costs): the
+    shipped router per report target and each prompt-only kind at max quality, as `router-lite train` prints them
+    (robustness and decision time need the lineage's backbone runs: the `router_arena` asset)."""
+    from pipeline.report.arena import optimality
+    from pipeline.route.decisions import PromptParts, head_decisions, kind_decisions
+
+    rows = np.arange(len(U_te))
+    parts = PromptParts(fit.head, fit.guard, fit.scorer, fit.cost_scorer, fit.operating_points, fit.best_single,
+                        agent_cost)
+
+    def measures(picks):
+        m = optimality(picks, C_te[rows, picks], U_te, C_te)
+        return {k: m[k] for k in ("optimal_selection", "optimal_cost_ratio", "optimal_cost_ratio_all")}
+
+    return {"targets": {t: measures(p) for t, p in head_decisions(parts, X_te).items()},
+            "prompt_routers": {k: measures(p) for k, p in kind_decisions(fit.kinds, fit.guard, fit.best_single,
+                                                                          X_te).items()}}
 
 
 def validation_at(reg, target=None) -> dict:

@@ -34,6 +34,13 @@ from pipeline.route.train import (
     train_head,
 )
 
+KIND_ROLE = "kind_"  # a FittedRouter companion "kind_<kind>": a prompt-only kind as fitted, for the report
+
+
+def fitted_kinds(companions: dict) -> dict[str, Router]:
+    """{kind: router} of the prompt-only kinds a FittedRouter carries (`RouterFit.kinds`)."""
+    return {role[len(KIND_ROLE):]: r for role, r in companions.items() if role.startswith(KIND_ROLE)}
+
 
 @dataclass
 class RouterFit:
@@ -50,6 +57,7 @@ class RouterFit:
     operating_points: dict = field(default_factory=dict)  # the λ path on validation (pipeline.route.targets)
     value: dict = field(default_factory=dict)  # held-out value report (pipeline.route.value.held_out_value)
     knn: Router | None = None  # the fitted kNN baseline (registrable like the head: kind "knn")
+    kinds: dict[str, Router] = field(default_factory=dict)  # every prompt-only kind fitted (`extra["kinds"]`'s)
 
     def to_fitted(self, summary: dict | None = None) -> FittedRouter:
         """The shipped router with its scorers and guard as it travels along the lineage and into the registry
@@ -58,7 +66,8 @@ class RouterFit:
         summary.setdefault("best_single", self.best_single)
         summary.setdefault("operating_points", self.operating_points)
         companions = {"scorer": self.scorer, **({"cost_scorer": self.cost_scorer} if self.cost_scorer is not None
-                                                 else {})}
+                                                 else {}),
+                      **{KIND_ROLE + k: r for k, r in self.kinds.items()}}  # RouterArena's measures re-run them
         return FittedRouter(self.head, summary, companions, self.guard)
 
 
@@ -208,8 +217,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
         extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents, score_head=head)
-    return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, scorer=value.pop("scorer"),
-                     cost_scorer=value.pop("cost_scorer"), operating_points=value.pop("path"), value=value, knn=knn)
+    return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, value.pop("scorer"),
+                     value.pop("cost_scorer"), value.pop("path"), value, knn=knn, kinds=dict(routers))
 
 
 def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_head: Router | None = None) -> dict:

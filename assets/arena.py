@@ -1,0 +1,69 @@
+"""Lineage stage 4: RouterArena's measures of every router on the held-out test split (pipeline/report/arena.py):
+optimal selection and the optimal-cost ratio from the static matrix, decision robustness under perturbed prompts
+(embedded by the lineage's backbone through the embedding cache: a rerun embeds nothing) and the decision latency
+per query. The fitted routers are re-run, never refitted; `benchmark_report` puts the result into
+reports/router_value.json (`router_arena`)."""
+import numpy as np
+import pandas as pd
+from dagster import AssetExecutionContext, MetadataValue, Output, asset
+
+from assets.metadata import rounded
+from pipeline.collect.answers import Agreement, answers_matrix
+from pipeline.report import arena
+from pipeline.report.value import arena_markdown
+from pipeline.route.decisions import CascadeRows, PromptParts, all_decisions, cascade_plans, decision_ms
+from pipeline.route.fit import fitted_kinds, reward_arrays, reward_embeddings, training_split
+from pipeline.route.fitted import FittedRouter
+from pipeline.route.value import agent_costs
+from resources.backbone import BackboneResource
+from resources.storage import StorageResource
+
+LATENCY_QUERIES = 100  # test prompts timed one by one (batch size 1, as RouterArena measures): the first 100
+
+
+@asset(group_name="report", io_manager_key="io_manager",
+       description="RouterArena's measures of every router kind and baseline on the held-out test split: optimal "
+                   "selection (the cheapest agent that answers correctly), the optimal-cost ratio, decision "
+                   "robustness under typo / case-whitespace / template perturbations of the prompt (embedded by the "
+                   "backbone, cached), decision latency per query.")
+def router_arena(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
+                 prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame, router_head: FittedRouter,
+                 cascade_router: FittedRouter, backbone: BackboneResource,
+                 storage: StorageResource) -> Output[dict]:
+    from pipeline.embed.backbone import EmbeddingCache
+
+    rewards = reward_matrix
+    arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
+    te, agents = arrays.masks["held_out"], arrays.agents
+    U, C = arrays.R_eff[te], arrays.C[te]
+    X = reward_embeddings(prompt_embeddings, rewards)[te]
+    t = rewards[["task_id"]].merge(task_pool[["task_id", "prompt", "grader"]], on="task_id", how="left")[te]
+    prompts, graders = t["prompt"].tolist(), t["grader"].to_numpy(dtype=object)
+    answers = ([a for a, keep in zip(answers_matrix(agent_answers, rewards["task_id"], agents), te) if keep],
+               graders.tolist())
+    rows = CascadeRows(U, C, Agreement(*answers), graders)
+    companions = router_head.companions
+    best = int(router_head["best_single"])
+    parts = PromptParts(router_head.router, router_head.guard, companions["scorer"], companions.get("cost_scorer"),
+                        router_head["operating_points"], best, agent_costs(arrays.C[arrays.masks["train"]]))
+    kinds = fitted_kinds(companions)
+    cascades = {f"cascade:{v}": (cascade_plans(s, agents), s["order"], v == "combined")
+                for v, s in cascade_router["variants"].items()}
+
+    bb = backbone.get_backbone()
+    cache = EmbeddingCache(storage.path("embeddings"))
+    base = all_decisions(parts, kinds, cascades, rows, X)
+    perturbed = {k: all_decisions(parts, kinds, cascades, rows,
+                                  cache.get_or_compute([arena.perturb(p, k) for p in prompts], bb))
+                 for k in arena.PERTURBATIONS}  # embedded once: a rerun reads them from the cache
+    ms = decision_ms(prompts[:LATENCY_QUERIES], bb.encode, parts, kinds, cascades,
+                     CascadeRows(U, C, Agreement(*answers), graders))  # a fresh store: nothing compared yet
+    embed = np.asarray(ms.pop("embed"))
+    latency = {name: {**arena.latency(embed + np.asarray(v)), "pick": arena.latency(v), "batch_size": 1}
+               for name, v in ms.items()}
+    out = arena.arena_report(base, perturbed, latency, U, C, best, agents)
+    out["backbone"] = {"id": bb.model_id, "backend": bb.backend, "precision": bb.precision}
+    md = arena_markdown(out)
+    context.log.info("\n" + md)
+    return Output(out, metadata=rounded({"n_test": int(te.sum()), "table": MetadataValue.md(md),
+                                         "router_arena": MetadataValue.json(out)}))
