@@ -445,7 +445,10 @@ def cmd_serve(args) -> int:
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
                             **settings.uvicorn_options())
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down gracefully, then re-raises the signal; no traceback
+        return 130
     return 0
 
 

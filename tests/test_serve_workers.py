@@ -124,3 +124,26 @@ def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_serve_without_a_traceback(tmp_path, workers, static_head_dir):
+    """Ctrl-C reaches the whole foreground process group (serve, its workers, their grading workers): serve stops
+    with no traceback from any of them (before: one KeyboardInterrupt per grading worker, and uvicorn's re-raised
+    signal in a single process)."""
+    head_dir, _ = static_head_dir
+    proc, port, lines = _start(head_dir, tmp_path, workers=workers, preexec_fn=os.setsid)  # a terminal's job
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # warm: backbone, router and the grading worker (the one that would talk)
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30).status_code == 200:
+                break
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) in (0, 130), "".join(lines)
+        time.sleep(1.0)  # the reader thread takes the last lines
+        assert not any("Traceback" in ln or "KeyboardInterrupt" in ln for ln in lines), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -130,6 +130,11 @@ def _die_with_parent() -> None:
 
 def _worker_main(conn) -> None:
     _die_with_parent()
+    # Ctrl-C reaches the whole terminal's process group: the server stops its workers itself (kill, PDEATHSIG), so a
+    # worker takes no SIGINT and prints no KeyboardInterrupt traceback of its own
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         conn.send("ready")
     except OSError:  # the parent gave up waiting (or is gone)
