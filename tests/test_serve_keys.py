@@ -460,3 +460,21 @@ def test_a_budget_holds_across_two_worker_processes(tmp_path, static_head_dir):
     assert recorded["requests"] == len(ok) and abs(recorded["usd"] - paid) < 1e-9 and paid <= 1.5 * worst + 1e-6
     out = "".join(lines)
     assert "2 client keys from" in out and KEY_A not in out and KEY_B not in out
+
+
+def test_the_reply_shape_is_the_same_for_every_router_kind(world):
+    """A client reads one shape whatever router answered: `usage.calls`, `usage.cost`, `router.agents_called` and
+    `router.cost_usd` (= `usage.cost` = `X-Router-Cost-Usd`), for a prompt-only head as for a cascade (before, a
+    head's reply had neither `usage.calls` nor `router.agents_called` / `router.cost_usd`)."""
+    with serve(world) as srv, serve(world, cascade=True) as casc:
+        head = ask(srv)
+        cascade = ask(casc, router_grader="integer", router_target="quality>=0.5")
+    for r in (head, cascade):
+        assert r.status_code == 200, r.text
+        body = r.json()
+        usage, router = body["usage"], body["router"]
+        assert {"calls", "cost", "prompt_tokens", "completion_tokens"} <= set(usage)
+        assert {"agents_called", "cost_usd", "agent", "head"} <= set(router)
+        assert usage["calls"] == len(router["agents_called"]) >= 1 and router["agent"] in router["agents_called"]
+        assert usage["cost"] == router["cost_usd"] == pytest.approx(float(r.headers["x-router-cost-usd"]))
+    assert head.json()["usage"]["calls"] == 1

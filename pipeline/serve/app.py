@@ -262,9 +262,10 @@ def _auto_view_for(state, target: str | None) -> _AutoFormatView:
     return view
 
 
-def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> None:
-    """A prompt-only reply: `usage.cost` (OpenRouter's field; estimated when the agent did not report it) and the
-    header `X-Router-Cost-Usd` with the same value."""
+def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict, info: dict) -> None:
+    """A prompt-only reply: `usage.cost` (OpenRouter's field; estimated when the agent did not report it), the
+    header `X-Router-Cost-Usd` and `router.cost_usd` with the same value, `usage.calls` = 1 (a cascade's reply has
+    the same fields: one client code path for every router kind)."""
     paid = reply_usage(spec, upstream, data)
     headers["X-Router-Cost-Usd"] = f"{paid['cost']:.8f}"
     usage = dict(data["usage"]) if isinstance(data.get("usage"), dict) else {}
@@ -273,7 +274,8 @@ def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict) -> N
     usage["prompt_tokens"], usage["completion_tokens"] = paid["prompt_tokens"], paid["completion_tokens"]
     if not isinstance(usage.get("total_tokens"), int) or isinstance(usage.get("total_tokens"), bool):
         usage["total_tokens"] = paid["prompt_tokens"] + paid["completion_tokens"]
-    usage["cost"] = float(headers["X-Router-Cost-Usd"])
+    usage["cost"] = info["cost_usd"] = float(headers["X-Router-Cost-Usd"])
+    usage["calls"] = 1
     data["usage"] = usage
 
 
@@ -409,8 +411,10 @@ async def _answer(request):
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
+    # the shape of a cascade's `router` key: the agents called (one) and their cost (filled once the reply is read;
+    # a stream's first chunk goes out before, so there it stays null and `usage.cost` of the stream carries it)
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
-            "target": point["target"], "lambda": point["lambda"]}
+            "target": point["target"], "lambda": point["lambda"], "agents_called": [spec.name], "cost_usd": None}
     headers = {"X-Router-Head": name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
@@ -429,7 +433,7 @@ async def _answer(request):
                                  media_type="text/event-stream")
     reply = await unless_disconnected(request, whole_reply(
         resp, spec, client, info, headers, t_up, deadline,
-        finish=lambda data, hdrs: _count_paid(data, hdrs, spec, req.upstream)))
+        finish=lambda data, hdrs: _count_paid(data, hdrs, spec, req.upstream, info)))
     if reply is None:
         await resp.aclose()
     return _gone() if reply is None else reply
