@@ -99,10 +99,21 @@ def _print_warnings(instance, run_id: str, log) -> None:
             log(f"  warning: {entry.step_key or ''}: {entry.user_message}")
 
 
-def _instance() -> DagsterInstance:
+REPO = Path(__file__).resolve().parents[1]  # the checkout whose dagster.yaml `make run` and `make ui` use
+
+
+def _instance(log=print) -> DagsterInstance:
+    """DAGSTER_HOME's instance; without it, run in the repository root (where `make ui` looks), the root's own
+    instance, as `make run` uses it (its dagster.yaml names folders relative to the root); elsewhere an ephemeral one,
+    said in one line."""
+    if not os.environ.get("DAGSTER_HOME") and (REPO / "dagster.yaml").is_file() and Path.cwd().resolve() == REPO:
+        os.environ["DAGSTER_HOME"] = str(REPO)
+        log(f"Dagster instance: {REPO} (DAGSTER_HOME unset: the repository's, which `make ui` shows)")
     if os.environ.get("DAGSTER_HOME"):
         Path(os.environ["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
         return DagsterInstance.get()
+    log("Dagster instance: ephemeral (DAGSTER_HOME unset): these runs will not show in the UI; set DAGSTER_HOME to "
+        "record them (`make ui` uses the repository root)")
     return DagsterInstance.ephemeral()
 
 
@@ -223,7 +234,7 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
     check_key(defs, stages)  # a missing key fails now, not after the stages that need none
     if profile.override:
         log(f"profile {profile.name} with override {profile.override}")
-    instance = _instance()
+    instance = _instance(log)
     resources = defs.resources
     run_config, replay_warnings = _run_config()
     for stage, keys, partitions_def in stages:

@@ -126,7 +126,8 @@ def test_a_graded_error_stops_the_lineage_before_the_rewards(smoke_home_copy, mo
     from pipeline.core.errors import RouterLiteError
 
     home = smoke_home_copy()
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # an ephemeral instance (outside the repository's root)
+    monkeypatch.chdir(home)
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
     rewards = asset_path(home, "reward_matrix")
     stamp = rewards.stat().st_mtime_ns

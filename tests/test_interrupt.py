@@ -54,3 +54,25 @@ def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path, te
     keys = _call_keys(tmp_path / "home")
     assert len(keys) == len(set(keys)) > logged  # nothing twice, the rest made
     assert "already done" in err2
+
+
+def test_without_dagster_home_the_repositorys_instance_records_the_runs(tmp_path, monkeypatch):
+    """`router-lite run` in the repository root without DAGSTER_HOME records its runs in the root's instance (what
+    `make run` and `make ui` use), saying so in one line; elsewhere an ephemeral instance, said too."""
+    import cli.run
+
+    repo = tmp_path / "repo"
+    (repo / "dagster.yaml").parent.mkdir()
+    (repo / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setattr(cli.run, "REPO", repo)
+    monkeypatch.delenv("DAGSTER_HOME")
+    said = []
+    monkeypatch.chdir(repo)
+    with cli.run._instance(said.append) as instance:
+        assert instance.root_directory == str(repo) and not instance.is_ephemeral
+    assert said == [f"Dagster instance: {repo} (DAGSTER_HOME unset: the repository's, which `make ui` shows)"]
+    monkeypatch.delenv("DAGSTER_HOME")
+    monkeypatch.chdir(tmp_path)
+    with cli.run._instance(said.append) as instance:
+        assert instance.is_ephemeral
+    assert said[-1].startswith("Dagster instance: ephemeral (DAGSTER_HOME unset)")
