@@ -64,7 +64,8 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
     a = rv["aiq"]
     bb = rv.get("backbone")
     embedded = (f", prompts embedded by `{bb['id'].split('/')[-1]}` on {bb['backend']} {bb['precision']} (a CPU "
-                f"without bf16 runs float32: the fourth decimal moves, docs/backbones.md)") if bb else ""
+                f"with bf16 units runs bfloat16 by default: some operating points then move by whole points, the ★'s "
+                f"too can; docs/backbones.md, \"dtype\")") if bb else ""
     lines = [f"Profile `{rv['profile']}`{embedded}, costs estimated (chars/4 × list prices). Generated from "
              f"`reports/router_value.json` (committed copy: `{copy.as_posix()}`) by `scripts/readme.py`.", "",
              f"**Pool verdict: {rv['pool_verdict']}**", "",
