@@ -14,7 +14,7 @@ import pytest
 from dagster import AssetKey, asset, materialize, mem_io_manager
 
 from assets import collection
-from assets.automation import BENCHMARK, FREE_REFRESH, REFRESH_SENSOR, refresh_keys
+from assets.automation import BENCHMARK, FREE_REFRESH, PROMOTION, REFRESH_SENSOR, refresh_keys
 from assets.definitions import build_definitions
 from assets.tasks import eligible_tasks
 from pipeline.collect.replay import REPLAY_BASE_URL, replay_transport
@@ -107,9 +107,10 @@ def test_a_registered_free_pool_kind_gets_the_benchmark_refresh_and_the_recorded
         register_pool_kind("metered", audited_replay(asked), description="a live kind: its defaults")
 
         # the automation: a free kind's benchmark refreshes by itself, a live one's never
-        assert refresh_keys("replay_audit") == [*FREE_REFRESH, BENCHMARK]
+        assert refresh_keys("replay_audit") == [*FREE_REFRESH, BENCHMARK, PROMOTION]  # the gate reads its evidence
         assert refresh_keys("metered") == list(FREE_REFRESH)
-        for kind, want in (("replay_audit", set(FREE_REFRESH) | {BENCHMARK}), ("metered", set(FREE_REFRESH))):
+        free = set(FREE_REFRESH) | {BENCHMARK, PROMOTION}
+        for kind, want in (("replay_audit", free), ("metered", set(FREE_REFRESH))):
             defs = build_definitions(home="/nonexistent", profile=with_kind("smoke", kind))
             assert automated(defs) == want
             sensor = defs.resolve_sensor_def(REFRESH_SENSOR)
