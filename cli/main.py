@@ -395,8 +395,6 @@ def cmd_serve(args) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import socket
 
-    import uvicorn
-
     from pipeline.profile import load_profile
     from pipeline.serve.app import build_app
     from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
@@ -443,11 +441,19 @@ def cmd_serve(args) -> int:
              f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
           + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""),
           file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=bool(args.verbose),
+    return _run_uvicorn(app, sock, settings, args.verbose)
+
+
+def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
+    """Serve `app` on `sock` until stopped; Ctrl-C: uvicorn shuts down gracefully, then re-raises the signal, which
+    ends here (rc 130, no traceback)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=bool(verbose),
                             **settings.uvicorn_options())
     try:
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # Ctrl-C: uvicorn shut down gracefully, then re-raises the signal; no traceback
+    except KeyboardInterrupt:
         return 130
     return 0
 

@@ -121,7 +121,8 @@ def test_reply_is_the_picked_agents_recorded_text(world, pool, client):
         assert resp.model == model  # the reply body is the agent's, unchanged but for `router`
         assert resp.model_extra["router"] == {"head": reg.name, "agent": agent, "model": model,
                                               "ood_guard": raw.headers["x-router-ood"] == "true",
-                                              "target": "max-quality", "lambda": 0.0}
+                                              "target": "max-quality", "lambda": 0.0, "agents_called": [agent],
+                                              "cost_usd": float(raw.headers["x-router-cost-usd"])}
         assert raw.headers["x-router-head"] == reg.name
         assert float(raw.headers["x-router-overhead-ms"]) >= 0
         # Server-Timing: the router's own time, then the upstream call's, apart
