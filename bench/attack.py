@@ -1503,6 +1503,58 @@ def grading_starvation(tmp: Path) -> str:
             f"the poisoned escalated; {left} grading worker(s) alive after")
 
 
+# ----------------------------------------------------------------------- the registry pointer a user hands in
+def _registry_home(tmp: Path) -> Path:
+    """A home whose registry holds one registered head (`head`), latest.json not written yet."""
+    home = tmp / "home"
+    if home.exists():
+        shutil.rmtree(home)
+    (home / "registry").mkdir(parents=True)
+    shutil.copytree(_world_files(), home / "registry" / "head")
+    return home
+
+
+def _cli_on(home: Path, *argv: str) -> tuple[int, str]:
+    saved = os.environ.get("ROUTER_LITE_HOME")
+    os.environ["ROUTER_LITE_HOME"] = str(home)
+    try:
+        return cli(*argv)
+    finally:
+        os.environ.pop("ROUTER_LITE_HOME") if saved is None else os.environ.__setitem__("ROUTER_LITE_HOME", saved)
+
+
+@row("latest-json", "registry: latest.json not JSON, a list, without name -> serve and publish: one line, exit 2")
+def latest_json_malformed(tmp: Path) -> str:
+    home = _registry_home(tmp)
+    for text in ("{not json", "[1, 2]", '{"path": "head"}'):
+        (home / "registry" / "latest.json").write_text(text)
+        for argv in (("serve", "--profile", "smoke", "--workers", "1"), ("publish", "--repo-id", "me/x", "--dry-run")):
+            rc, err = _cli_on(home, *argv)
+            lines = err.strip().splitlines()
+            assert rc == 2 and len(lines) == 1 and "latest.json" in lines[0] and "Traceback" not in err, (argv, err)
+    return "3 pointers x (serve, publish): one line naming latest.json, exit 2"
+
+
+@row("registry-outside", "registry: an entry symlinked to a folder outside the home, a pointer leaving it -> refused")
+def registry_outside_home(tmp: Path) -> str:
+    from pipeline.route import registry
+
+    home = _registry_home(tmp)
+    elsewhere = tmp / "elsewhere"
+    if elsewhere.exists():
+        shutil.rmtree(elsewhere)
+    shutil.copytree(_world_files(), elsewhere)
+    (home / "registry" / "linked").symlink_to(elsewhere, target_is_directory=True)
+    pointer = home / "registry" / "latest.json"
+    msgs = []
+    for path in ("linked", str(elsewhere), "../../elsewhere"):
+        pointer.write_text(json.dumps({"name": "x", "path": path}))
+        msgs.append(refused(lambda: registry.latest_path(home / "registry"), "outside the registry"))
+        rc, err = _cli_on(home, "publish", "--repo-id", "me/x", "--dry-run")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "outside the registry" in err, err
+    return f"3 pointers refused in one line (publish: exit 2), e.g. {msgs[0][:90]}"
+
+
 # --------------------------------------------------------------------------------------------------------- run
 def run_rows(rows: list[Row]) -> list[tuple[Row, bool, str, float]]:
     out = []
