@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-import pandas as pd
-
 
 @lru_cache(maxsize=4)
 def definitions(profile: str | None = None, home: str | None = None):
@@ -40,8 +37,3 @@ def training_rows(profile: str | None = None, home: str | None = None) -> dict:
             "split": training_split(rewards, pool).reset_index(drop=True),
             "X": reward_embeddings(load("prompt_embeddings", profile, home), rewards)}
 
-
-def embeddings_of(task_ids, profile: str | None = None, home: str | None = None) -> np.ndarray:
-    """The prompt embeddings of `task_ids`, in that order."""
-    emb = load("prompt_embeddings", profile, home).set_index("task_id")
-    return np.stack(emb.loc[pd.Index(task_ids), "embedding"].to_numpy()).astype(np.float32)

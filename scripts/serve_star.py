@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     from pipeline.collect.grading import grade
     from pipeline.collect.rewards import to_arrays
     from pipeline.route import registry
+    from pipeline.route.fit import reward_embeddings
     from pipeline.serve.formats import FormatGuess
     from resources.storage import default_home
 
@@ -42,8 +43,9 @@ def main(argv=None) -> int:
     pool = lineage.load("task_pool", args.profile)
     train = pool[(pool["split"] == "train") & ~pool["ood"]]
     test = pool[(pool["split"] == "test") & ~pool["ood"]]
-    guess = FormatGuess(lineage.embeddings_of(train["task_id"], args.profile), train["grader"].tolist())
-    g = guess.guess(lineage.embeddings_of(test["task_id"], args.profile))
+    emb = lineage.load("prompt_embeddings", args.profile)  # read once; rows in each frame's task order
+    guess = FormatGuess(reward_embeddings(emb, train), train["grader"].tolist())
+    g = guess.guess(reward_embeddings(emb, test))
     right = np.mean([a == b for a, b in zip(g, test["grader"])])
     none = np.mean([a is None for a in g])
     print(f"★ {latest['star']['label']}: {latest['name']} at {latest['star']['target']}; held-out (router_value): "
