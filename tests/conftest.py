@@ -284,3 +284,17 @@ def small_head_parts():
 def register_small_head():
     """A factory: the registry entry of a small head under `root` (seed); the same seed gives the same entry."""
     return _register_small_head
+
+
+def _cascade_point(plan, names, quality: float, cost: float) -> dict:
+    """An operating point of a cascade's `cascade.json` holding `plan` over agents `names` (the figures the target
+    resolution reads; the rest zero)."""
+    return {"plan": plan.to_dict(names), "quality": quality, "ci_low": quality, "ci_high": quality,
+            "cost_per_1k": cost, "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0,
+            "shares": {a: 0.0 for a in names}, "lambda": 0.0}
+
+
+@pytest.fixture(scope="session")
+def cascade_point():
+    """A factory of cascade operating points: (plan, agent names, quality, cost per 1k) -> the point's dict."""
+    return _cascade_point

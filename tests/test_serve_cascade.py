@@ -26,14 +26,8 @@ from resources.pool import PoolResource
 pytestmark = pytest.mark.slow
 
 
-def _point(plan: Plan, agents, quality: float, cost: float) -> dict:
-    return {"plan": plan.to_dict(agents), "quality": quality, "ci_low": quality, "ci_high": quality,
-            "cost_per_1k": cost, "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0,
-            "shares": {a: 0.0 for a in agents}, "lambda": 0.0}
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, cascade_point):
     from pipeline.embed.backbone import Backbone
 
     pool = PoolResource(kind="replay", pool="mmlu_pro")
@@ -54,7 +48,8 @@ def world(tmp_path_factory):
     single = Plan(Policy((Stage((strong,)),)))
     path = {"kind": "cascade", "agents": names, "best_single": names[strong], "guard_z": 0.0,
             "best_single_validation": {"quality": 0.8, "ci_low": 0.8, "ci_high": 0.8, "cost_per_1k": 1.0},
-            "n_validation": 100, "points": [_point(single, names, 0.8, 1.0), _point(cascade, names, 0.7, 0.3)]}
+            "n_validation": 100,
+            "points": [cascade_point(single, names, 0.8, 1.0), cascade_point(cascade, names, 0.7, 0.3)]}
     order = [strong, c1, c2, *[j for j in range(len(agents)) if j not in (strong, c1, c2)]]
     bb = Backbone(None, max_seq_length=128)
     prompts = list(answers)[:80]

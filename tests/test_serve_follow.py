@@ -88,12 +88,10 @@ def _head(root, seed: int):
     return _register(root, Head(rng.normal(size=(DIM, 3)), rng.normal(size=3), agents=NAMES), seed)
 
 
-def _cascade(root):
+def _cascade(root, cascade_point):
     """A cascade whose only point asks cheap1 and cheap2 (both must agree), then strong."""
     def point(plan: Plan) -> dict:
-        return {"plan": plan.to_dict(NAMES), "quality": 0.9, "ci_low": 0.9, "ci_high": 0.9, "cost_per_1k": 1.0,
-                "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0, "shares": {a: 0.0 for a in NAMES},
-                "lambda": 0.0}
+        return cascade_point(plan, NAMES, 0.9, 1.0)
 
     path = {"kind": "cascade", "agents": NAMES, "best_single": "strong", "guard_z": 0.0, "n_validation": 100,
             "best_single_validation": {"quality": 0.9, "ci_low": 0.9, "ci_high": 0.9, "cost_per_1k": 1.0},
@@ -264,12 +262,12 @@ def test_readyz_is_503_until_the_backbone_router_and_grading_worker_are_warm(rou
     assert body["router"] == a.name and body["promoted_source"] == "registered"
 
 
-def test_metrics_hold_every_series(tmp_path):
+def test_metrics_hold_every_series(tmp_path, cascade_point):
     """/metrics, parsed as Prometheus text: requests by status/router/key, overhead and upstream histograms, a
     cascade's calls and escalations per request, cost by agent and key, grading overruns, the served router and its
     promotion time (the pointer's promoted_at), swaps."""
     root = tmp_path / "registry"
-    entry = _cascade(root)
+    entry = _cascade(root, cascade_point)
     stamp = "2026-01-02T03:04:05Z"
     registry.mark_latest(root, entry.name, entry, promoted_at=stamp)
     with serve_in_thread(_app(root, entry)) as srv:

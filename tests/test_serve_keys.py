@@ -73,14 +73,8 @@ def fake_agents_app(delay_s: float):
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-def _point(plan: Plan, names, quality: float, cost: float) -> dict:
-    return {"plan": plan.to_dict(names), "quality": quality, "ci_low": quality, "ci_high": quality,
-            "cost_per_1k": cost, "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_se": 0.0,
-            "shares": {a: 0.0 for a in names}, "lambda": 0.0}
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, cascade_point):
     """(prompt head, cascade, agent specs, client_for) over fake agents that answer after 0.3 s."""
     bb = HashBackbone()
     names = ["a0", "a1", "a2"]
@@ -95,8 +89,8 @@ def world(tmp_path_factory):
     path = {"kind": "cascade", "agents": names, "best_single": "a0", "guard_z": 0.0,
             "best_single_validation": {"quality": 0.8, "ci_low": 0.8, "ci_high": 0.8, "cost_per_1k": 50.0},
             "n_validation": 100,
-            "points": [_point(Plan(Policy((Stage((0,)),))), names, 0.8, 50.0),
-                       _point(Plan(Policy((Stage((1, 2), 2), Stage((0,))))), names, 0.7, 30.0)]}
+            "points": [cascade_point(Plan(Policy((Stage((0,)),))), names, 0.8, 50.0),
+                       cascade_point(Plan(Policy((Stage((1, 2), 2), Stage((0,))))), names, 0.7, 30.0)]}
     cascade = registry.load(registry.register(root, CascadeRouter(constant_head(head, 0), path, [0, 1, 2], names),
                                               OODGuard(k=3).fit(X, X), 0, **fields))
     for r in (reg, cascade):
