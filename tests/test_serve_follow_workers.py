@@ -7,6 +7,7 @@ import glob
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -37,9 +38,14 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     proc, url, lines = start(home, "mmlu_pro", 2, ("--follow-interval", "0.5"))
     try:
         assert len(set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) - metric_dirs) == 1
-        runs = [asyncio.run(swap_under_load(url, prompts, lambda dst=dst: registry.mark_latest(root, dst.name, dst),
-                                            src.name, dst.name, clients=16, window_s=90))
-                for src, dst in ((a, b), (b, a))]
+        runs = []
+        for k, (src, dst) in enumerate(((a, b), (b, a)), start=1):
+            move = lambda dst=dst: registry.mark_latest(root, dst.name, dst)  # noqa: E731
+            runs.append(asyncio.run(swap_under_load(url, prompts, move, src.name, dst.name, clients=16, window_s=90)))
+            # Each worker follows on its own clock: one the clients' connections never reached may still be loading
+            # when the replies settle (and, if the pointer moved back first, would rightly skip the swap), so wait
+            # (bounded) until both workers have swapped before the next move.
+            _metrics_when(url, lambda t, k=k: metric_value(t, "router_lite_router_swaps_total") >= 2 * k, within_s=60)
         for run in runs:  # the swap, then the rollback
             assert run["seconds_to_all_new"] is not None and run["failed"] == 0 and run["other_router"] == 0, run
             assert run["ok"] > 0
@@ -59,6 +65,15 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     out = "".join(lines)
     assert out.count(f"now serving head {b.name}") == 2 and out.count(f"now serving head {a.name}") == 2, out[-3000:]
     assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed
+
+
+def _metrics_when(url: str, ready, within_s: float) -> str:
+    deadline = time.monotonic() + within_s
+    while True:
+        text = httpx.get(url + "/metrics", timeout=30).text
+        if ready(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.25)
 
 
 def _samples(text: str, name: str):
