@@ -12,12 +12,12 @@ from dagster import (
 )
 
 from assets.collection import cost_lower_bounds, pool_of, quarantine_of
-from pipeline.collect.answers import agreement, answers_matrix
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
 from pipeline.route.fit import reward_embeddings, training_split
+from pipeline.route.fitted import FittedRouter
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -26,10 +26,11 @@ from resources.storage import StorageResource
 @asset(group_name="report", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
-                   "(label router and kNN, 5-fold CV on the training split); the agents the collection quality "
-                   "rules quarantined, with their reasons, and the costs that are only lower bounds.")
+                   "(label router and kNN, 5-fold CV on the training split); whether a cascade pays (read off "
+                   "cascade_router's fit); the agents the collection quality rules quarantined, with their reasons, "
+                   "and the costs that are only lower bounds.")
 def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
-                prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame, graded_calls: pd.DataFrame,
+                prompt_embeddings: pd.DataFrame, cascade_router: FittedRouter, graded_calls: pd.DataFrame,
                 preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
                 storage: StorageResource) -> Output[dict]:
     rewards, tasks = reward_matrix, task_pool
@@ -40,9 +41,7 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
                        costs_estimated=costs_are_estimated(rewards))
-    grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
-    E = agreement(answers_matrix(agent_answers, rewards["task_id"], agents), t["grader"].tolist(), stats=grading)
-    rep["cascade"] = cascade_pays(R, C, E, t["grader"].to_numpy(), split, agents)
+    rep["cascade"] = cascade_pays(cascade_router.summary, int((split == "test").sum()))  # the lineage's own fit
     # the agents the collection quality rules left out, and the costs that are only lower bounds
     rep["quarantined"] = quarantine_of(profile.get(), graded_calls)
     rep["cost_lower_bound"] = (cost_lower_bounds(pool_of(pool, preflight), agents)
@@ -60,7 +59,7 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
             index=False, floatfmt=".3f")),
         "label_router_cv_gain": h.get("label_router", {}).get("gain"),
         "knn_cv_gain": h.get("knn", {}).get("gain"), "oracle_headroom": h["oracle_headroom"],
-        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no validation/test rows)", **grading,
+        "cascade_pays": rep["cascade"]["text"] if rep["cascade"] else "(no answers-only cascade fitted)",
         "quarantined": MetadataValue.json(rep["quarantined"]),
         "cost_lower_bound": MetadataValue.json(rep["cost_lower_bound"]),
     })

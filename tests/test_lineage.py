@@ -85,6 +85,10 @@ def test_router_value_and_pool_report(smoke_home):
     assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
     rep = json.loads((home / "reports" / "pool_report.json").read_text())
     assert rep["verdict"]["text"] == rv["pool_verdict"]
+    # whether a cascade pays is the lineage's cascade fit (answers only), not a second fit of its own
+    fitted = rv["routers"]["cascade:cascade"]["targets"]["quality>=0.98"]
+    assert rep["cascade"]["quality_ratio"] == fitted["quality_ratio"]
+    assert rep["cascade"]["cost_ratio"] == fitted["cost_ratio"]
     latest = registry.latest_entry(home / "registry")
     manifest = registry.load(latest["head"]["path"]).manifest
     assert manifest["operating_points"]["points"][0]["lambda"] == 0

@@ -95,3 +95,35 @@ def test_a_cascade_pays_only_when_it_holds_the_targets_quality():
     assert pays(cheap_and_good, "quality>=0.98") and not pays(cheap_and_bad, "quality>=0.98")
     assert not pays(dear, "quality>=0.98") and not pays({"cost_ratio": None, "quality_ratio_ci": None}, "parity")
     assert pays(cheap_and_good, "parity") and not pays({**cheap_and_good, "quality_ratio_ci": [0.9, 0.99]}, "parity")
+
+
+def test_the_cascade_verdict_is_read_off_the_lineage_fit(synthetic_cascade, monkeypatch):
+    """`cascade_pays` reports the `cascade_router` fit's answers-only variant as the asset stored it (its summary):
+    the same figures, its own selection named, and no second fit."""
+    import pipeline.route.cascade_fit as cascade_fit
+    from pipeline.report.pool_report import cascade_pays
+
+    R, C, E, g, masks = synthetic_cascade()
+    agents = ["strong", "cheap1", "cheap2"]
+    fit = cascade_fit.fit_cascades(R, C, E, None, g, masks, 0, agents, ["quality>=0.98"],
+                                   selection={"method": "crossfit", "folds": 3, "seed": 0})
+    summary = {"agents": agents, "best_single": 0, **fit.to_dict()}  # what cascade_router stores
+    monkeypatch.setattr(cascade_fit, "fit_cascades", lambda *a, **k: pytest.fail("the pool report fitted again"))
+    got = cascade_pays(summary, int(masks["held_out"].sum()))
+    want = fit.variants["cascade"].targets["quality>=0.98"]
+    for k in ("quality_ratio", "quality_ratio_ci", "cost_ratio", "plan"):
+        assert got[k] == want[k], k
+    assert got["best_single"] == "strong" and "cross-fitted" in got["text"]
+    assert cascade_pays({**summary, "variants": {}}, 10) is None  # no answers-only variant: nothing to say
+
+
+def test_the_pool_report_consumes_the_cascade_fit_not_the_answers(tmp_path):
+    """In the asset graph the pool report reads `cascade_router` (its lazy agreement and fit), not the agents'
+    answers it would grade again pair by pair."""
+    from dagster import AssetKey
+
+    from assets.definitions import build_definitions
+
+    graph = build_definitions(str(tmp_path), "smoke").resolve_asset_graph()
+    parents = {k.to_user_string() for k in graph.get(AssetKey("pool_report")).parent_keys}
+    assert "cascade_router" in parents and "agent_answers" not in parents

@@ -14,7 +14,8 @@ leads everywhere, and routing can pay only on cost). This module says which, fro
 - the routable headroom, by 5-fold cross-validation on the **training rows only**: the gain over the best single
   agent (chosen on each fold's training part) of a per-domain label router (best agent per domain on the fold's
   training part) and of a kNN router (k chosen on a slice of the fold's training part), with a paired 95 %
-  bootstrap CI over all out-of-fold rows; and the oracle's headroom on the same rows.
+  bootstrap CI over all out-of-fold rows; and the oracle's headroom on the same rows;
+- whether a cascade pays (`cascade_pays`): read off the lineage's own cascade fit, not fitted again.
 
 Rows described: the development rows (train + validation, never test or out-of-distribution rows).
 """
@@ -193,27 +194,24 @@ def pays(point: dict, target: str) -> bool:
     return point["cost_ratio"] < 1 and point["quality_ratio_ci"][1] >= wanted
 
 
-def cascade_pays(R: np.ndarray, C: np.ndarray, E: np.ndarray, graders, split: np.ndarray, agents: list[str],
-                 target: str = "quality>=0.98") -> dict | None:
-    """Does a cascade pay on this pool? Cascades fitted on train from the agents' answers alone (no prompt
-    router), the `target` point chosen on validation, measured on test: quality and cost as fractions of the best
-    single agent's (pipeline/route/cascade_fit.py). None without validation and test rows."""
-    from pipeline.route.cascade_fit import fit_cascades
-
-    split = np.asarray(split, dtype=object)
-    masks = {"train": split == "train", "validation": split == "validation", "held_out": split == "test"}
-    if not all(m.any() for m in masks.values()):
+def cascade_pays(cascade: dict, n_test: int, target: str = "quality>=0.98") -> dict | None:
+    """Does a cascade pay on this pool? Read off the `cascade_router` fit (`cascade`: its summary): the answers-only
+    variant (no prompt router) at `target`, its point chosen as the lineage chose it (cross-fitted or on
+    validation), measured on the `n_test` test rows: quality and cost as fractions of the best single agent's. The
+    report reuses that fit and its lazy agreement (the pairs the plans read), never a second fit over all pairs.
+    None when the fit holds no such variant or target."""
+    t = (((cascade.get("variants") or {}).get("cascade") or {}).get("targets") or {}).get(target)
+    if t is None or t.get("quality_ratio") is None:
         return None
-    best = int(np.argmax(R[masks["train"]].mean(axis=0)))
-    fit = fit_cascades(R, C, E, None, graders, masks, best, agents, [target])
-    t = fit.variants["cascade"].targets[target]
+    best = cascade["agents"][cascade["best_single"]]
+    sel = cascade.get("selection") or {}
+    chosen = ("cross-fitted on train + validation" if sel.get("method") == "crossfit" else "chosen on validation")
     return {"target": target, "quality_ratio": t["quality_ratio"], "quality_ratio_ci": t["quality_ratio_ci"],
-            "cost_ratio": t["cost_ratio"], "best_single": agents[best], "n_test": int(masks["held_out"].sum()),
-            "plan": t["plan"],
+            "cost_ratio": t["cost_ratio"], "best_single": best, "n_test": int(n_test), "plan": t["plan"],
             "text": (("a cascade pays" if pays(t, target) else "a cascade does not pay here")
-                     + f": {t['quality_ratio']:.1%} of {agents[best]}'s quality (95 % CI "
+                     + f": {t['quality_ratio']:.1%} of {best}'s quality (95 % CI "
                      f"{t['quality_ratio_ci'][0]:.1%}–{t['quality_ratio_ci'][1]:.1%}) at {t['cost_ratio']:.0%} of "
-                     f"its cost (target {target} chosen on validation, test n={int(masks['held_out'].sum())})")}
+                     f"its cost (target {target} {chosen}, test n={int(n_test)})")}
 
 
 def report_markdown(rep: dict) -> str:
