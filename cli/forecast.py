@@ -22,17 +22,14 @@ def profile_task_pool(prof):
     return build_task_pool(eligible_tasks(pd.concat(frames, ignore_index=True), prof), prof.task_pool)
 
 
-def _preflight_of(home: str, pool_name: str):
-    """The materialised pre-flight when it ran on `pool_name` (its completion lengths), else None."""
-    import pandas as pd
+def _preflight_of(prof, home: str, pool_name: str):
+    """The pre-flight materialised in `home` (read through the lineage's IO manager) when it ran on `pool_name`
+    (its completion lengths), else None."""
+    from cli import lineage
 
-    from resources.storage import asset_path
-
-    path = asset_path(home, "preflight")
-    if not path.exists():
-        return None
-    pf = pd.read_parquet(path)
-    return pf if "pool" in pf.columns and len(pf) and str(pf["pool"].iloc[0]) == pool_name else None
+    pf = lineage.load("preflight", prof, home, default=None)
+    return pf if pf is not None and "pool" in pf.columns and len(pf) and str(pf["pool"].iloc[0]) == pool_name \
+        else None
 
 
 def compute_forecast(prof, pool_name: str | None, home: str) -> tuple[dict, str]:
@@ -49,8 +46,9 @@ def compute_forecast(prof, pool_name: str | None, home: str) -> tuple[dict, str]
     from assets.collection import sampled_fractions
 
     storage = StorageResource(home=home)
-    fc = collection_forecast(prof, pool.kind, storage, profile_task_pool(prof), agents, _preflight_of(home, pool.pool),
-                             live, sampled_fractions(prof, [a.name for a in agents], storage, pool.pool))
+    fc = collection_forecast(prof, pool.kind, storage, profile_task_pool(prof), agents,
+                             _preflight_of(prof, home, pool.pool), live,
+                             sampled_fractions(prof, [a.name for a in agents], storage, pool.pool))
     return {"profile": prof.name, "pool": pool.pool, "kind": pool.kind, "prices": note, **fc}, note
 
 

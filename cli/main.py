@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
               file=sys.stderr, flush=True)
         return 130
     home = str(home_of(profile))  # this profile's lineage: the home's root, or profiles/<name> beside another's
-    print_summary(home, [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
+    print_summary(defs, [k for _, keys, _ in stages_of(defs, args.upto) for k in keys])
     print_stage_times(times, home)
     if star_headline(Path(home).resolve()):  # a run that reached the ★ router: three lines of what next
         print(what_next(profile.name))
@@ -276,21 +276,20 @@ def _route_cascade(reg, args) -> int:
 
 def cmd_regrade(args) -> int:
     """Recompute extraction and correctness of every stored call from its stored completion: zero API calls."""
-    from pathlib import Path
-
-    import pandas as pd
-
+    from cli import lineage
     from pipeline.collect.regrade import regrade
-    from pipeline.core.io import atomic_write_parquet
-    from resources.storage import asset_path, default_home
+    from resources.storage import default_home, root_owner
 
-    root = Path(default_home()).resolve()
-    pool = pd.read_parquet(asset_path(root, "task_pool"))
+    defs = lineage.definitions(root_owner(default_home()))  # the lineage at the home's root, as `run` left it
+    pool = lineage.load("task_pool", defs=defs)
     changed = total = 0
     budget = _grading_budget(args.grading_budget_ms)
-    for f in sorted(asset_path(root, "graded_calls").parent.glob("*.parquet")):  # every partition's file
-        calls, n = regrade(pd.read_parquet(f), pool, budget)
-        atomic_write_parquet(calls, f)
+    for pk in lineage.partitions(defs, "graded_calls"):  # every partition, read and written by its IO manager
+        calls = lineage.load("graded_calls", partition=pk, defs=defs, default=None)
+        if calls is None:
+            continue
+        calls, n = regrade(calls, pool, budget)
+        lineage.store(defs, "graded_calls", calls, pk)
         changed, total = changed + n, total + int((calls["status"] != "error").sum())
     print(json.dumps({"regraded": total, "changed": changed}))
     print("re-materialise reward_matrix and downstream assets (Dagster job refresh_downstream) to use the new grades",
@@ -399,7 +398,6 @@ def cmd_serve(args) -> int:
     from pipeline.serve.app import build_app
     from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
     from resources.pool import PoolResource
-    from resources.storage import home_of
 
     _check_serve_args(args)
     keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
@@ -428,7 +426,7 @@ def cmd_serve(args) -> int:
 
         torch.set_num_threads(args.threads)
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
-    formats = _format_guess(reg, home_of(profile)) if reg.needs_grader else None
+    formats = _format_guess(reg, profile) if reg.needs_grader else None
     follow = _pointer_follower(args, profile)
     app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts,
                     follow=follow)
@@ -602,28 +600,27 @@ def _pointer_follower(args, profile):
         return None
     home = home_of(profile)
     return PointerFollower(Path(home) / "registry", args.follow_interval,
-                           formats_for=lambda reg: _format_guess(reg, home))
+                           formats_for=lambda reg: _format_guess(reg, profile))
 
 
-def _format_guess(reg, home):
+def _format_guess(reg, profile):
     """A cascade's answer-format guess for requests that name none (pipeline/serve/formats.py): the training prompts
-    of the home's task pool with their graders, embedded as the router was trained (the manifest's
-    prompt_embeddings version must match the home's); None when the home does not hold them."""
+    of the profile's task pool with their graders, embedded as the router was trained (the manifest's
+    prompt_embeddings version must match the lineage's); None when the lineage does not hold them."""
     import numpy as np
-    import pandas as pd
 
+    from cli import lineage
     from pipeline.core.io import frame_version
     from pipeline.serve.formats import FormatGuess
-    from resources.storage import asset_path
 
-    pool_f, emb_f = asset_path(home, "task_pool"), asset_path(home, "prompt_embeddings")
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
-    if not want or not pool_f.exists() or not emb_f.exists():
+    emb = lineage.load("prompt_embeddings", profile, default=None) if want else None
+    if emb is None or frame_version(emb) != want:
         return None
-    emb = pd.read_parquet(emb_f)
-    if frame_version(emb) != want:
+    pool = lineage.load("task_pool", profile, default=None)
+    if pool is None:
         return None
-    pool = pd.read_parquet(pool_f, columns=["task_id", "grader", "split", "ood"])
+    pool = pool[["task_id", "grader", "split", "ood"]]
     train = pool[(pool["split"] == "train") & ~pool["ood"].astype(bool)].merge(emb, on="task_id")
     return FormatGuess(np.stack(train["embedding"].to_numpy()), train["grader"].tolist()) if len(train) else None
 

@@ -151,10 +151,11 @@ def _stage_name(group: str, keys: list[str]) -> str:
     return keys[0].replace("_", " ") if len(keys) == 1 else group
 
 
-def stages_of(defs, upto: str | list[str] | None = None) -> list[Stage]:
+def stages_of(defs, upto: str | list[str] | None = None, start: list[str] | None = None) -> list[Stage]:
     """The stages `run_lineage` materialises, read off the Definitions' asset graph: its assets (without the ones
     tagged opt-in and their descendants; with `upto`, those assets and what they depend on: `+asset` in Dagster's
-    selection syntax, one name or several) in topological order, split where the group or the partitioning changes.
+    selection syntax, one name or several; with `start`, only those assets and what depends on them: `asset+`, the
+    rest read as materialised) in topological order, split where the group or the partitioning changes.
     Among the assets ready next, one of the stage being built comes first, then one of the earliest group (groups
     ordered as they feed each other), so a stage holds a group's assets together."""
     graph = defs.resolve_asset_graph()
@@ -179,6 +180,12 @@ def stages_of(defs, upto: str | list[str] | None = None) -> list[Stage]:
                 keep.add(k)
                 todo += list(graph.get(k).parent_keys)
         wanted = [k for k in wanted if k in keep]
+    if start:
+        after = {AssetKey(n) for n in start}
+        for k in wanted:  # toposorted: parents first
+            if set(graph.get(k).parent_keys) & after:
+                after.add(k)
+        wanted = [k for k in wanted if k in after]
     def kind(k):
         return graph.get(k).group_name, graph.get(k).partitions_def
 
@@ -221,16 +228,16 @@ def _with_config(run_config: dict, asset_config: dict | None, keys: list[str]) -
 
 
 def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str] | None = None, log=print,
-                asset_config: dict | None = None) -> dict:
+                asset_config: dict | None = None, start: list[str] | None = None) -> dict:
     """Materialise the stages in order, each asset with its run config from `asset_config` (asset -> config, e.g.
-    {"benchmark_report": {"target": "parity"}}); returns {"stages": {stage: s}, "steps": {asset step: s},
-    "total_s": s}."""
+    {"benchmark_report": {"target": "parity"}}; `start`: see `stages_of`); returns {"stages": {stage: s}, "steps":
+    {asset step: s}, "total_s": s}."""
     profile = as_profile(profile)
     times: dict = {"stages": {}, "steps": {}}
     t_all = time.time()
     all_assets = list(defs.assets)
     checks = list(defs.asset_checks or [])
-    stages = stages_of(defs, upto)
+    stages = stages_of(defs, upto, start)
     check_key(defs, stages)  # a missing key fails now, not after the stages that need none
     if profile.override:
         log(f"profile {profile.name} with override {profile.override}")

@@ -2,9 +2,7 @@
 import json
 from pathlib import Path
 
-import pandas as pd
-
-from resources.storage import asset_path
+from cli import lineage
 
 
 def _table(counts: dict) -> str:
@@ -40,26 +38,25 @@ def what_next(profile: str) -> str:
             "  docs/tutorial.md    # your own agents (an override file), your own data (router-lite train), serving")
 
 
-def print_summary(home: str, assets: list[str]) -> None:
-    """What the run left under `home`; `assets`: the run's assets in stage order (whose reports are printed); the ★
-    router first."""
-    root = Path(home).resolve()
+def print_summary(defs, assets: list[str]) -> None:
+    """What the run left in the lineage of `defs` (its assets read through their IO managers); `assets`: the run's
+    assets in stage order (whose reports are printed); the ★ router first."""
+    root = defs.resources["storage"].root()
     headline = star_headline(root)
     if headline:
         print("\n" + headline)
     _print_verdict(root)
-    pool_file = asset_path(root, "task_pool")
-    if pool_file.exists():
+    pool = lineage.load("task_pool", defs=defs, default=None)
+    if pool is not None:
         from pipeline.tasks.task_pool import pool_counts
 
-        pool = pd.read_parquet(pool_file)
         print(f"\nTask pool: {len(pool)} tasks ({int(pool['ood'].sum())} out-of-distribution)")
         for col, counts in pool_counts(pool).items():
             print(f"  by {col:<10} {_table(counts)}")
         print(f"  tasks dataset: {root / 'datasets' / 'tasks'}")
-    head = asset_path(root, "router_head", suffix=".json")
-    if head.exists():
-        summary = json.loads(head.read_text())
+    head = lineage.load("router_head", defs=defs, default=None)
+    if head is not None:
+        summary = head.summary
         m, gate = summary["metrics"], summary["extra"].get("gate", {})
         print(f"\nRouter head (held-out test n={m['n_test']}): head {m['head']:.4f} | best single "
               f"{m['best_single']:.4f} | kNN {m['knn']:.4f} | random {m['random']:.4f} | oracle {m['oracle']:.4f}"

@@ -223,7 +223,7 @@ def test_a_new_report_needs_only_its_two_modules(smoke_home_copy, monkeypatch, t
         report = ["router_arena", "pool_report", "benchmark_report", "toy_report"]
         assert ("report", report) in [(n, k) for n, k, _ in stages]
         run_lineage(defs, "smoke", upto="toy_report", log=lambda m: None)
-        print_summary(str(home), [k for _, keys, _ in stages_of(defs, "toy_report") for k in keys])
+        print_summary(defs, [k for _, keys, _ in stages_of(defs, "toy_report") for k in keys])
         out = capsys.readouterr().out
         assert "## Best-agent counts" in out and "| frontier_a" in out
     finally:
