@@ -1,7 +1,7 @@
-"""Issue 29, items 3/4: a new agent measured on a sample of tasks instead of all of them, on the replay pools where
+"""A new agent measured on a sample of tasks instead of all of them, on the replay pools where
 the full matrix is known (`demo_wide`'s 5 new models over demo, `mmlu_pro_wide`'s 3 over mmlu_pro).
 
-Per pool: the profile's task pool (built as `router-lite run --upto task_pool` builds it), every agent's reply from
+Per pool: the profile's task pool (`router-lite run --upto task_pool`, through cli/lineage.py), every agent's reply from
 the replay recordings, graded with the project's graders (the full matrix); a reply's cost = list price x
 ceil(characters / 4) tokens, as the replay estimates it; one reply per task (a replay repetition replays it: the
 calls of a profile with 3 repetitions scale by 3, the fractions and dollars saved in proportion). Per new agent,
@@ -23,7 +23,7 @@ with the collection's own functions (`pipeline.collect.sampling`, the setting `c
 Writes $ROUTER_LITE_HOME/bench/grow.json: {"pools": {POOL: {"agents": {NAME: {calls_fraction, joins_full,
 joins_adaptive, quality_full, quality_estimate, ci_low, ci_high, ...}}, "aiq_full", "aiq_adaptive", ...}}}; keys it
 does not write (e.g. bench/refresh.py's `refresh_seconds`) are kept; the
-refresh timing (item 6) is bench/refresh.py's (`--refresh 5,10,20,40` runs it after).
+refresh timing (item 6) is bench/refresh.py's (`--refresh 5,10,20,26` runs it after).
 
     python bench/grow.py [--fraction 0.2] [--strategy disagreement] [--boot 200] [--seed 0]
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,22 +40,25 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cli import lineage  # noqa: E402
+
 FIXED_K = (100, 400)  # besides k chosen on validation, both routers with these k (the choice's noise left out)
 POOLS = {"demo_wide": ("demo", "demo"), "mmlu_pro_wide": ("mmlu_pro", "mmlu_pro")}  # wide pool: (profile, base pool)
 
 
-def full_matrix(profile: str, wide: str):
-    """(tasks, agents, rewards [tasks x agents] 0/1, costs [tasks x agents] USD) from the replay recordings."""
-    from cli.forecast import profile_task_pool
-    from pipeline.collect.agents import load_agents
+def task_pool(profile: str):
+    """The profile's task pool as the lineage builds it (`--upto task_pool`, in a temporary home)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        defs = lineage.definitions(profile, tmp)
+        lineage.run(defs, "task_pool")
+        return lineage.load("task_pool", defs=defs).reset_index(drop=True)
+
+
+def full_matrix(tasks, agents):
+    """(rewards [tasks x agents] 0/1, costs [tasks x agents] USD) from the replay recordings."""
     from pipeline.collect.grading import grade
     from pipeline.collect.replay import ReplayStore, approx_tokens
-    from pipeline.profile import load_profile
-    from resources.pool import default_agents_file
 
-    prof = load_profile(profile)
-    tasks = profile_task_pool(prof).reset_index(drop=True)
-    agents = load_agents(default_agents_file(), wide)
     store = ReplayStore.load()
     R = np.zeros((len(tasks), len(agents)))
     C = np.zeros_like(R)
@@ -63,43 +67,29 @@ def full_matrix(profile: str, wide: str):
             text = store.text_for(a.model, t.prompt) or ""
             R[i, j] = float(bool(grade(text, str(t.gold), t.grader)[1])) if text.strip() else 0.0
             C[i, j] = a.cost(approx_tokens(t.prompt), approx_tokens(text))
-    return tasks, agents, R, C
-
-
-def prompt_embeddings(profile: str, prompts: list[str]) -> np.ndarray:
-    """The prompts' embeddings by the profile's backbone, through the shared embedding cache of the home."""
-    from assets.definitions import build_resources
-    from pipeline.embed.backbone import EmbeddingCache
-    from pipeline.profile import load_profile
-    from resources.storage import default_home
-
-    bb = build_resources(profile=load_profile(profile))["backbone"].get_backbone()
-    return EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(prompts, bb)
+    return R, C
 
 
 def cached_matrix(profile: str, wide: str):
-    """`full_matrix`, kept in $ROUTER_LITE_HOME/bench/grow-<pool>.npz (grading every reply takes a while)."""
+    """(tasks, agents, R, C, the prompts' embeddings), the matrices kept in $ROUTER_LITE_HOME/bench/grow-<pool>.npz
+    (grading every reply takes a while); the embeddings by the profile's backbone through the home's cache."""
+    from pipeline.collect.agents import load_agents
+    from pipeline.embed.backbone import EmbeddingCache
+    from resources.pool import default_agents_file
     from resources.storage import default_home
 
+    tasks, agents = task_pool(profile), load_agents(default_agents_file(), wide)
+    ids, names = tasks["task_id"].astype(str).tolist(), [a.name for a in agents]
     cache = Path(default_home()) / "bench" / f"grow-{wide}.npz"
-    tasks, agents = None, None
     if cache.exists():
         z = np.load(cache, allow_pickle=False)
-        from cli.forecast import profile_task_pool
-        from pipeline.collect.agents import load_agents
-        from pipeline.profile import load_profile
-        from resources.pool import default_agents_file
-
-        tasks = profile_task_pool(load_profile(profile)).reset_index(drop=True)
-        agents = load_agents(default_agents_file(), wide)
-        if list(z["task_ids"]) == list(tasks["task_id"].astype(str)) and list(z["agents"]) == [a.name for a in agents]:
+        if list(z["task_ids"]) == ids and list(z["agents"]) == names:
             return tasks, agents, z["R"], z["C"], z["X"]
-    tasks, agents, R, C = full_matrix(profile, wide)
-    X = prompt_embeddings(profile, tasks["prompt"].tolist())
+    R, C = full_matrix(tasks, agents)
+    bb = lineage.definitions(profile).resources["backbone"].get_backbone()
+    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(tasks["prompt"].tolist(), bb)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, task_ids=np.array(tasks["task_id"].astype(str).tolist(), dtype=str),
-             agents=np.array([a.name for a in agents], dtype=str),
-             R=R, C=C, X=X)
+    np.savez(cache, task_ids=np.array(ids, dtype=str), agents=np.array(names, dtype=str), R=R, C=C, X=X)
     return tasks, agents, R, C, X
 
 
@@ -222,7 +212,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pools", default=",".join(POOLS))
     ap.add_argument("--refresh", default=None, metavar="K,K,...",
-                    help="also time the refresh at these pool widths (bench/refresh.py), e.g. 5,10,20,40")
+                    help="also time the refresh at these pool widths (bench/refresh.py), e.g. 5,10,20,26")
     args = ap.parse_args(argv)
     from resources.storage import default_home
 

@@ -67,11 +67,14 @@ def partitions(defs, asset: str) -> list[str]:
 
 def run(defs, upto, start=None, profile=None) -> dict:
     """Materialise `upto` (an asset or several, with what they depend on; with `start`, only from those assets on,
-    the rest read as materialised) with `router-lite run`'s `run_lineage`, quietly: its step statistics
-    ({"stages", "steps": {asset step: wall s}, "total_s"})."""
+    the rest read as materialised) with `router-lite run`'s `run_lineage`, quietly, on an ephemeral instance (a
+    bench's runs stay out of the UI's): its step statistics ({"stages", "steps": {asset step: wall s}, "total_s"})."""
+    from dagster import DagsterInstance
+
     from cli.run import run_lineage
 
-    return run_lineage(defs, profile, upto, log=lambda m: None, start=start)
+    with DagsterInstance.ephemeral() as instance:
+        return run_lineage(defs, profile, upto, log=lambda m: None, start=start, instance=instance)
 
 
 def training_rows(profile: str | None = None, home: str | None = None) -> dict:

@@ -228,10 +228,10 @@ def _with_config(run_config: dict, asset_config: dict | None, keys: list[str]) -
 
 
 def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str] | None = None, log=print,
-                asset_config: dict | None = None, start: list[str] | None = None) -> dict:
+                asset_config: dict | None = None, start: list[str] | None = None, instance=None) -> dict:
     """Materialise the stages in order, each asset with its run config from `asset_config` (asset -> config, e.g.
-    {"benchmark_report": {"target": "parity"}}; `start`: see `stages_of`); returns {"stages": {stage: s}, "steps":
-    {asset step: s}, "total_s": s}."""
+    {"benchmark_report": {"target": "parity"}}; `start`: see `stages_of`; `instance`: default `_instance`); returns
+    {"stages": {stage: s}, "steps": {asset step: s}, "total_s": s}."""
     profile = as_profile(profile)
     times: dict = {"stages": {}, "steps": {}}
     t_all = time.time()
@@ -241,7 +241,7 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
     check_key(defs, stages)  # a missing key fails now, not after the stages that need none
     if profile.override:
         log(f"profile {profile.name} with override {profile.override}")
-    instance = _instance(log)
+    instance = instance or _instance(log)
     resources = defs.resources
     run_config, replay_warnings = _run_config()
     for stage, keys, partitions_def in stages:

@@ -279,9 +279,26 @@ def test_architecture_layout_names_every_module():
 
 
 def test_bench_and_scripts_read_the_lineage_through_dagster():
-    """bench/ and scripts/ read materialised assets with cli/lineage.py (Dagster's IO managers), never by a file
-    path: a path read times or reports a copy of the lineage that the lineage itself may no longer produce."""
-    hand_reads = [f"{f.relative_to(ROOT)}:{n}" for d in ("bench", "scripts") for f in sorted((ROOT / d).rglob("*.py"))
+    """bench/, scripts/ and the CLI read materialised assets with cli/lineage.py (Dagster's IO managers), never by a
+    file path: a path read times or reports a copy of the lineage that the lineage itself may no longer produce."""
+    hand_reads = [f"{f.relative_to(ROOT)}:{n}" for d in ("bench", "scripts", "cli")
+                  for f in sorted((ROOT / d).rglob("*.py"))
                   for n, line in enumerate(f.read_text().splitlines(), 1)
                   if re.search(r"\basset_path\(|[\"']assets[\"']\s*/|/\s*[\"']assets[\"']", line)]
     assert not hand_reads, hand_reads
+
+
+def test_bench_takes_only_the_lineage_helper_from_the_cli():
+    """bench/ reaches the CLI's code only through cli/lineage.py (the lineage's runs and IO managers) or drives the
+    command line itself (cli.main, as a user would): a bench that imports pipeline logic from cli/ times or measures
+    the CLI's copy, not the lineage."""
+    taken = []
+    for f in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "cli":
+                names = [f"cli.{a.name}" for a in node.names]
+            taken += [f"{f.relative_to(ROOT)}: {n}" for n in names
+                      if n.startswith("cli") and n not in ("cli.lineage", "cli.main")]
+    assert not taken, taken
