@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from cli import lineage  # noqa: E402
 
 GRADED = ROOT / "data" / "zeroeval_graded" / "graded.parquet"
+GRADED_BUILD = ROOT / "data" / "build" / "build_zeroeval_graded.py"
 STEPS = ("reward_matrix", "agent_answers", "router_head", "cascade_router", "registered_head", "registered_cascade",
          "pool_report")
 TARGETS = ["registered_head", "registered_cascade", "pool_report"]
@@ -54,11 +55,23 @@ def agent_name(model: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in model.lower()).strip("_")
 
 
+def list_prices() -> dict[str, tuple[float, float]]:
+    """(input, output) USD per 1M tokens of every graded model: the prices its `cost_usd` was computed with."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_zeroeval_graded", GRADED_BUILD)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build.prices()
+
+
 def override(models: list[str], pool: str, generations: int | None) -> dict:
     """The override file of a K-agent home: its pool (replay kind: nothing is called) and the train config."""
+    price = list_prices()
     doc = {"agents": {"pools": {pool: {"description": f"{len(models)} graded ZeroEval models (bench/refresh.py)",
                                        "provider": "replay", "base_url": None,
-                                       "agents": [{"name": agent_name(m), "model": m} for m in models]}}},
+                                       "agents": [{"name": agent_name(m), "model": m, "price_in_per_mtok": price[m][0],
+                                                   "price_out_per_mtok": price[m][1]} for m in models]}}},
            "pool": {"name": pool}}
     return {**doc, "train": {"generations": generations}} if generations else doc
 
