@@ -614,10 +614,13 @@ def _format_guess(reg, profile):
     from pipeline.serve.formats import FormatGuess
 
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
-    emb = lineage.load("prompt_embeddings", profile, default=None) if want else None
+    if not want:
+        return None
+    defs = lineage.definitions(profile)  # built once for both reads (a few seconds: only a cascade needs it)
+    emb = lineage.load("prompt_embeddings", defs=defs, default=None)
     if emb is None or frame_version(emb) != want:
         return None
-    pool = lineage.load("task_pool", profile, default=None)
+    pool = lineage.load("task_pool", defs=defs, default=None)
     if pool is None:
         return None
     pool = pool[["task_id", "grader", "split", "ood"]]
