@@ -214,8 +214,8 @@ def test_no_function_takes_more_parameters_than_a_reader_can_hold():
 
 def test_the_parameter_check_counts_every_kind_and_spares_assets(tmp_path):
     nine = ", ".join(f"a{i}" for i in range(8))
-    root = _tree(tmp_path, {"pipeline/a.py": f"def wide({nine}, *, k):\n    pass\n\n\ndef ok(self, {nine}, *rest, **kw):\n"
-                                             "    pass\n",
+    root = _tree(tmp_path, {"pipeline/a.py": f"def wide({nine}, *, k):\n    pass\n\n\n"
+                                             f"def ok(self, {nine}, *rest, **kw):\n    pass\n",
                             "cli/b.py": f"class C:\n    def __init__(self, {nine}, z=1):\n        pass\n",
                             "assets/c.py": f"@asset(group_name='x')\ndef big({nine}, r):\n    pass\n\n\n"
                                            f"@other\ndef helper({nine}, r):\n    pass\n"})
