@@ -265,7 +265,7 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
     from pipeline.route.fit import split_masks
-    from pipeline.route.train import train_head
+    from pipeline.route.train import PromptRows, train_head
 
     tasks, rewards = demo_data(home)
     joined = rewards[["task_id"]].merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
@@ -277,8 +277,8 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     print(f"# routing check: {int(tr.sum())} train / {int(va.sum())} validation rows embedded by torch-fp32 "
           f"(cached), {int(te.sum())} test rows by every variant", flush=True)
     X = EmbeddingCache(home / "embeddings").get_or_compute(prompts, fp32)
-    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], load_profile("demo").train,
-                         agents=agents)
+    head, _ = train_head(PromptRows(X[tr], R[tr], B[tr]), PromptRows(X[va], R[va], B[va]), load_profile("demo").train,
+                         agents)
     U = effective_rewards(R[te], B[te])
     rows = np.arange(len(U))
     test_prompts = [p for p, t in zip(prompts, te) if t]
@@ -293,8 +293,8 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     for name, bb in variants.items():
         if bb.dim != fp32.dim or getattr(bb, "is_static", False):  # its own space: its own head, trained alike
             Xs = EmbeddingCache(home / "embeddings").get_or_compute(prompts, bb)
-            own, _ = train_head(Xs[tr], R[tr], B[tr], Xs[va], R[va], B[va], load_profile("demo").train,
-                                agents=agents)
+            own, _ = train_head(PromptRows(Xs[tr], R[tr], B[tr]), PromptRows(Xs[va], R[va], B[va]),
+                                load_profile("demo").train, agents)
             picks = own.pick(Xs[te])
         else:
             picks = head.pick(X[te] if name == "torch-fp32" else bb.encode(test_prompts))

@@ -13,7 +13,7 @@ from pipeline.route.fit import fit_router
 from pipeline.route.kinds import router_class
 from pipeline.route.ood import OODGuard
 from pipeline.route.select import candidate_kinds, select_router
-from pipeline.route.train import TrainConfig, train_head
+from pipeline.route.train import PromptRows, TrainConfig, train_head
 
 AGENTS = ["a", "b", "c"]
 
@@ -140,7 +140,7 @@ def test_the_guard_keeps_the_start_unless_a_sample_gains_beyond_noise():
     tr, va = slice(0, 600), slice(600, 900)
     kept = {}
     for conf in (0.0, 0.9):
-        _, curve = train_head(X[tr], R[tr], None, X[va], R[va], None,
+        _, curve = train_head(PromptRows(X[tr], R[tr]), PromptRows(X[va], R[va]),
                               TrainConfig(generations=40, log_every=0, keep_confidence=conf, prune_unearned=False))
         kept[conf] = [c["generation"] for c in curve[1:] if c.get("kept")]
         assert all("val_gain_low" in c for c in curve[1:] if "kept" in c)

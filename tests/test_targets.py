@@ -11,6 +11,7 @@ from pipeline.route import registry
 from pipeline.route.fit import fit_router
 from pipeline.route.ood import OODGuard
 from pipeline.route.targets import (
+    PathRows,
     Target,
     cost_aware_pick,
     operating_path,
@@ -72,7 +73,7 @@ def _path():
     R = np.column_stack([np.ones(n), easy.astype(float)])
     C = np.tile([0.01, 0.001], (n, 1))
     pred = np.column_stack([np.full(n, 0.95), np.where(easy, 0.94, 0.1)])
-    return operating_path(pred, np.zeros(n, np.int64), R, C, C.mean(axis=0), 0, ["big", "small"]), R, C
+    return operating_path(PathRows(pred, np.zeros(n, np.int64), R, C), C.mean(axis=0), 0, ["big", "small"]), R, C
 
 
 def test_path_and_named_targets():
