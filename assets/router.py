@@ -8,7 +8,7 @@ from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Outp
 from assets.collection import pool_of
 from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
-from pipeline.collect.answers import answers_matrix
+from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
 from pipeline.embed.backbone import EmbeddingCache
@@ -162,9 +162,10 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
     grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
     best = router_head["best_single"]
-    router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
-                                     t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
-                                     router_head.router, router_head.companions["scorer"], best, stats=grading,
+    agreement = Agreement(answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
+                          t["grader"].to_numpy().tolist(), stats=grading)  # lazy: only the pairs the plans read
+    router, fit = fit_cascade_router(arrays, agreement, reward_embeddings(prompt_embeddings, rewards),
+                                     router_head.router, router_head.companions["scorer"], best,
                                      selection=selection_of(router_head["train_config"]))
     summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []

@@ -176,6 +176,7 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     targets and registered as a `cascade` router next to the head."""
     import pandas as pd
 
+    from pipeline.collect.answers import Agreement
     from pipeline.report.value import targets_markdown
     from pipeline.route import registry
     from pipeline.route.cascade_fit import fit_cascade_router, selection_of
@@ -183,9 +184,9 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
 
     arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
     agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
-    router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
-                                     fit.head, fit.scorer, fit.best_single,
-                                     grading=_grading_budget(args.grading_budget_ms),
+    agreement = Agreement([list(a) for a in rewards["answers"]], joined["grader"].tolist(),
+                          budget=_grading_budget(args.grading_budget_ms))
+    router, res = fit_cascade_router(arrays, agreement, X, fit.head, fit.scorer, fit.best_single,
                                      selection=selection_of({n: getattr(args, n) for n in TRAIN_OPTIONS}))
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}

@@ -37,10 +37,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cli import lineage  # noqa: E402
-from pipeline.route.cascade_fit import fit_cascades, ratio_ci, success_refit  # noqa: E402
+from pipeline.route.cascade_fit import Rows, fit_cascades, ratio_ci, success_refit  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
 from pipeline.route.targets import PathRows, operating_path, resolve  # noqa: E402
-from pipeline.route.train import TrainConfig  # noqa: E402
+from pipeline.route.train import Selection, TrainConfig  # noqa: E402
 from pipeline.route.value import PromptParts, agent_costs, pick_costs, target_picks  # noqa: E402
 
 METHODS = ("validation", "crossfit")
@@ -136,8 +136,8 @@ def cascade_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]
     te, best, rows, out = d["masks"]["held_out"], d["best"], [], {}
     R_te, C_te = d["R"][te], d["C"][te]
     for method in METHODS:
-        sel = {"method": method, "folds": args.folds, "seed": args.fold_seed}
-        fit = fit_cascades(d["R"], d["C"], d["E"], d["P"], d["g"], d["masks"], best, d["agents"], targets,
+        sel = Selection(method, args.folds, args.fold_seed)
+        fit = fit_cascades(Rows(d["R"], d["C"], d["E"], d["P"], d["g"]), d["masks"], best, d["agents"], targets,
                            selection=sel, p_of=success_refit(d["scorer"], d["X"], d["R"]))
         rows += cascade_rows(fit, targets, method)
         if method == "crossfit":

@@ -232,7 +232,7 @@ def _staged_kind():
 
 def _register_staged(tmp_path, cls, X):
     from pipeline.route.cascade import Plan, Policy, Stage
-    from pipeline.route.cascade_fit import cascade_path
+    from pipeline.route.cascade_fit import Rows, cascade_path
     from pipeline.route.head import Head
 
     rng = np.random.default_rng(0)
@@ -243,7 +243,7 @@ def _register_staged(tmp_path, cls, X):
     E[:, [0, 1, 2], [0, 1, 2]] = True
     E[:, 0, 2] = E[:, 2, 0] = R[:, 0] == R[:, 2]
     plans = [Plan(Policy((Stage((1,)),))), Plan(Policy((Stage((0, 2), 2), Stage((1,)))))]
-    path = cascade_path(plans, R, C, E, np.array([1, 0, 2]), None, np.array(["integer"] * n, dtype=object), 1,
+    path = cascade_path(plans, Rows(R, C, E, None, np.array(["integer"] * n, dtype=object)), np.array([1, 0, 2]), 1,
                         AGENTS)
     head = Head(np.zeros((8, 3), np.float32), np.array([0, 1, 0], np.float32), agents=AGENTS)
     return registry.register(tmp_path, cls(head, path, [1, 0, 2], AGENTS), OODGuard().fit(X, X), 1,

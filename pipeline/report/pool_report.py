@@ -198,14 +198,14 @@ def cascade_pays(R: np.ndarray, C: np.ndarray, E: np.ndarray, graders, split: np
     """Does a cascade pay on this pool? Cascades fitted on train from the agents' answers alone (no prompt
     router), the `target` point chosen on validation, measured on test: quality and cost as fractions of the best
     single agent's (pipeline/route/cascade_fit.py). None without validation and test rows."""
-    from pipeline.route.cascade_fit import fit_cascades
+    from pipeline.route.cascade_fit import Rows, fit_cascades
 
     split = np.asarray(split, dtype=object)
     masks = {"train": split == "train", "validation": split == "validation", "held_out": split == "test"}
     if not all(m.any() for m in masks.values()):
         return None
     best = int(np.argmax(R[masks["train"]].mean(axis=0)))
-    fit = fit_cascades(R, C, E, None, graders, masks, best, agents, [target])
+    fit = fit_cascades(Rows(R, C, E, None, graders), masks, best, agents, [target])
     t = fit.variants["cascade"].targets[target]
     return {"target": target, "quality_ratio": t["quality_ratio"], "quality_ratio_ci": t["quality_ratio_ci"],
             "cost_ratio": t["cost_ratio"], "best_single": agents[best], "n_test": int(masks["held_out"].sum()),
