@@ -152,9 +152,10 @@ def test_router_kind_round_trips_through_the_registry(tmp_path, synthetic_cascad
     router = CascadeRouter(head, v.path, v.order, agents)
     kw = dict(backbone={"id": "test/bb", "key": "k", "dim": 8}, agents=[{"name": a, "model": a} for a in agents],
               training={}, data_hashes={}, metrics={})
-    path = registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw)
+    path = registry.register(tmp_path, router, registry.PromptFit(OODGuard().fit(X, X), 0), **kw)
     assert path.name.startswith("cascade-bb-") and (path / "reference.py").is_file()
-    assert registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw) == path  # same content, same name
+    assert registry.register(tmp_path, router, registry.PromptFit(OODGuard().fit(X, X), 0),
+                             **kw) == path  # same content, same name
     reg = registry.load(path)
     assert reg.kind == "cascade" and reg.router.plan("parity") == router.plan("parity")
     view = reg.cascade_at("parity", "integer")

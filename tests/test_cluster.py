@@ -75,7 +75,8 @@ def test_cluster_router_registers_loads_and_refuses_a_corrupt_file(tmp_path):
     r = ClusterRouter(agents=AGENTS).fit(X[tr], R[tr], X[va], R[va])
     assert router_class("cluster") is ClusterRouter
     guard = OODGuard(k=5).fit(X[tr], X[va])
-    path = registry.register(tmp_path, r, guard, 0, backbone={"id": "toy/embedder", "dim": X.shape[1]},
+    path = registry.register(tmp_path, r, registry.PromptFit(guard, 0),
+                             backbone={"id": "toy/embedder", "dim": X.shape[1]},
                              agents=[{"name": a, "model": a} for a in AGENTS], training={}, data_hashes={},
                              metrics={})
     assert path.name.startswith("cluster-")
