@@ -177,7 +177,7 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
     """{name: Backbone}: variants whose backend could not be used (it fell back to torch) are left out."""
     import logging
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
     from pipeline.embed.fast_backbone import OrtEncoder
 
     logging.getLogger("pipeline.embed.backbone").setLevel(logging.ERROR)  # the bench reports skips itself
@@ -190,11 +190,12 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
             continue
         if name == "static":  # distilled from the bundled MiniLM on first use (~2 min), then read from the cache
             try:
-                out[name] = Backbone("static", batch_size=bs, export_dir=export_dir, log_every=10**9)
+                out[name] = Backbone("static", runtime=Runtime(batch_size=bs, export_dir=export_dir, log_every=10**9))
             except Exception as e:  # noqa: BLE001 - model2vec missing: the rest of the table still runs
                 log(f"# static skipped ({type(e).__name__}: {e})")
             continue
-        bb = Backbone(batch_size=bs, backend=backend, dtype=dtype, export_dir=export_dir, log_every=10**9)
+        bb = Backbone(dtype=dtype, runtime=Runtime(batch_size=bs, backend=backend, export_dir=export_dir,
+                                                   log_every=10**9))
         if bb.backend != backend:
             log(f"# {name} skipped: backend {backend!r} unavailable here (pip install onnx onnxruntime openvino)")
             continue
@@ -337,10 +338,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
 
     home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite")).resolve()
-    default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)
+    default = Backbone(runtime=Runtime(log_every=10**9))  # what a run uses on this machine (auto backend)
     chosen = {"torch": "torch-fp32", "onnx": "onnx-fp32"}.get(default.backend) or (
         "openvino-bf16" if default.precision == "bfloat16" else "openvino-fp32")
     pool = None

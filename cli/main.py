@@ -213,7 +213,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
     """The backbone a registered head was trained on, as its manifest names it."""
     from pathlib import Path
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
@@ -221,7 +221,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
     if bb.get("kind") == "static" and bb.get("path") and Path(bb["path"]).is_dir():
         model = bb["path"]  # the files it was trained on (the alias would distil them again under another home)
     return Backbone(model, pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
-                    max_seq_length=int(bb.get("max_seq_length", 256)), threads=threads)
+                    max_seq_length=int(bb.get("max_seq_length", 256)), runtime=Runtime(threads=threads))
 
 
 def cmd_route(args) -> int:
