@@ -20,6 +20,8 @@ Rows described: the development rows (train + validation, never test or out-of-d
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 
@@ -27,7 +29,10 @@ from pipeline.collect.quality import quarantine_markdown
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.value import label_router_picks
+
+log = logging.getLogger(__name__)
 
 DOMAIN_COLUMNS = ("source", "category", "domain")
 WARNING = "routing can pay here on cost, not on quality"
@@ -119,6 +124,7 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
     label = np.empty(n, np.int64)
     knn = np.empty(n, np.int64)
     single = np.empty(n, np.int64)
+    progress = phase_progress("pool report: routable headroom", "folds", log)
     for k in range(folds):
         tr, te = f != k, f == k
         bs = int(np.argmax(R[tr].mean(axis=0)))
@@ -129,6 +135,7 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
             carve = validation_slice(ids)
             Xt, Rt = X[tr], R[tr]
             knn[te] = KnnRouter().fit(Xt[~carve], Rt[~carve], Xt[carve], Rt[carve]).pick(X[te])
+        progress(k + 1, folds)
     rows = np.arange(n)
     base = R[rows, single]
     out = {"folds": folds, "n": n, "best_single_cv": float(base.mean()),

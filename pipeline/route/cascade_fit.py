@@ -23,15 +23,18 @@ gain over the best single agent is > 0, else the best single agent. z is measure
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 
 import numpy as np
 
+from pipeline.core.progress import phase_progress
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policies
 from pipeline.route.targets import bootstrap_mean_ci
 from pipeline.route.train import Selection
 
+log = logging.getLogger(__name__)
 GUARD_Z = 1.0
 MAX_QUALITY_CONFIDENCE_Z = 1.2816  # one-sided 90 %
 CHEAP_POOL = 5  # cheap-stage agents are drawn from this many of the cheapest agents
@@ -193,6 +196,17 @@ def fit_cascade(train: Rows, validation: Rows, best: int, agents: list[str],
     return plans, path, order
 
 
+class _Steps:
+    """Counts a phase's steps into its progress line (`pipeline.core.progress.phase_progress`)."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        self.progress(self.done, self.total)
+
+
 def plan_at(points: np.ndarray, lam: float) -> int:
     """Index of the plan whose (mean cost, mean reward) `points` on its fitting rows maximise reward − λ·cost (ties:
     the cheaper plan): the plan `fit_plans`' sweep chose at that λ (the plans are its λ vertices)."""
@@ -201,8 +215,8 @@ def plan_at(points: np.ndarray, lam: float) -> int:
     return int(ok[np.argmin(points[ok, 0])])
 
 
-def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selection: Selection,
-              p_of=None) -> list[dict]:
+def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selection: Selection, p_of=None,
+              progress=None) -> list[dict]:
     """Per cross-fitting fold (pipeline.route.select.dev_folds): the plans fitted on the other folds' rows (with the
     prompt router's predicted success refitted there by `p_of(train_rows, val_rows)` when the rows carry one), their
     (mean cost, mean reward) on those rows, the agent preference, the held rows."""
@@ -217,6 +231,8 @@ def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selecti
         order = preference(fit.R)
         plans = fit_plans(fit.R, fit.C, fit.E, fit.P, fit.graders, order, best)
         out.append({"held": held, "rows": r, "order": order, "plans": plans, "points": test_points(plans, fit, order)})
+        if progress is not None:
+            progress()
     return out
 
 
@@ -359,14 +375,16 @@ def fit_cascades(matrix: Rows, masks: dict, best: int, agents: list[str], target
     span_va, span_te = cost_span(R[read], C[read]), cost_span(R[te], C[te])
     out = CascadeFit({}, int(va.sum()), guard_z, selection=selection.as_dict(read.sum()) if cross
                      else Selection().as_dict(va.sum()))
-    for variant in VARIANTS:
+    variants = [v for v in VARIANTS if v != "combined" or P is not None]
+    steps = _Steps(phase_progress("cascade search", "fits", log), len(variants) * (1 + (selection.folds if cross
+                                                                                     else 0)))
+    for variant in variants:
         use_p = variant == "combined"
-        if use_p and P is None:
-            continue
         rows = replace(matrix, P=P if use_p else None, graders=np.asarray(matrix.graders, dtype=object))
         plans, path, order = fit_cascade(rows.take(tr), rows.take(va), best, agents, guard_z=guard_z)
+        steps()
         if cross:
-            folds = fold_fits(rows, tr, va, best, selection, p_of)
+            folds = fold_fits(rows, tr, va, best, selection, p_of, steps)
             path = crossfit_path(plans, test_points(plans, rows.take(tr), order), folds, best, agents, guard_z,
                                  out.selection)
         test = rows.take(te)

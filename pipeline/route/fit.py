@@ -9,6 +9,7 @@ and the held-out metrics use only `pick`, so either (or a new type) can be measu
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 
 from pipeline.collect.rewards import costs_are_estimated, effective_rewards, to_arrays
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.head import Head
@@ -37,6 +39,7 @@ from pipeline.route.train import (
     train_head,
 )
 
+log = logging.getLogger(__name__)
 KIND_ROLE = "kind_"  # a FittedRouter companion "kind_<kind>": a prompt-only kind as fitted, for the report
 
 
@@ -313,9 +316,11 @@ def choice_rows(shipped: Shipped, arrays: RewardArrays, X: np.ndarray, scorer: H
         return (PathRows(scorer.scores(X[rows]), picks0, R_eff[rows], C[rows],
                          pick_costs(cost_scorer, X[rows], agent_costs(C[tr]))), Selection().as_dict(rows.sum()))
     pred, pick_cost = np.zeros(R_eff.shape), np.zeros(R_eff.shape)
-    for held, t, v in dev_folds(tr, va, sel.folds, sel.seed):
+    progress = phase_progress("operating points: cross-fitted scorers", "folds", log)
+    for f, (held, t, v) in enumerate(dev_folds(tr, va, sel.folds, sel.seed)):
         s, cs, _ = fit_scorers(shipped.trained, X, R_eff, C, t, v)
         pred[held], pick_cost[held] = s.scores(X[held]), pick_costs(cs, X[held], agent_costs(C[t]))
+        progress(f + 1, int(sel.folds))
     rows = tr | va
     picks0 = np.full(int(rows.sum()), best) if shipped.oof_picks is None else shipped.oof_picks[rows]
     return PathRows(pred[rows], picks0, R_eff[rows], C[rows], pick_cost[rows]), sel.as_dict(rows.sum())

@@ -20,15 +20,19 @@ router's validation gain over the best single agent be significant.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.routers import Router
 from pipeline.route.train import PromptRows, Selection
 
 AUTO = "auto"
+log = logging.getLogger(__name__)
 
 
 FIT_PARAMS = ("X_train", "R_train", "X_val", "R_val", "best_train", "best_val")
@@ -112,11 +116,13 @@ def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], rows: Pro
     (`selection`'s folds and seed; see the module docstring); -1 on the other rows. `train_head_fn(rows_train,
     rows_val)` returns the head fitted on those row masks (the lineage's trainer and config)."""
     oof = {k: np.full(len(rows.R), -1, np.int64) for k in kinds}
-    for held, tr, va in dev_folds(train, val, selection.folds, selection.seed):
+    progress = phase_progress(f"cross-fitting {len(kinds)} router kind(s)", "folds", log)
+    for f, (held, tr, va) in enumerate(dev_folds(train, val, selection.folds, selection.seed)):
         head = train_head_fn(tr, va) if "head" in kinds else None
         routers = fit_candidates(kinds, head, agents, rows.take(tr), rows.take_any(va))
         for k, r in routers.items():
             oof[k][held] = np.asarray(r.pick(rows.X[held]))
+        progress(f + 1, int(selection.folds))
     return oof
 
 

@@ -20,6 +20,7 @@ that path (`resolve`):
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ import numpy as np
 
 from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 
+log = logging.getLogger(__name__)
 NAMED = ("max-quality", "parity")
 REPORT_TARGETS = ("max-quality", "parity", "quality>=0.98", "quality>=0.95")
 _QUALITY = re.compile(r"^quality\s*>=\s*(.*)$")
@@ -183,7 +186,10 @@ def operating_path(rows: PathRows, agent_cost: np.ndarray, best_single: int, age
     lams = lambda_grid(pred_val, pick_cost) if lambdas is None else np.asarray(lambdas, dtype=np.float64)
     points = [{"lambda": 0.0, **point_stats(picks0_val, R_eff_val, C_val, best_single, agents)}]
     last = None
-    for lam in lams[lams > 0]:
+    progress = phase_progress("operating points: λ path", "λ", log)
+    for i, lam in enumerate(lams[lams > 0]):
+        if i:  # the λ before this one are done
+            progress(i, int((lams > 0).sum()))
         picks = cost_aware_pick(pred_val, pick_cost, lam, allowed)
         if last is not None and np.array_equal(picks, last):
             continue
