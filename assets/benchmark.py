@@ -52,7 +52,15 @@ from pipeline.report.frontier import (
 )
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
-from pipeline.report.value import ablation_markdown, arena_markdown, router_value, targets_markdown, value_line
+from pipeline.report.value import (
+    CascadeFigures,
+    HeadFigures,
+    ablation_markdown,
+    arena_markdown,
+    router_value,
+    targets_markdown,
+    value_line,
+)
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.fit import reward_embeddings, training_split
@@ -87,9 +95,13 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int, out: Path,
-              marks: dict | None = None, estimated: bool = False, cascade: dict | None = None,
-              sweep: dict | None = None):
+def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, router_head: FittedRouter, out: Path,
+              estimated: bool = False, cascade: dict | None = None):
+    """(policy table, plot) of the held-out frontier: the baselines, kNN (`router_head`'s k), the registered prompt
+    router `reg` (its scores, its λ-trained heads, its stored operating points), each cascade plan; the named
+    targets of `router_head`'s value report starred."""
+    knn_k, sweep = router_head["knn_k"], router_head["extra"].get("head_sweep")
+    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in router_head["value"]["targets"].items()}
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
@@ -130,11 +142,22 @@ class _Routed:
     estimated: bool = False
 
 
-def _routed(prof, task_pool: pd.DataFrame, reg, target, regc, specs: list, pool: PoolResource,
+@dataclass(frozen=True)
+class _UnderTest:
+    """The registered routers the routed benchmark calls through: the prompt router `head` at `target`, the
+    cascade `cascade` at each of its targets."""
+
+    head: object
+    target: str
+    cascade: object
+
+
+def _routed(prof, task_pool: pd.DataFrame, routers: _UnderTest, specs: list, pool: PoolResource,
             backbone: BackboneResource, storage: StorageResource) -> _Routed:
-    """One loop over the benchmark variants, each embedded once: the prompt router `reg` at `target` picks one agent
-    per question, which is really called; the cascade `regc` at each of its targets makes every stage's calls (its
+    """One loop over the benchmark variants, each embedded once: the prompt router at its target picks one agent
+    per question, which is really called; the cascade at each of its targets makes every stage's calls (its
     own call log: a call one target made is not made again for another). Every reply is scored."""
+    reg, target, regc = routers.head, routers.target, routers.cascade
     agents = [a.name for a in specs]
     bb = backbone.get_backbone()
     cache = EmbeddingCache(storage.path("embeddings"))
@@ -205,24 +228,33 @@ def head_validation_aiq(router_head: FittedRouter, rewards: pd.DataFrame, split:
     return path_aiq(router_head["operating_points"], span_va)
 
 
-def _router_value(prof, rewards, task_pool, prompt_embeddings, router_head: FittedRouter, cascade: dict, reg,
-                  verdict: str, estimated: bool, cascade_meta: dict, bb, png: Path, arena: dict | None = None):
+@dataclass(frozen=True)
+class _Fits:
+    """The lineage's matrix and fits the report reads: reward rows, task pool, prompt embeddings, the prompt
+    router's fit and the cascade's fit summary."""
+
+    rewards: pd.DataFrame
+    task_pool: pd.DataFrame
+    prompt_embeddings: pd.DataFrame
+    router_head: FittedRouter
+    cascade: dict
+
+
+def _router_value(prof, fits: _Fits, reg, verdict: str, routed: _Routed, bb, png: Path, arena: dict | None = None):
     """The frontier on the held-out test split and reports/router_value.json's content: (frontier table, AIQ by
     policy, router value)."""
-    split = training_split(rewards, task_pool)
-    value = router_head["value"]
-    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in value["targets"].items()}
-    table, png = _frontier(rewards, split, reward_embeddings(prompt_embeddings, rewards), reg, router_head["knn_k"],
-                           png, marks, estimated, cascade, router_head["extra"].get("head_sweep"))
+    rewards, router_head = fits.rewards, fits.router_head
+    split = training_split(rewards, fits.task_pool)
+    table, png = _frontier(rewards, split, reward_embeddings(fits.prompt_embeddings, rewards), reg, router_head, png,
+                           routed.estimated, fits.cascade)
     aiq = dict(zip(table["policy"], table["aiq"]))
     sel = router_head["operating_points"].get("selection") or {}
-    rv = router_value(prof.name, verdict, value, head_aiq(aiq), cascade=cascade,
-                      head_validation_aiq=head_validation_aiq(router_head, rewards, split),
-                      cascade_aiq={v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
-                      cascade_benchmark=cascade_meta.get("test"), backbone=_embedded_by(bb),
-                      prompt_routers=router_head["extra"].get("kinds"), shipped=router_head["extra"].get("shipped"),
-                      imputed_cells=imputed_cells(rewards),
-                      head_selection=sel or None, arena=arena)
+    head = HeadFigures(router_head["value"], head_validation_aiq(router_head, rewards, split), sel or None,
+                       router_head["extra"].get("kinds"), router_head["extra"].get("shipped"))
+    cascade = CascadeFigures(fits.cascade, {v: aiq.get(n) for v, n in CASCADE_POLICY_NAMES.items()},
+                             routed.cascade_meta.get("test"))
+    rv = router_value(prof.name, verdict, head, head_aiq(aiq), cascade, _embedded_by(bb), imputed_cells(rewards),
+                      arena)
     return table, png, aiq, rv
 
 
@@ -256,12 +288,12 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     reports = storage.path("reports")
     target = config.target or prof.benchmark.target
     point = reg.resolve_target(target)  # a bad target fails before any call
-    routed = _routed(prof, task_pool, reg, target, regc, _passed_specs(pool, preflight, reg), pool, backbone,
-                     storage)
+    routed = _routed(prof, task_pool, _UnderTest(reg, target, regc), _passed_specs(pool, preflight, reg), pool,
+                     backbone, storage)
     verdict = pool_report["verdict"]["text"]
-    table, png, aiq, rv = _router_value(prof, reward_matrix, task_pool, prompt_embeddings, router_head,
-                                        cascade_router.summary, reg, verdict, routed.estimated, routed.cascade_meta,
-                                        backbone.get_backbone(), reports / f"frontier_{prof.name}.png", router_arena)
+    fits = _Fits(reward_matrix, task_pool, prompt_embeddings, router_head, cascade_router.summary)
+    table, png, aiq, rv = _router_value(prof, fits, reg, verdict, routed, backbone.get_backbone(),
+                                        reports / f"frontier_{prof.name}.png", router_arena)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
     line = value_line(value, VALUE_TARGET, {a["name"]: a["model"] for a in reg.agents})

@@ -36,7 +36,7 @@ from pipeline.collect.regrade import regrade
 from pipeline.collect.rewards import baselines as compute_baselines
 from pipeline.collect.rewards import collection_totals, cost_basis, costs_are_estimated
 from pipeline.collect.rewards import reward_matrix as build_matrix
-from pipeline.collect.sampling import collect_with_sample, complete_matrix, imputed_cells, new_agents
+from pipeline.collect.sampling import NewAgents, collect_with_sample, complete_matrix, imputed_cells, new_agents
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_text
@@ -259,10 +259,10 @@ def _graded_calls(context: AssetExecutionContext, config: GradedCallsConfig, tas
         else:  # a budget counts the whole collection: its partitions collect one at a time
             with budget_lock(storage, pool.kind, prof, config.max_usd):
                 budget = partition_budget(prof, config.max_usd, pool.kind, storage, task_pool, agents)
-                calls, asked = collect_with_sample(tasks, agents, profile_pool_agents(prof), rep, log,
-                                                   pool.client_for, prof.collection,
-                                                   prof.collection.new_agent_sample,
-                                                   rest_of(storage, pool.pool), budget=budget)
+                plan = NewAgents(profile_pool_agents(prof), prof.collection.new_agent_sample,
+                                 rest_of(storage, pool.pool))
+                calls, asked = collect_with_sample(tasks, agents, plan, rep, log, pool.client_for, prof.collection,
+                                                   budget=budget)
         made = len(log.keys()) - before
     totals = collection_totals(calls)
     context.log.info(f"{source} rep {rep}: {len(calls)} graded calls, {made} new\n{totals.to_string(index=False)}")

@@ -39,8 +39,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     col = domain_column(t)
     split = training_split(rewards, tasks).to_numpy(dtype=object)
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
-                       difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col,
-                       costs_estimated=costs_are_estimated(rewards))
+                       difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col)
+    rep["costs_estimated"] = costs_are_estimated(rewards)
     rep["cascade"] = cascade_pays(cascade_router.summary, int((split == "test").sum()))  # the lineage's own fit
     # the agents the collection quality rules left out, and the costs that are only lower bounds
     rep["quarantined"] = quarantine_of(profile.get(), graded_calls)

@@ -1,6 +1,7 @@
 """Lineage stage 3: prompt embeddings (frozen backbone) → router head (sep-CMA-ES) → registered head."""
 import json
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
@@ -8,7 +9,7 @@ from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Outp
 from assets.collection import pool_of
 from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
-from pipeline.collect.answers import answers_matrix
+from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.core.io import frame_version
 from pipeline.core.progress import RateLog
 from pipeline.embed.backbone import EmbeddingCache
@@ -115,7 +116,7 @@ def registered_head(context: AssetExecutionContext, router_head: FittedRouter, t
                     reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame, preflight: pd.DataFrame,
                     backbone: BackboneResource, pool: PoolResource, storage: StorageResource) -> Output[dict]:
     router = router_head.router
-    path, entry = _register(context, router, router_head, preflight, backbone, pool, storage,
+    path, entry = _register(context, router, router_head, _Home(preflight, backbone, pool, storage),
                             training={**router_head["train_config"],
                                       **({"activation": router.activation} if hasattr(router, "activation") else {})},
                             data={"task_pool": task_pool, "reward_matrix": reward_matrix,
@@ -132,11 +133,22 @@ def entry_dir(storage: StorageResource, registered: dict):
     return storage.path("registry") / registered["name"]
 
 
-def _register(context, router, router_head: FittedRouter, preflight: pd.DataFrame, backbone: BackboneResource,
-              pool: PoolResource, storage: StorageResource, *, training: dict, data: dict[str, pd.DataFrame],
-              metrics: dict):
+@dataclass(frozen=True)
+class _Home:
+    """Where and with what a registering asset registers: the pool's preflight (the agents the head was trained
+    on), the backbone, the pool and the home's storage (its registry)."""
+
+    preflight: pd.DataFrame
+    backbone: BackboneResource
+    pool: PoolResource
+    storage: StorageResource
+
+
+def _register(context, router, router_head: FittedRouter, home: _Home, *, training: dict,
+              data: dict[str, pd.DataFrame], metrics: dict):
     """Register `router` (any kind) with the prompt router's guard and scorers, the backbone, the pool's models, the
     data versions of the frames in `data` and the prompt router's operating points: (entry directory, manifest)."""
+    preflight, backbone, pool, storage = home.preflight, home.backbone, home.pool, home.storage
     bb = backbone.get_backbone()
     pool = pool_of(pool, preflight)  # the pool the head was trained on (a wider one after re-collection)
     path = registry.register_fitted(
@@ -162,9 +174,10 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
     grading: dict = {}  # comparisons without a verdict (grading budget overrun or error): they disagree
     best = router_head["best_single"]
-    router, fit = fit_cascade_router(arrays, answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
-                                     t["grader"].to_numpy(), reward_embeddings(prompt_embeddings, rewards),
-                                     router_head.router, router_head.companions["scorer"], best, stats=grading,
+    agreement = Agreement(answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
+                          t["grader"].to_numpy().tolist(), stats=grading)  # lazy: only the pairs the plans read
+    router, fit = fit_cascade_router(arrays, agreement, reward_embeddings(prompt_embeddings, rewards),
+                                     router_head.router, router_head.companions["scorer"], best,
                                      selection=selection_of(router_head["train_config"]))
     summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
@@ -199,7 +212,7 @@ def registered_cascade(context: AssetExecutionContext, cascade_router: FittedRou
     for variant, v in cascade_router["variants"].items():  # the chosen one is the router the lineage fitted
         router = cascade_router.router if variant == chosen else CascadeRouter(fallback, v["path"], v["order"],
                                                                                cascade_router["agents"])
-        path, entry = _register(context, router, router_head, preflight, backbone, pool, storage,
+        path, entry = _register(context, router, router_head, _Home(preflight, backbone, pool, storage),
                                 training={"variant": variant, "guard_z": cascade_router["guard_z"],
                                           "selection": cascade_router.summary.get("selection")},
                                 data={"task_pool": task_pool, "reward_matrix": reward_matrix,

@@ -274,11 +274,11 @@ def _world_files() -> Path:
                             "mean_reward": list(R), "mean_cost": list(C)})
     split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
     fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
-    path = registry.register(root / "registry", fit.head, fit.guard, fit.best_single,
+    path = registry.register(root / "registry", fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
+                                                                             fit.cost_scorer, fit.operating_points),
                              backbone={"id": "synthetic", "key": "synthetic", "dim": d},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points,
-                             cost_scorer=fit.cost_scorer)
+                             metrics=fit.metrics)
     np.save(root / "X.npy", X)
     return path
 
@@ -629,7 +629,8 @@ def _cascade_files() -> Path:
                                             point(Plan(Policy((Stage((1,), 1), Stage((0,))))), 0.7, 0.3)]}
     head = constant_head(Head(np.zeros((X.shape[1], 2), np.float32), np.zeros(2, np.float32), agents=names), 0)
     root = Path(tempfile.mkdtemp(prefix="attack-cascade-"))
-    return registry.register(root / "registry", CascadeRouter(head, path, [0, 1], names), OODGuard().fit(X, X), 0,
+    return registry.register(root / "registry", CascadeRouter(head, path, [0, 1], names),
+                             registry.PromptFit(OODGuard().fit(X, X), 0),
                              backbone={"id": "synthetic", "key": "synthetic", "dim": int(X.shape[1])},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
                              metrics={})
@@ -1056,7 +1057,8 @@ def _cascade_entry(tmp: Path, names: list[str]) -> Path:
             "best_single_validation": {"quality": 0.9, "ci_low": 0.9, "ci_high": 0.9, "cost_per_1k": 1.0},
             "points": [point]}
     head = constant_head(Head(np.zeros((X.shape[1], 3), np.float32), np.zeros(3, np.float32), agents=names), 0)
-    return registry.register(tmp / "registry", CascadeRouter(head, path, [0, 1, 2], names), OODGuard().fit(X, X), 0,
+    return registry.register(tmp / "registry", CascadeRouter(head, path, [0, 1, 2], names),
+                             registry.PromptFit(OODGuard().fit(X, X), 0),
                              backbone={"id": "synthetic", "key": "synthetic", "dim": X.shape[1]},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
                              metrics={})

@@ -26,7 +26,7 @@ from pipeline.collect.answers import agreement, answers_matrix  # noqa: E402
 from pipeline.collect.rewards import effective_rewards, to_arrays  # noqa: E402
 from pipeline.report.value import ablation_markdown  # noqa: E402
 from pipeline.route.cascade import Plan, run_plan, run_policies  # noqa: E402
-from pipeline.route.cascade_fit import candidates, fit_cascades, preference  # noqa: E402
+from pipeline.route.cascade_fit import Rows, candidates, fit_cascades, preference  # noqa: E402
 from pipeline.route.fit import split_masks  # noqa: E402
 from pipeline.route.targets import resolve  # noqa: E402
 
@@ -48,7 +48,7 @@ def guard_table(agents, R, C, E, P, g, masks, best) -> list[dict]:
     te = masks["held_out"]
     bq, bc = R[te, best].mean(), C[te, best].mean()
     for z in (0.0, 0.5, 1.0, 2.0):
-        fit = fit_cascades(R, C, E, P, g, masks, best, agents, ["quality>=0.98"], guard_z=z)
+        fit = fit_cascades(Rows(R, C, E, P, g), masks, best, agents, ["quality>=0.98"], guard_z=z)
         for variant, v in fit.variants.items():
             point = resolve("quality>=0.98", v.path)
             plan = Plan.from_dict(v.path["points"][point["index"]]["plan"], agents)

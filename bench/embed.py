@@ -177,7 +177,7 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
     """{name: Backbone}: variants whose backend could not be used (it fell back to torch) are left out."""
     import logging
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
     from pipeline.embed.fast_backbone import OrtEncoder
 
     logging.getLogger("pipeline.embed.backbone").setLevel(logging.ERROR)  # the bench reports skips itself
@@ -190,11 +190,12 @@ def build_variants(want, bs: int, export_dir: Path, log=print) -> dict:
             continue
         if name == "static":  # distilled from the bundled MiniLM on first use (~2 min), then read from the cache
             try:
-                out[name] = Backbone("static", batch_size=bs, export_dir=export_dir, log_every=10**9)
+                out[name] = Backbone("static", runtime=Runtime(batch_size=bs, export_dir=export_dir, log_every=10**9))
             except Exception as e:  # noqa: BLE001 - model2vec missing: the rest of the table still runs
                 log(f"# static skipped ({type(e).__name__}: {e})")
             continue
-        bb = Backbone(batch_size=bs, backend=backend, dtype=dtype, export_dir=export_dir, log_every=10**9)
+        bb = Backbone(dtype=dtype, runtime=Runtime(batch_size=bs, backend=backend, export_dir=export_dir,
+                                                   log_every=10**9))
         if bb.backend != backend:
             log(f"# {name} skipped: backend {backend!r} unavailable here (pip install onnx onnxruntime openvino)")
             continue
@@ -265,7 +266,7 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     from pipeline.embed.backbone import EmbeddingCache
     from pipeline.profile import load_profile
     from pipeline.route.fit import split_masks
-    from pipeline.route.train import train_head
+    from pipeline.route.train import PromptRows, train_head
 
     tasks, rewards = demo_data(home)
     joined = rewards[["task_id"]].merge(tasks[["task_id", "prompt", "split"]], on="task_id", how="left")
@@ -277,8 +278,8 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     print(f"# routing check: {int(tr.sum())} train / {int(va.sum())} validation rows embedded by torch-fp32 "
           f"(cached), {int(te.sum())} test rows by every variant", flush=True)
     X = EmbeddingCache(home / "embeddings").get_or_compute(prompts, fp32)
-    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], load_profile("demo").train,
-                         agents=agents)
+    head, _ = train_head(PromptRows(X[tr], R[tr], B[tr]), PromptRows(X[va], R[va], B[va]), load_profile("demo").train,
+                         agents)
     U = effective_rewards(R[te], B[te])
     rows = np.arange(len(U))
     test_prompts = [p for p, t in zip(prompts, te) if t]
@@ -293,8 +294,8 @@ def routing(variants: dict, home: Path, boot: int = 2000) -> dict:
     for name, bb in variants.items():
         if bb.dim != fp32.dim or getattr(bb, "is_static", False):  # its own space: its own head, trained alike
             Xs = EmbeddingCache(home / "embeddings").get_or_compute(prompts, bb)
-            own, _ = train_head(Xs[tr], R[tr], B[tr], Xs[va], R[va], B[va], load_profile("demo").train,
-                                agents=agents)
+            own, _ = train_head(PromptRows(Xs[tr], R[tr], B[tr]), PromptRows(Xs[va], R[va], B[va]),
+                                load_profile("demo").train, agents)
             picks = own.pick(Xs[te])
         else:
             picks = head.pick(X[te] if name == "torch-fp32" else bb.encode(test_prompts))
@@ -337,10 +338,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
 
     home = Path(os.environ.get("ROUTER_LITE_HOME", ROOT / ".router-lite")).resolve()
-    default = Backbone(log_every=10**9)  # what a run uses on this machine (auto backend)
+    default = Backbone(runtime=Runtime(log_every=10**9))  # what a run uses on this machine (auto backend)
     chosen = {"torch": "torch-fp32", "onnx": "onnx-fp32"}.get(default.backend) or (
         "openvino-bf16" if default.precision == "bfloat16" else "openvino-fp32")
     pool = None

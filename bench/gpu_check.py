@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
 
     try:  # the Dagster resource's choice (needs dagster; optional here)
         from resources.backbone import resolve_device
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     # the float32 reference
-    cpu = Backbone(args.model, device="cpu", batch_size=min(args.batch_size, 64), backend="torch")
+    cpu = Backbone(args.model, device="cpu", runtime=Runtime(min(args.batch_size, 64), "torch"))
     cpu_e, cpu_rate = timed_encode(cpu, prompts[: args.cpu_n])
     summary["cpu_fp32"] = {"prompts_per_s": round(cpu_rate, 1), "n": len(cpu_e)}
     print(f"cpu  fp32   {cpu_rate:9.1f} prompts/s on {len(cpu_e)} prompts ({time.perf_counter() - t0:.1f}s)",
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     ok = True
     for dtype in ("float16", "float32"):
         t0 = time.perf_counter()
-        gpu = Backbone(args.model, device="cuda", dtype=dtype, batch_size=args.batch_size)
+        gpu = Backbone(args.model, device="cuda", dtype=dtype, runtime=Runtime(args.batch_size))
         load_s = time.perf_counter() - t0
         gpu_e, rate = timed_encode(gpu, prompts)
         agree = agreement(gpu_e[: len(cpu_e)], cpu_e)

@@ -110,6 +110,7 @@ def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strat
                  boot: int, seed: int) -> dict:
     from pipeline.collect.agents import load_agents
     from pipeline.collect.sampling import (
+        Existing,
         choose_sample,
         embedding_features,
         estimate_agent,
@@ -142,8 +143,8 @@ def measure_pool(wide: str, profile: str, base_pool: str, fraction: float, strat
         for m in models:
             name, use_emb = (m[:-4], False) if m.endswith("-raw") else (m, True)
             t0 = time.time()
-            e = estimate_agent(R[:, b_idx], C[:, b_idx], sources, y, yc, sample, model=name,
-                               emb=emb if use_emb else None, boot=boot, seed=seed)
+            e = estimate_agent(Existing(R[:, b_idx], C[:, b_idx], sources, emb if use_emb else None), y, yc, sample,
+                               model=name, boot=boot, seed=seed)
             compared[m] = {"estimate": e.quality, "ci_low": e.ci_low, "ci_high": e.ci_high,
                            "abs_error": abs(e.quality - float(q_full[j])),
                            "in_ci": bool(e.ci_low <= q_full[j] <= e.ci_high),

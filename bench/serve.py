@@ -337,10 +337,10 @@ STATIC_GOALS_MS = {"16": 20.0, "64": 60.0}  # clients -> p50 of the router overh
 def batch_throughput(reg, prompts: list[str], rounds: int = 2) -> float:
     """Prompts/s of the head's backbone embedding `prompts` in batches of 64 in this process (all cores, no server
     running): the physical limit a cold endpoint can approach."""
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
 
     m = reg.manifest["backbone"]
-    bb = Backbone(m["id"], max_seq_length=int(m.get("max_seq_length", 256)), log_every=10**9)
+    bb = Backbone(m["id"], max_seq_length=int(m.get("max_seq_length", 256)), runtime=Runtime(log_every=10**9))
     bb.encode(prompts[:8])
     best = 0.0
     for _ in range(rounds):

@@ -59,7 +59,7 @@ def register_pair(root: Path, bb, prompts: list[str]) -> tuple[Path, Path]:
         rng = np.random.default_rng(seed)
         head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
         out.append(registry.register(
-            root, head, guard, 0, agents=[{"name": a.name, "model": a.model} for a in agents],
+            root, head, registry.PromptFit(guard, 0), agents=[{"name": a.name, "model": a.model} for a in agents],
             backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
                       "dim": bb.dim, **bb.registry_fields()},
             training={"bench": "serve_swap", "seed": seed}, data_hashes={}, metrics={}))

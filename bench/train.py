@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     Z1, R = data(a.n, a.d, a.K)
     x0 = np.zeros(n_params(a.d, a.K))
-    obj = _Objective(Z1, R, None, a.K, 0, "tanh", 0.0)
+    obj = _Objective(Z1, R, None, 0, "tanh", 0.0)
     vec = run(lambda th: obj(th)[0], x0, a.generations, a.seed)
     loop = run(loop_objective(Z1, R, a.K), x0, a.generations, a.seed)
     print(f"data {a.n} x {a.d} x {a.K}, {x0.size} params, popsize {vec['popsize']}, {a.generations} generations")

@@ -122,8 +122,8 @@ def cmd_train(args) -> int:
     agents, R, _, C = to_arrays(rewards)
     split = joined["split"].fillna("").astype(str).to_numpy(dtype=object)
     rep = pool_report(R, C, agents, labels, split, X=X,
-                      difficulty=labels_of(joined, "difficulty") if "difficulty" in joined else None, domain_name=col,
-                      costs_estimated=costs_are_estimated(rewards))
+                      difficulty=labels_of(joined, "difficulty") if "difficulty" in joined else None, domain_name=col)
+    rep["costs_estimated"] = costs_are_estimated(rewards)
     print("## Pool report\n\n" + report_markdown(rep), file=sys.stderr)
     fit = fit_router(X, rewards, joined["split"], cfg, held_out=args.held_out_split, labels=labels)
     import pandas as pd
@@ -176,6 +176,7 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
     targets and registered as a `cascade` router next to the head."""
     import pandas as pd
 
+    from pipeline.collect.answers import Agreement
     from pipeline.report.value import targets_markdown
     from pipeline.route import registry
     from pipeline.route.cascade_fit import fit_cascade_router, selection_of
@@ -183,9 +184,9 @@ def _train_cascade(args, rewards, joined, X, fit, bb, out) -> dict:
 
     arrays = reward_arrays(rewards, joined["split"], args.held_out_split)
     agents, R, C, masks = arrays.agents, arrays.R, arrays.C, arrays.masks
-    router, res = fit_cascade_router(arrays, [list(a) for a in rewards["answers"]], joined["grader"].to_numpy(), X,
-                                     fit.head, fit.scorer, fit.best_single,
-                                     grading=_grading_budget(args.grading_budget_ms),
+    agreement = Agreement([list(a) for a in rewards["answers"]], joined["grader"].tolist(),
+                          budget=_grading_budget(args.grading_budget_ms))
+    router, res = fit_cascade_router(arrays, agreement, X, fit.head, fit.scorer, fit.best_single,
                                      selection=selection_of({n: getattr(args, n) for n in TRAIN_OPTIONS}))
     bs = {"agent": agents[fit.best_single], "quality": float(R[masks["held_out"], fit.best_single].mean()),
           "cost_per_1k": float(1000 * C[masks["held_out"], fit.best_single].mean())}
@@ -212,7 +213,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
     """The backbone a registered head was trained on, as its manifest names it."""
     from pathlib import Path
 
-    from pipeline.embed.backbone import Backbone
+    from pipeline.embed.backbone import Backbone, Runtime
     from resources.backbone import resolve_device
 
     bb = reg.manifest["backbone"]
@@ -220,7 +221,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
     if bb.get("kind") == "static" and bb.get("path") and Path(bb["path"]).is_dir():
         model = bb["path"]  # the files it was trained on (the alias would distil them again under another home)
     return Backbone(model, pooling=bb.get("pooling", "mean"), device=resolve_device(device), dtype=dtype,
-                    max_seq_length=int(bb.get("max_seq_length", 256)), threads=threads)
+                    max_seq_length=int(bb.get("max_seq_length", 256)), runtime=Runtime(threads=threads))
 
 
 def cmd_route(args) -> int:

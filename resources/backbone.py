@@ -14,7 +14,7 @@ from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.embed.backbone import DEFAULT_MODEL_ID, Backbone
+from pipeline.embed.backbone import DEFAULT_MODEL_ID, Backbone, Runtime
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -60,8 +60,8 @@ class BackboneResource(ConfigurableResource):
         if self._backbone is None:
             self._backbone = Backbone(
                 self.model, pooling=self.pooling, device=self.resolved_device(), dtype=self.dtype,
-                batch_size=self.batch_size, max_seq_length=self.max_seq_length, revision=self.revision,
-                log_every=self.log_every, backend=self.backend, export_dir=self.export_dir)
+                max_seq_length=self.max_seq_length, revision=self.revision,
+                runtime=Runtime(self.batch_size, self.backend, self.export_dir, log_every=self.log_every))
         return self._backbone
 
 

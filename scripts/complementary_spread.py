@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline.embed.backbone import Backbone  # noqa: E402
+from pipeline.embed.backbone import Backbone, Runtime  # noqa: E402
 from pipeline.report.suites import build_suite  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
 from pipeline.route.train import TrainConfig  # noqa: E402
@@ -53,7 +53,7 @@ def main(argv=None) -> None:
           "gain CI (shipped − best) |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in ("float32", "bfloat16"):
-        bb = Backbone(None, max_seq_length=128, dtype=dtype, backend=args.backend)
+        bb = Backbone(None, max_seq_length=128, dtype=dtype, runtime=Runtime(backend=args.backend))
         X = bb.encode(texts)
         for seed in [int(x) for x in args.seeds.split(",")]:
             for gens in [int(x) for x in args.generations.split(",")]:

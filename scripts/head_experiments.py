@@ -114,7 +114,7 @@ def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] |
     from pipeline.route.evaluate import routing_report
     from pipeline.route.knn import KnnRouter
     from pipeline.route.ood import OODGuard
-    from pipeline.route.train import TrainConfig, best_single_agent, ridge_path, train_head
+    from pipeline.route.train import PromptRows, TrainConfig, best_single_agent, ridge_path, train_head
 
     best = R == R.max(axis=1, keepdims=True)
     out: dict[str, dict] = {}
@@ -147,7 +147,7 @@ def run_regime(X: np.ndarray, R: np.ndarray, seeds: list[int], only: list[str] |
             # every candidate row runs without pruning, so the default row shows what pruning adds
             cfg = TrainConfig(log_every=0, **over) if name == DEFAULT_NAME else \
                 TrainConfig(log_every=0, **{"prune_unearned": False, **over})
-            head, curve = train_head(X[tr], Rt, best[tr], X[va], Rv, best[va], cfg)
+            head, curve = train_head(PromptRows(X[tr], Rt, best[tr]), PromptRows(X[va], Rv, best[va]), cfg)
             pv, ps = head.pick(X[va]), head.pick(X[te])
             stop = max(curve, key=lambda c: (c["val_reward"] or 0, -c["generation"]))["generation"]
             rows[name] = (reward_of(Rv, pv), reward_of(Rs, ps), time.perf_counter() - t,

@@ -37,11 +37,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cli import lineage  # noqa: E402
-from pipeline.route.cascade_fit import fit_cascades, ratio_ci, success_refit  # noqa: E402
+from pipeline.route.cascade_fit import Rows, fit_cascades, ratio_ci, success_refit  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
-from pipeline.route.targets import operating_path, resolve  # noqa: E402
-from pipeline.route.train import TrainConfig  # noqa: E402
-from pipeline.route.value import agent_costs, pick_costs, target_picks  # noqa: E402
+from pipeline.route.targets import PathRows, operating_path, resolve  # noqa: E402
+from pipeline.route.train import Selection, TrainConfig  # noqa: E402
+from pipeline.route.value import PromptParts, agent_costs, pick_costs, target_picks  # noqa: E402
 
 METHODS = ("validation", "crossfit")
 
@@ -96,8 +96,8 @@ def head_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]:
         picks0 = fit.guard.route(fit.head.pick(X_te), X_te, best)
         cost = agent_costs(d["C"][d["masks"]["train"]])
         for t in targets:
-            picks, point = target_picks(t, fit.operating_points, X_te, picks0, fit.scorer, cost, fit.guard, best,
-                                        fit.cost_scorer)
+            parts = PromptParts(fit.head, fit.guard, fit.scorer, fit.cost_scorer, fit.operating_points, best, cost)
+            picks, point = target_picks(t, parts, X_te, picks0)
             n = np.arange(len(picks))
             row = {"family": "head", "router": "head", "selection": method, "target": t,
                    "chosen": f"λ={point['lambda']:.3g}", **ratios(R_te[n, picks], C_te[n, picks], R_te, C_te, best)}
@@ -108,8 +108,8 @@ def head_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]:
                                    f"held_out_value {shipped[0]:.6f} / {shipped[1]:.6f}")
             rows.append(row)
         if method == "crossfit":  # the test path of the same scorers: the family, read in hindsight
-            path = operating_path(fit.scorer.scores(X_te), picks0, R_te, C_te, cost, best, fit.agents,
-                                  pick_cost_val=pick_costs(fit.cost_scorer, X_te, cost))
+            path = operating_path(PathRows(fit.scorer.scores(X_te), picks0, R_te, C_te,
+                                           pick_costs(fit.cost_scorer, X_te, cost)), cost, best, fit.agents)
             pts = np.array([(p["cost_per_1k"], p["quality"]) for p in path["points"]])
             out = bound(pts, R_te[:, best].mean(), 1000 * C_te[:, best].mean(), args.cap, args.quality)
     return rows, out
@@ -136,8 +136,8 @@ def cascade_family(d: dict, targets: list[str], args) -> tuple[list[dict], dict]
     te, best, rows, out = d["masks"]["held_out"], d["best"], [], {}
     R_te, C_te = d["R"][te], d["C"][te]
     for method in METHODS:
-        sel = {"method": method, "folds": args.folds, "seed": args.fold_seed}
-        fit = fit_cascades(d["R"], d["C"], d["E"], d["P"], d["g"], d["masks"], best, d["agents"], targets,
+        sel = Selection(method, args.folds, args.fold_seed)
+        fit = fit_cascades(Rows(d["R"], d["C"], d["E"], d["P"], d["g"]), d["masks"], best, d["agents"], targets,
                            selection=sel, p_of=success_refit(d["scorer"], d["X"], d["R"]))
         rows += cascade_rows(fit, targets, method)
         if method == "crossfit":

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from complementary_spread import complementary_rows  # noqa: E402
 
-from pipeline.embed.backbone import Backbone, EmbeddingCache  # noqa: E402
+from pipeline.embed.backbone import Backbone, EmbeddingCache, Runtime  # noqa: E402
 from pipeline.route.fit import fit_router  # noqa: E402
 from pipeline.route.train import TrainConfig  # noqa: E402
 
@@ -64,7 +64,7 @@ def complementary(seeds=SEEDS, generations: int = 30, backend: str = "auto") -> 
             "head, no guard (gain CI) | shipped → test (the choice) |", "|---|---|---|---|---|---|---|---|---|"]
     worst, done, notes = {}, set(), []
     for dtype in ("float32", "bfloat16"):
-        X, bb = embed(texts, max_seq_length=128, dtype=dtype, backend=backend)
+        X, bb = embed(texts, max_seq_length=128, dtype=dtype, runtime=Runtime(backend=backend))
         if bb.cache_key in done:  # no bf16 units here: the backbone ran float32 again, the same rows
             notes.append(f"{dtype} asked, {bb.backend} {bb.precision} ran (no bf16 units on this machine): "
                          f"identical embeddings, rows not repeated")

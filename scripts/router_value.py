@@ -61,7 +61,7 @@ def value_setup(data: str):
     """What the value scripts share: the data, its train/validation/test masks, effective rewards, the ridge-start
     head and the value scorer fitted on train (alpha chosen on validation)."""
     from pipeline.route.fit import reward_arrays
-    from pipeline.route.train import train_head
+    from pipeline.route.train import PromptRows, train_head
     from pipeline.route.value import fit_value_scorer
 
     X, rewards, split, labels, name = pipeline_data() if data == "pipeline" else routerbench_data()
@@ -69,7 +69,8 @@ def value_setup(data: str):
     agents, R, B, C, m = arrays.agents, arrays.R, arrays.B, arrays.C, arrays.masks
     tr, va, te = m["train"], m["validation"], m["held_out"]
     Re = arrays.R_eff
-    head, _ = train_head(X[tr], R[tr], B[tr], X[va], R[va], B[va], TrainConfig(generations=0, log_every=0))
+    head, _ = train_head(PromptRows(X[tr], R[tr], B[tr]), PromptRows(X[va], R[va], B[va]),
+                         TrainConfig(generations=0, log_every=0))
     ridge, info = fit_value_scorer(head, X[tr], Re[tr], X[va], Re[va])
     return dict(X=X, rewards=rewards, labels=labels, name=name, agents=agents, R=R, B=B, C=C, Re=Re,
                 tr=tr, va=va, te=te, head=head, ridge=ridge, info=info)

@@ -35,7 +35,7 @@ from pipeline.collect.grading import grade  # noqa: E402
 from pipeline.embed.backbone import Backbone, EmbeddingCache  # noqa: E402
 from pipeline.route.fit import ship_gate  # noqa: E402
 from pipeline.route.knn import KnnRouter  # noqa: E402
-from pipeline.route.train import TrainConfig, train_head  # noqa: E402
+from pipeline.route.train import PromptRows, TrainConfig, train_head  # noqa: E402
 from pipeline.tasks.sources import load_source  # noqa: E402
 
 GATE_CONFIDENCES = (0.0, 0.9, 0.95)
@@ -168,7 +168,7 @@ def evaluate(R: np.ndarray, feats: dict[str, np.ndarray], cats: np.ndarray, prom
         for name, X in feats.items():
             knn = KnnRouter().fit(X[tr], R[tr], X_val=X[va], R_val=R[va])
             row[f"kNN on {name}"] = reward(R[te], knn.pick(X[te])) - base
-            head, _ = train_head(X[tr], R[tr], None, X[va], R[va], None, TrainConfig(log_every=0))
+            head, _ = train_head(PromptRows(X[tr], R[tr]), PromptRows(X[va], R[va]), TrainConfig(log_every=0))
             row[f"sep-CMA-ES head on {name}"] = reward(R[te], head.pick(X[te])) - base
             if name == next(iter(feats)):  # the ship gate's confidence: does it keep real gains, drop noise?
                 for conf in GATE_CONFIDENCES:

@@ -23,6 +23,7 @@ from pipeline.route.frontier import aiq, upper_hull
 from pipeline.route.knn import KnnRouter
 from pipeline.route.targets import (
     REPORT_TARGETS,
+    PathRows,
     cost_aware_pick,
     hull_agents,
     operating_path,
@@ -54,7 +55,8 @@ def main() -> int:
           f"test best single {Re[te][:, best].mean():.4f} at {1000 * C[te][:, best].mean():.4f}/1k")
     for pname, (pv, pt) in preds.items():
         allowed = hull if pname.endswith("hull agents") else None
-        path = operating_path(pv, np.full(int(va.sum()), best), Re[va], C[va], cost, best, agents, allowed=allowed)
+        path = operating_path(PathRows(pv, np.full(int(va.sum()), best), Re[va], C[va]), cost, best, agents,
+                              allowed=allowed)
         pts = np.array([[p["cost_per_1k"], p["quality"]] for p in path["points"]])
         val_aiq = aiq(upper_hull(pts), cmin, cmax)
         for t in REPORT_TARGETS[1:]:

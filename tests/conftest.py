@@ -224,7 +224,7 @@ def static_head_dir(tmp_path, tiny_distill):
     import numpy as np
 
     from pipeline.embed import static_backbone
-    from pipeline.embed.backbone import Backbone, bundled_model_path
+    from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
     from pipeline.route import registry
     from pipeline.route.head import Head
     from pipeline.route.ood import OODGuard
@@ -232,7 +232,7 @@ def static_head_dir(tmp_path, tiny_distill):
     from resources.pool import PoolResource
 
     static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
-    bb = Backbone(static, log_every=10**9)
+    bb = Backbone(static, runtime=Runtime(log_every=10**9))
     pool = PoolResource(kind="replay", pool="mmlu_pro")
     agents, store = pool.agents(), pool.store()
     prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]
@@ -242,7 +242,7 @@ def static_head_dir(tmp_path, tiny_distill):
     head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
     guard = OODGuard(k=3).fit(X[:8], X[8:])
     head_dir = registry.register(
-        tmp_path / "reg", head, guard, 0,
+        tmp_path / "reg", head, registry.PromptFit(guard, 0),
         backbone={"id": bb.model_id, "key": bb.key, "pooling": "mean", "max_seq_length": 256, "dim": bb.dim,
                   **bb.registry_fields()},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})
@@ -269,7 +269,8 @@ def _register_small_head(root, seed=0):
     from pipeline.route import registry
 
     head, guard, _ = _small_head_parts(seed)
-    return registry.register(root, head, guard, 1, backbone={"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": 8},
+    return registry.register(root, head, registry.PromptFit(guard, 1),
+                             backbone={"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": 8},
                              agents=[{"name": n, "model": f"m-{n}"} for n in "abc"], training={"generations": 3},
                              data_hashes={"rewards": "x"}, metrics={"head": 0.5})
 

@@ -102,7 +102,7 @@ def test_latency_percentiles():
 def test_report_entry_and_table():
     """The `router_arena` entry: per router and target the measures, baselines that ignore the prompt stable by
     construction, the oracle (cheapest among the best) optimal everywhere; its Markdown table."""
-    from pipeline.report.value import arena_markdown, router_value
+    from pipeline.report.value import HeadFigures, arena_markdown, router_value
 
     picks = np.array([0, 1, 1, 0])
     base = {"routers": {"head": {"max-quality": picks}}, "prompt_routers": {"knn": {"max-quality": picks}},
@@ -126,7 +126,7 @@ def test_report_entry_and_table():
                                          "gain_low": 0.0, "gain_high": 0.0}},
              "best_single": {"agent": "c", "quality": 1.0, "cost_per_1k": 1.0}, "apgr": None, "cpt50": None,
              "cpt80": None, "oracle": {"quality": 1.0}, "n_test": 4}
-    assert router_value("demo", None, value, {}, arena=out)["router_arena"] is out
+    assert router_value("demo", None, HeadFigures(value), {}, arena=out)["router_arena"] is out
 
 
 def _world():

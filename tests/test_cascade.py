@@ -14,7 +14,7 @@ from pipeline.collect.grading import answers_agree
 from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, execute, run_plan, run_policy
-from pipeline.route.cascade_fit import cascade_path, fit_cascades
+from pipeline.route.cascade_fit import Rows, cascade_path, fit_cascades
 from pipeline.route.fit import constant_head
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
@@ -112,8 +112,8 @@ def test_bad_policies_are_one_error(bad):
 
 def test_fit_learns_a_cascade_per_answer_format(synthetic_cascade):
     R, C, E, g, masks = synthetic_cascade()
-    fit = fit_cascades(R, C, E, None, g, masks, 0, ["strong", "cheap1", "cheap2"], ["max-quality", "parity",
-                                                                                     "quality>=0.98"])
+    fit = fit_cascades(Rows(R, C, E, None, g), masks, 0, ["strong", "cheap1", "cheap2"], ["max-quality", "parity",
+                                                                                          "quality>=0.98"])
     v = fit.variants["cascade"]
     t = v.targets["parity"]
     # on integers the cheap pair's agreement is trusted; on math the strong agent answers: quality kept, cost cut
@@ -130,7 +130,7 @@ def test_quality_target_guard_demands_a_margin(synthetic_cascade):
     plans = [Plan(Policy((Stage((0,)),))), Plan(Policy((Stage((1, 2), 2), Stage((0,)))))]
     va = masks["validation"]
     order = np.array([0, 1, 2])
-    loose = cascade_path(plans, R[va], C[va], E[va], order, None, g[va], 0, ["s", "c1", "c2"], guard_z=0.0)
+    loose = cascade_path(plans, Rows(R, C, E, None, g).take(va), order, 0, ["s", "c1", "c2"], guard_z=0.0)
     from pipeline.route.targets import resolve
 
     cheap = next(p for p in loose["points"] if "c1" in json.dumps(p["plan"]))
@@ -143,7 +143,7 @@ def test_quality_target_guard_demands_a_margin(synthetic_cascade):
 def test_router_kind_round_trips_through_the_registry(tmp_path, synthetic_cascade):
     R, C, E, g, masks = synthetic_cascade(600)
     agents = ["strong", "cheap1", "cheap2"]
-    fit = fit_cascades(R, C, E, None, g, masks, 0, agents, ["parity"])
+    fit = fit_cascades(Rows(R, C, E, None, g), masks, 0, agents, ["parity"])
     v = fit.variants["cascade"]
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 8)).astype(np.float32)
@@ -152,9 +152,10 @@ def test_router_kind_round_trips_through_the_registry(tmp_path, synthetic_cascad
     router = CascadeRouter(head, v.path, v.order, agents)
     kw = dict(backbone={"id": "test/bb", "key": "k", "dim": 8}, agents=[{"name": a, "model": a} for a in agents],
               training={}, data_hashes={}, metrics={})
-    path = registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw)
+    path = registry.register(tmp_path, router, registry.PromptFit(OODGuard().fit(X, X), 0), **kw)
     assert path.name.startswith("cascade-bb-") and (path / "reference.py").is_file()
-    assert registry.register(tmp_path, router, OODGuard().fit(X, X), 0, **kw) == path  # same content, same name
+    assert registry.register(tmp_path, router, registry.PromptFit(OODGuard().fit(X, X), 0),
+                             **kw) == path  # same content, same name
     reg = registry.load(path)
     assert reg.kind == "cascade" and reg.router.plan("parity") == router.plan("parity")
     view = reg.cascade_at("parity", "integer")

@@ -13,7 +13,7 @@ from pipeline.route.fit import fit_router
 from pipeline.route.kinds import router_class
 from pipeline.route.ood import OODGuard
 from pipeline.route.select import candidate_kinds, select_router
-from pipeline.route.train import TrainConfig, train_head
+from pipeline.route.train import PromptRows, TrainConfig, train_head
 
 AGENTS = ["a", "b", "c"]
 
@@ -75,7 +75,8 @@ def test_cluster_router_registers_loads_and_refuses_a_corrupt_file(tmp_path):
     r = ClusterRouter(agents=AGENTS).fit(X[tr], R[tr], X[va], R[va])
     assert router_class("cluster") is ClusterRouter
     guard = OODGuard(k=5).fit(X[tr], X[va])
-    path = registry.register(tmp_path, r, guard, 0, backbone={"id": "toy/embedder", "dim": X.shape[1]},
+    path = registry.register(tmp_path, r, registry.PromptFit(guard, 0),
+                             backbone={"id": "toy/embedder", "dim": X.shape[1]},
                              agents=[{"name": a, "model": a} for a in AGENTS], training={}, data_hashes={},
                              metrics={})
     assert path.name.startswith("cluster-")
@@ -140,7 +141,7 @@ def test_the_guard_keeps_the_start_unless_a_sample_gains_beyond_noise():
     tr, va = slice(0, 600), slice(600, 900)
     kept = {}
     for conf in (0.0, 0.9):
-        _, curve = train_head(X[tr], R[tr], None, X[va], R[va], None,
+        _, curve = train_head(PromptRows(X[tr], R[tr]), PromptRows(X[va], R[va]),
                               TrainConfig(generations=40, log_every=0, keep_confidence=conf, prune_unearned=False))
         kept[conf] = [c["generation"] for c in curve[1:] if c.get("kept")]
         assert all("val_gain_low" in c for c in curve[1:] if "kept" in c)

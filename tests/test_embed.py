@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.prompts import mcq_prompt, prompt_hash
-from pipeline.embed.backbone import Backbone, EmbeddingCache, last_token_pool
+from pipeline.embed.backbone import Backbone, EmbeddingCache, Runtime, last_token_pool
 
 pytestmark = pytest.mark.slow  # the backbone (make test-fast leaves it out)
 
@@ -28,7 +28,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def minilm():
-    return Backbone(batch_size=2)
+    return Backbone(runtime=Runtime(batch_size=2))
 
 
 # ------------------------------------------------------------------ MiniLM (mean pooling)
@@ -107,7 +107,7 @@ def tiny_qwen3_dir(tmp_path_factory):
 def test_last_token_pooling_matches_unpadded(tiny_qwen3_dir, side):
     import torch
 
-    bb = Backbone(tiny_qwen3_dir, pooling="last_token", padding_side=side, batch_size=8)
+    bb = Backbone(tiny_qwen3_dir, pooling="last_token", padding_side=side, runtime=Runtime(batch_size=8))
     assert bb.dim == 32 and bb.tokenizer.padding_side == side
     prompts = ["Short.", "Compute 17 * 23 please.", PROMPTS[4], "a b c d e f g h i j k l"]
     lengths = {len(bb.tokenizer(p)["input_ids"]) for p in prompts}
@@ -229,7 +229,7 @@ def test_cache_with_real_minilm_reruns_embed_nothing(tmp_path, minilm, monkeypat
 # ------------------------------------------------------------------ fast CPU backend (OpenVINO / ONNX Runtime)
 def test_fast_backend_matches_torch_and_has_its_own_cache_key(tmp_path, minilm):
     pytest.importorskip("openvino")
-    torch_bb = Backbone(batch_size=2, backend="torch")
+    torch_bb = Backbone(runtime=Runtime(batch_size=2, backend="torch"))
     assert minilm.backend == "openvino" and torch_bb.backend == "torch" and torch_bb.precision == "float32"
     a, b = minilm.encode(PROMPTS), torch_bb.encode(PROMPTS)
     assert (a * b).sum(1).min() >= 0.999  # bf16 inference: same vectors to rounding
@@ -240,7 +240,7 @@ def test_fast_backend_matches_torch_and_has_its_own_cache_key(tmp_path, minilm):
     assert cache.path_for(minilm) != cache.path_for(torch_bb)
     cache.get_or_compute(PROMPTS, torch_bb)
     assert cache.load(minilm) == {}  # rows of the torch backend never serve the openvino one
-    onnx_bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path / "exports")
+    onnx_bb = Backbone(runtime=Runtime(batch_size=2, backend="onnx", export_dir=tmp_path / "exports"))
     assert onnx_bb.backend == "onnx" and (tmp_path / "exports" / onnx_bb.key / "model.onnx").is_file()
     assert onnx_bb.cache_key not in (minilm.cache_key, torch_bb.cache_key)
     np.testing.assert_allclose(onnx_bb.encode(PROMPTS), b, atol=1e-4)  # float32 graph: equal to torch
@@ -252,13 +252,14 @@ def test_fast_backend_unavailable_falls_back_to_torch_with_one_warning(tmp_path,
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
     with caplog.at_level(logging.WARNING, logger="pipeline.embed.backbone"):
-        bb = Backbone(batch_size=2, export_dir=tmp_path)
+        bb = Backbone(runtime=Runtime(batch_size=2, export_dir=tmp_path))
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "pipeline.embed.backbone"]
     assert len(warnings) == 1 and "'openvino' unavailable" in warnings[0].getMessage()
     assert bb.backend == "torch" and bb.precision == "float32"
     assert bb.cache_key.endswith("-torch-float32")
     assert not (tmp_path / bb.key).exists()  # failed before exporting anything
-    np.testing.assert_allclose(bb.encode(PROMPTS), Backbone(backend="torch").encode(PROMPTS), atol=1e-6)
+    torch_rows = Backbone(runtime=Runtime(backend="torch")).encode(PROMPTS)
+    np.testing.assert_allclose(bb.encode(PROMPTS), torch_rows, atol=1e-6)
 
 
 def test_fast_backend_export_failure_falls_back(tmp_path, monkeypatch, caplog):
@@ -271,15 +272,15 @@ def test_fast_backend_export_failure_falls_back(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(fast_backbone, "export_onnx", broken)
     with caplog.at_level(logging.WARNING, logger="pipeline.embed.backbone"):
-        bb = Backbone(batch_size=2, backend="onnx", export_dir=tmp_path)
+        bb = Backbone(runtime=Runtime(batch_size=2, backend="onnx", export_dir=tmp_path))
     assert bb.backend == "torch" and "exporter exploded" in caplog.text
 
 
 def test_backend_choices_are_checked(tiny_qwen3_dir):
     with pytest.raises(RouterLiteError, match="backend 'tensorrt'"):
-        Backbone(backend="tensorrt")
+        Backbone(runtime=Runtime(backend="tensorrt"))
     with pytest.raises(RouterLiteError, match="mean-pooled encoders on the CPU"):
-        Backbone(tiny_qwen3_dir, pooling="last_token", backend="openvino")
+        Backbone(tiny_qwen3_dir, pooling="last_token", runtime=Runtime(backend="openvino"))
     assert Backbone(tiny_qwen3_dir, pooling="last_token").backend == "torch"  # auto: decoders stay on torch
 
 
@@ -326,7 +327,8 @@ def test_hub_ids_load_offline_from_the_hf_cache(tmp_path, monkeypatch, minilm, t
     _fake_hub_repo(cache, "test-org/tiny-qwen3", tiny_qwen3_dir, "b" * 40)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
 
-    hub = Backbone("sentence-transformers/all-MiniLM-L6-v2", revision="main", batch_size=2)  # not the bundled alias
+    # not the bundled alias
+    hub = Backbone("sentence-transformers/all-MiniLM-L6-v2", revision="main", runtime=Runtime(batch_size=2))
     assert hub._load_from == "sentence-transformers/all-MiniLM-L6-v2"
     assert hub.key != minilm.key and hub.key.startswith("sentence-transformers__all-MiniLM-L6-v2-mean-L256-")
     np.testing.assert_allclose(hub.encode(PROMPTS[:2]), minilm.encode(PROMPTS[:2]), atol=1e-6)

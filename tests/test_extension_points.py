@@ -33,8 +33,8 @@ from pipeline.tasks.sources import (
     SOURCES,
     TASK_COLUMNS,
     SourceSpec,
+    TaskRow,
     load_source,
-    make_task,
     register_source,
     sources_restored,
 )
@@ -121,7 +121,8 @@ def _data(n=120, d=8, seed=0):
 
 def _register(root, router, X):
     guard = OODGuard(k=5).fit(X[:80], X[80:100])
-    return registry.register(root, router, guard, 1, backbone={"id": "toy/hash-embedder", "dim": X.shape[1]},
+    return registry.register(root, router, registry.PromptFit(guard, 1),
+                             backbone={"id": "toy/hash-embedder", "dim": X.shape[1]},
                              agents=[{"name": n, "model": f"m-{n}"} for n in AGENTS], training={"toy": True},
                              data_hashes={"rewards": "toy"}, metrics={})
 
@@ -232,7 +233,7 @@ def _staged_kind():
 
 def _register_staged(tmp_path, cls, X):
     from pipeline.route.cascade import Plan, Policy, Stage
-    from pipeline.route.cascade_fit import cascade_path
+    from pipeline.route.cascade_fit import Rows, cascade_path
     from pipeline.route.head import Head
 
     rng = np.random.default_rng(0)
@@ -243,10 +244,10 @@ def _register_staged(tmp_path, cls, X):
     E[:, [0, 1, 2], [0, 1, 2]] = True
     E[:, 0, 2] = E[:, 2, 0] = R[:, 0] == R[:, 2]
     plans = [Plan(Policy((Stage((1,)),))), Plan(Policy((Stage((0, 2), 2), Stage((1,)))))]
-    path = cascade_path(plans, R, C, E, np.array([1, 0, 2]), None, np.array(["integer"] * n, dtype=object), 1,
+    path = cascade_path(plans, Rows(R, C, E, None, np.array(["integer"] * n, dtype=object)), np.array([1, 0, 2]), 1,
                         AGENTS)
     head = Head(np.zeros((8, 3), np.float32), np.array([0, 1, 0], np.float32), agents=AGENTS)
-    return registry.register(tmp_path, cls(head, path, [1, 0, 2], AGENTS), OODGuard().fit(X, X), 1,
+    return registry.register(tmp_path, cls(head, path, [1, 0, 2], AGENTS), registry.PromptFit(OODGuard().fit(X, X), 1),
                              backbone={"id": "toy/hash-embedder", "key": "toy/hash-embedder", "dim": 8},
                              agents=[{"name": a, "model": f"m-{a}"} for a in AGENTS], training={}, data_hashes={},
                              metrics={})
@@ -326,8 +327,8 @@ def test_a_registered_pool_kind_makes_the_clients():
 
 # ------------------------------------------------------------------------------------------------ a task source
 def norm_capitals(rows, where: str) -> list[dict]:
-    return [make_task("capitals", "test", i, f"What is the capital of {r['country']}?", r["capital"], "exact_ci",
-                  "knowledge", "easy", i) for i, r in enumerate(rows)]
+    return [TaskRow("capitals", "test", i, f"What is the capital of {r['country']}?", r["capital"], "exact_ci",
+                  "knowledge", "easy", i).row() for i, r in enumerate(rows)]
 
 
 def test_a_registered_task_source_loads_and_its_tasks_grade(tmp_path):

@@ -19,7 +19,8 @@ def _register(root, seed=0):
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     head = Head(rng.normal(size=(8, 3)), rng.normal(size=3), agents=["a", "b", "c"])
     guard = OODGuard(k=5).fit(X[:40], X[40:])
-    return registry.register(root, head, guard, 1, backbone={"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": 8},
+    return registry.register(root, head, registry.PromptFit(guard, 1),
+                             backbone={"id": "sentence-transformers/all-MiniLM-L6-v2", "dim": 8},
                              agents=[{"name": n, "model": f"m-{n}"} for n in "abc"], training={"generations": 3},
                              data_hashes={"rewards": "x"}, metrics={"head": 0.5})
 

@@ -6,6 +6,8 @@ import pytest
 
 from pipeline.collect.forecast import forecast
 from pipeline.collect.sampling import (
+    Existing,
+    NewAgents,
     NewAgentSample,
     choose_sample,
     collect_with_sample,
@@ -67,7 +69,7 @@ def test_the_estimate_reads_only_the_sample_and_covers_a_predictable_agent():
     y = np.full(len(ids), np.nan)
     y[s] = y_full[s]  # NaN elsewhere: reading them would poison the estimate
     costs = np.ones_like(B)
-    est = estimate_agent(B, costs, src, y, np.where(np.isnan(y), np.nan, 2.0), s, boot=100)
+    est = estimate_agent(Existing(B, costs, src), y, np.where(np.isnan(y), np.nan, 2.0), s, boot=100)
     assert est.ci_low <= y_full.mean() <= est.ci_high and abs(est.quality - y_full.mean()) < 0.04
     assert set(est.per_source) == {"a", "b", "c"} and all(v["sampled"] == 50 for v in est.per_source.values())
     assert est.cost == pytest.approx(2.0)  # the ratio estimate: twice the existing agents' cost everywhere
@@ -160,12 +162,12 @@ def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_task
     frames = []
     for source, tasks in demo_tasks.groupby("source"):
         log = CallLog(tmp_path / source)
-        calls, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting)
+        calls, asked = collect_with_sample(tasks, agents, NewAgents(base, setting), 0, log, pool.client_for, settings)
         assert asked == {a: 10 for a in new}
         per_agent = log.read()["agent"].value_counts()
         assert all(per_agent[a] == 40 for a in base) and all(per_agent[a] == 10 for a in new)
         before = len(log.read())
-        collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting)
+        collect_with_sample(tasks, agents, NewAgents(base, setting), 0, log, pool.client_for, settings)
         assert len(log.read()) == before  # the same sample again: every call already logged
         frames.append(calls)
     calls = pd.concat(frames, ignore_index=True)
@@ -186,7 +188,7 @@ def test_a_replay_collection_calls_the_new_agents_only_on_their_sample(demo_task
     one = new[0]
     tasks = demo_tasks[demo_tasks["source"] == demo_tasks["source"].iloc[0]]
     log = CallLog(tmp_path / tasks["source"].iloc[0])
-    _, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings, setting, rest=[one])
+    _, asked = collect_with_sample(tasks, agents, NewAgents(base, setting, [one]), 0, log, pool.client_for, settings)
     assert asked[one] == 40 and log.read()["agent"].value_counts()[one] == 40
 
 
@@ -275,8 +277,8 @@ def test_calls_already_logged_for_a_new_agent_are_kept_not_imputed(demo_tasks, t
     log = CallLog(tmp_path / "log")
     first = next(a for a in agents if a.name not in base)
     run_collect(tasks, [first], 0, log, pool.client_for, settings)  # its full column, earlier
-    calls, asked = collect_with_sample(tasks, agents, base, 0, log, pool.client_for, settings,
-                                       NewAgentSample(fraction=0.25))
+    calls, asked = collect_with_sample(tasks, agents, NewAgents(base, NewAgentSample(fraction=0.25)), 0, log,
+                                       pool.client_for, settings)
     assert asked[first.name] == 12 and all(n == 3 for a, n in asked.items() if a != first.name)
     # the forecast of that collection, had it been made first: 3 calls for each new agent (12 x 0.25), none for
     # `first` (all 12 logged: its sample is among them)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.report.value import router_value
-from pipeline.route.cascade_fit import fit_cascades, selection_of
+from pipeline.report.value import CascadeFigures, HeadFigures, router_value
+from pipeline.route.cascade_fit import Rows, fit_cascades, selection_of
 from pipeline.route.fit import fit_router
 from pipeline.route.targets import REPORT_TARGETS
 from pipeline.route.train import TrainConfig
@@ -37,10 +37,10 @@ def _lineage(synthetic_cascade):
                             "mean_reward": list(R), "mean_cost": list(C)})
     cfg = TrainConfig(generations=3, log_every=0)  # the default selection: cross-fitted
     head = fit_router(X, rewards, split, cfg)
-    cascade = fit_cascades(R, C, E, None, g, masks, head.best_single, AGENTS, REPORT_TARGETS,
+    cascade = fit_cascades(Rows(R, C, E, None, g), masks, head.best_single, AGENTS, REPORT_TARGETS,
                            selection=selection_of(cfg.to_dict()))
-    rv = router_value("demo", None, head.value, {}, cascade=cascade.to_dict(),
-                      head_selection=head.operating_points["selection"])
+    rv = router_value("demo", None, HeadFigures(head.value, selection=head.operating_points["selection"]), {},
+                      cascade=CascadeFigures(cascade.to_dict()))
     d = {"X": X, "rewards": rewards, "split": split, "labels": None, "cfg": cfg, "agents": AGENTS, "R": R, "C": C,
          "E": E, "P": None, "g": g, "masks": masks, "best": head.best_single, "scorer": None}
     return d, rv

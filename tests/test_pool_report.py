@@ -43,7 +43,8 @@ def test_quality_dominated_pool():
     assert "routing can pay here on cost, not on quality" in md
     # the cost column says "(est.)" only where the costs are known to be estimates (replayed token counts)
     assert "cost $/1k |" in md.replace("cost $/1k (est.)", "") and "estimated USD" not in md
-    est = report_markdown(pool_report(R, C, AGENTS, dom, split, X=X, domain_name="source", costs_estimated=True))
+    est = pool_report(R, C, AGENTS, dom, split, X=X, domain_name="source") | {"costs_estimated": True}
+    est = report_markdown(est)
     assert "cost $/1k (est.)" in est and "cost is estimated USD per 1k queries" in est
 
 
@@ -102,11 +103,12 @@ def test_the_cascade_verdict_is_read_off_the_lineage_fit(synthetic_cascade, monk
     the same figures, its own selection named, and no second fit."""
     import pipeline.route.cascade_fit as cascade_fit
     from pipeline.report.pool_report import cascade_pays
+    from pipeline.route.train import Selection
 
     R, C, E, g, masks = synthetic_cascade()
     agents = ["strong", "cheap1", "cheap2"]
-    fit = cascade_fit.fit_cascades(R, C, E, None, g, masks, 0, agents, ["quality>=0.98"],
-                                   selection={"method": "crossfit", "folds": 3, "seed": 0})
+    fit = cascade_fit.fit_cascades(cascade_fit.Rows(R, C, E, None, g), masks, 0, agents, ["quality>=0.98"],
+                                   selection=Selection("crossfit", 3, 0))
     summary = {"agents": agents, "best_single": 0, **fit.to_dict()}  # what cascade_router stores
     monkeypatch.setattr(cascade_fit, "fit_cascades", lambda *a, **k: pytest.fail("the pool report fitted again"))
     got = cascade_pays(summary, int(masks["held_out"].sum()))

@@ -1,4 +1,6 @@
 """RateLog: throttled progress lines with rate and ETA (embedding, collection)."""
+import pytest
+
 from pipeline.core.progress import RateLog
 
 
@@ -33,3 +35,93 @@ def test_run_prints_and_stores_stage_times(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "total 44.0" in out and "router" in out and "prompt_embeddings 20.0" in out
     assert json.loads((tmp_path / "reports" / "stage_times.json").read_text()) == times
+
+
+class _SlowClock:
+    """A clock that moves `step` seconds on every reading: each step of a phase looks slow."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def _kind_selection(_):
+    import numpy as np
+
+    from pipeline.route.select import crossfit_picks
+    from pipeline.route.train import PromptRows, Selection
+
+    rng = np.random.default_rng(0)
+    X, R = rng.normal(size=(200, 4)).astype(np.float32), (rng.random((200, 3)) < 0.5).astype(float)
+    split = np.arange(200) % 3
+    crossfit_picks(["knn"], None, ["a", "b", "c"], PromptRows(X, R), split == 0, split == 1, Selection("crossfit", 12))
+
+
+def _operating_points(_):
+    import numpy as np
+
+    from pipeline.route.targets import PathRows, operating_path
+
+    rng = np.random.default_rng(0)
+    R, C = rng.random((60, 3)), np.tile([0.01, 0.002, 0.001], (60, 1))
+    operating_path(PathRows(R + rng.normal(0, 0.1, R.shape), np.zeros(60, np.int64), R, C), C.mean(axis=0), 0,
+                   ["a", "b", "c"], lambdas=np.linspace(0, 50, 40))
+
+
+def _cascade_search(synthetic_cascade):
+    from pipeline.route.cascade_fit import Rows, fit_cascades
+    from pipeline.route.train import Selection
+
+    R, C, E, g, masks = synthetic_cascade(450)
+    fit_cascades(Rows(R, C, E, None, g), masks, 0, ["strong", "cheap1", "cheap2"], ["parity"],
+                 selection=Selection("crossfit", 6))
+
+
+def _pool_report(_):
+    import numpy as np
+
+    from pipeline.report.pool_report import routable_headroom
+
+    rng = np.random.default_rng(0)
+    X, R = rng.normal(size=(240, 4)), (rng.random((240, 3)) < 0.5).astype(float)
+    routable_headroom(X, R, np.array(["x", "y"] * 120, dtype=object), folds=12)
+
+
+PHASES = {"kind selection": ("pipeline.route.select", _kind_selection),  # the phase's logger, a long run of it
+          "operating points": ("pipeline.route.targets", _operating_points),
+          "cascade search": ("pipeline.route.cascade_fit", _cascade_search),
+          "pool report": ("pipeline.report.pool_report", _pool_report)}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_a_slow_phase_says_how_far_it_is_every_interval_not_more(phase, monkeypatch, synthetic_cascade):
+    """Every phase that can take more than a few seconds logs `done/total, rate, ETA` on its `pipeline.*` logger
+    (what Dagster's run log and the console show), and at most one line per PHASE_EVERY_S."""
+    import logging
+    import time
+
+    from pipeline.core.progress import PHASE_EVERY_S
+
+    clock = _SlowClock(PHASE_EVERY_S / 3)  # each step reads the clock once: a line every third step at most
+    monkeypatch.setattr(time, "monotonic", clock)
+    seen: list[tuple[float, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((clock.t, record.getMessage()))
+
+    name, run = PHASES[phase]
+    logger, handler = logging.getLogger(name), Keep(level=logging.INFO)
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    try:
+        run(synthetic_cascade)
+    finally:
+        logger.removeHandler(handler)
+    lines = [(t, m) for t, m in seen if "/" in m and ("ETA" in m or " in " in m)]
+    assert len(lines) >= 2, seen
+    assert all(b[0] - a[0] >= PHASE_EVERY_S for a, b in zip(lines, lines[1:])), lines
+    assert any("ETA" in m for _, m in lines)

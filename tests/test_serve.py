@@ -76,7 +76,7 @@ def world(pool, tmp_path_factory):
     X = bb.encode(tasks["prompt"].tolist())
     fit = fit_router(X, rewards, tasks["split"], TrainConfig(generations=3, log_every=0))
     path = registry.register(
-        tmp_path_factory.mktemp("registry"), fit.head, fit.guard, fit.best_single,
+        tmp_path_factory.mktemp("registry"), fit.head, registry.PromptFit(fit.guard, fit.best_single),
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
                   "dim": int(X.shape[1])},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={"generations": 3},

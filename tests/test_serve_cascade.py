@@ -57,7 +57,8 @@ def world(tmp_path_factory, cascade_point):
     head = constant_head(Head(np.zeros((X.shape[1], len(names)), np.float32), np.zeros(len(names), np.float32),
                               agents=names), strong)
     entry = registry.register(
-        tmp_path_factory.mktemp("registry"), CascadeRouter(head, path, order, names), OODGuard().fit(X, X), strong,
+        tmp_path_factory.mktemp("registry"), CascadeRouter(head, path, order, names),
+        registry.PromptFit(OODGuard().fit(X, X), strong),
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
                   "dim": int(X.shape[1])},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={}, data_hashes={}, metrics={})

@@ -79,7 +79,8 @@ def _guard(seed: int) -> OODGuard:
 
 def _register(root, router, seed: int, agents=None):
     agents = agents or [{"name": a.name, "model": a.model} for a in AGENTS]
-    return registry.register(root, router, _guard(seed), 0, backbone={"id": "hash-8", "key": "hash-8", "dim": DIM},
+    return registry.register(root, router, registry.PromptFit(_guard(seed), 0),
+                             backbone={"id": "hash-8", "key": "hash-8", "dim": DIM},
                              agents=agents, training={"seed": seed}, data_hashes={}, metrics={})
 
 

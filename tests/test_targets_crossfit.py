@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.route.cascade_fit import fit_cascades, selection_of
+from pipeline.route.cascade_fit import Rows, fit_cascades, selection_of
 from pipeline.route.fit import fit_router
 from pipeline.route.select import dev_folds
-from pipeline.route.train import TrainConfig
+from pipeline.route.train import Selection, TrainConfig
 
 TARGETS = ["max-quality", "parity", "quality>=0.98", "quality>=0.9"]
 AGENTS = ["strong", "cheap1", "cheap2"]
-CROSSFIT = {"method": "crossfit", "folds": 5, "seed": 0}
+CROSSFIT = Selection("crossfit", 5, 0)
 
 
 def test_folds_partition_the_development_rows_and_leave_test_out():
@@ -41,7 +41,7 @@ def _chosen(fit) -> dict:
 
 def test_cascade_crossfit_never_reads_test_rows_and_is_deterministic(synthetic_cascade):
     R, C, E, g, masks = synthetic_cascade(1500)
-    fit = fit_cascades(R, C, E, None, g, masks, 0, AGENTS, TARGETS, selection=CROSSFIT)
+    fit = fit_cascades(Rows(R, C, E, None, g), masks, 0, AGENTS, TARGETS, selection=CROSSFIT)
     assert fit.selection["method"] == "crossfit" and fit.selection["rows"] == int((masks["train"]
                                                                                    | masks["validation"]).sum())
     v = fit.variants["cascade"]
@@ -54,19 +54,19 @@ def test_cascade_crossfit_never_reads_test_rows_and_is_deterministic(synthetic_c
     perm = np.random.default_rng(1).permutation(len(te))
     R2, C2, E2 = R.copy(), C.copy(), E.copy()
     R2[te], C2[te], E2[te] = R[te[perm]], C[te[perm]][:, ::-1], E[te[perm]]
-    fit2 = fit_cascades(R2, C2, E2, None, g, masks, 0, AGENTS, TARGETS, selection=CROSSFIT)
+    fit2 = fit_cascades(Rows(R2, C2, E2, None, g), masks, 0, AGENTS, TARGETS, selection=CROSSFIT)
     assert _chosen(fit2) == _chosen(fit) and fit2.variants["cascade"].path == v.path
     assert fit2.variants["cascade"].aiq_test != v.aiq_test
-    assert _chosen(fit_cascades(R, C, E, None, g, masks, 0, AGENTS, TARGETS, selection=CROSSFIT)) == _chosen(fit)
+    assert _chosen(fit_cascades(Rows(R, C, E, None, g), masks, 0, AGENTS, TARGETS, selection=CROSSFIT)) == _chosen(fit)
     # the old single-split choice stays reachable, and says so
-    single = fit_cascades(R, C, E, None, g, masks, 0, AGENTS, TARGETS, selection={"method": "validation"})
+    single = fit_cascades(Rows(R, C, E, None, g), masks, 0, AGENTS, TARGETS, selection=Selection("validation"))
     assert single.selection["method"] == "validation"
     assert single.variants["cascade"].path["n_validation"] == int(masks["validation"].sum())
 
 
 def test_selection_of_a_train_config():
-    assert selection_of(TrainConfig().to_dict()) == {"method": "crossfit", "folds": 5, "seed": 0}
-    assert selection_of(None)["method"] == "validation"  # an old lineage's train_config had no setting
+    assert selection_of(TrainConfig().to_dict()) == TrainConfig().selection == Selection("crossfit", 5, 0)
+    assert selection_of(None).method == "validation"  # an old lineage's train_config had no setting
     with pytest.raises(RouterLiteError, match="operating_points"):
         TrainConfig(operating_points="test").validate()
     with pytest.raises(RouterLiteError, match="folds"):

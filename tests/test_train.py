@@ -11,6 +11,7 @@ from pipeline.route.head import Head, n_params
 from pipeline.route.knn import KnnRouter
 from pipeline.route.ood import OODGuard
 from pipeline.route.train import (
+    PromptRows,
     TrainConfig,
     _Objective,
     best_single_agent,
@@ -34,7 +35,7 @@ def planted(n=2400, d=16, K=4, seed=0):
 @pytest.mark.parametrize("init", ["zeros", "ridge"])
 def test_trainer_finds_planted_rule(init):
     X, R, best, tr, va, te = planted()
-    head, curve = train_head(X[tr], R[tr], best[tr], X[va], R[va], best[va],
+    head, curve = train_head(rows(X, R, best, tr), rows(X, R, best, va),
                              TrainConfig(init=init, generations=30, log_every=0))
     bs = best_single_agent(R[tr], best[tr])
     m = held_out_metrics(head.pick(X[te]), R[te], best[te], best_single=bs, n_train=len(R[tr]))
@@ -47,9 +48,13 @@ def test_trainer_finds_planted_rule(init):
         assert "ridge_alpha" in curve[0]
 
 
+def rows(X, R, best, m):
+    return PromptRows(X[m], R[m], best[m])
+
+
 def test_hidden_layer_trains_and_early_stopping_never_worse_than_start():
     X, R, best, tr, va, te = planted(n=1200)
-    head, curve = train_head(X[tr], R[tr], best[tr], X[va], R[va], best[va],
+    head, curve = train_head(rows(X, R, best, tr), rows(X, R, best, va),
                              TrainConfig(hidden_dim=8, generations=10, log_every=0, prune_unearned=False))
     assert head.hidden_dim == 8 and head.n_params == n_params(16, 4, 8)
     assert curve[-1]["best_val_reward"] >= curve[0]["val_reward"]
@@ -73,13 +78,13 @@ def test_tie_aware_fitness_hand_case():
         W[1, p1] = 1
         return W.ravel()
 
-    obj = _Objective(Z1, R_eff, None, K, 0, "tanh", 0.0)
+    obj = _Objective(Z1, R_eff, None, 0, "tanh", 0.0)
     fit, reward = obj(np.stack([theta(0, 2), theta(1, 2), theta(2, 2), theta(1, 0)]))
     np.testing.assert_allclose(reward, [0.75, 0.75, 0.5, 0.25])
     np.testing.assert_allclose(fit, reward)
     # cost-aware: reward − λ·cost
     cost = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]], dtype=np.float32)
-    fit_c, _ = _Objective(Z1, R_eff, cost, K, 0, "tanh", 0.1)(np.stack([theta(0, 2), theta(1, 2)]))
+    fit_c, _ = _Objective(Z1, R_eff, cost, 0, "tanh", 0.1)(np.stack([theta(0, 2), theta(1, 2)]))
     np.testing.assert_allclose(fit_c, [0.75 - 0.1 * 1.5, 0.75 - 0.1 * 1.0], rtol=1e-6)
 
 
@@ -98,11 +103,11 @@ def test_population_scores_match_heads():
 def test_determinism_with_seed():
     X, R, best, tr, va, _ = planted(n=1000)
     cfg = TrainConfig(generations=8, log_every=0, init="zeros")
-    h1, c1 = train_head(X[tr], R[tr], best[tr], X[va], R[va], best[va], cfg)
-    h2, c2 = train_head(X[tr], R[tr], best[tr], X[va], R[va], best[va], cfg)
+    h1, c1 = train_head(rows(X, R, best, tr), rows(X, R, best, va), cfg)
+    h2, c2 = train_head(rows(X, R, best, tr), rows(X, R, best, va), cfg)
     np.testing.assert_array_equal(h1.to_vector(), h2.to_vector())
     assert [c["best_reward_so_far"] for c in c1] == [c["best_reward_so_far"] for c in c2]
-    h3, _ = train_head(X[tr], R[tr], best[tr], X[va], R[va], best[va],
+    h3, _ = train_head(rows(X, R, best, tr), rows(X, R, best, va),
                        TrainConfig(generations=8, log_every=0, init="zeros", seed=7, early_stopping=False))
     assert not np.array_equal(h1.to_vector(), h3.to_vector())
 
@@ -110,19 +115,19 @@ def test_determinism_with_seed():
 def test_config_and_input_errors():
     X, R, best, tr, va, _ = planted(n=200)
     with pytest.raises(RouterLiteError, match="seed"):
-        train_head(X[tr], R[tr], best[tr], cfg=TrainConfig(seed=0))
+        train_head(rows(X, R, best, tr), cfg=TrainConfig(seed=0))
     with pytest.raises(RouterLiteError, match="init"):
-        train_head(X[tr], R[tr], best[tr], cfg=TrainConfig(init="random"))
+        train_head(rows(X, R, best, tr), cfg=TrainConfig(init="random"))
     with pytest.raises(RouterLiteError, match="cost"):
-        train_head(X[tr], R[tr], best[tr], cfg=TrainConfig(cost_lambda=0.1))
+        train_head(rows(X, R, best, tr), cfg=TrainConfig(cost_lambda=0.1))
     with pytest.raises(RouterLiteError, match="cost matrix"):
-        train_head(X[tr], R[tr], best[tr], cfg=TrainConfig(cost_lambda=0.1), cost_train=np.ones((3, 3)))
+        train_head(PromptRows(X[tr], R[tr], best[tr], np.ones((3, 3))), cfg=TrainConfig(cost_lambda=0.1))
     with pytest.raises(RouterLiteError, match="rows"):
-        train_head(X[tr], R[va], best[va])
+        train_head(PromptRows(X[tr], R[va], best[va]))
     bad = X[tr].copy()
     bad[0, 0] = np.nan
     with pytest.raises(RouterLiteError, match="NaN"):
-        train_head(bad, R[tr], best[tr])
+        train_head(PromptRows(bad, R[tr], best[tr]))
 
 
 def test_knn_router_chooses_k_and_beats_best_single():

@@ -110,6 +110,11 @@ class Agreement:
     def __len__(self) -> int:
         return len(self._rows)
 
+    @property
+    def graders(self) -> np.ndarray:
+        """Each row's grader (object array), in row order."""
+        return np.asarray(self._s["graders"], dtype=object)[self._rows]
+
     def __getitem__(self, m) -> Agreement:
         return Agreement([], [], _store=self._s, _rows=self._rows[m])
 

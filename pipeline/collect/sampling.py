@@ -285,11 +285,22 @@ def ratio_costs(base_costs: np.ndarray, y_cost: np.ndarray, sample: np.ndarray, 
     return out
 
 
-def estimate_agent(base_rewards: np.ndarray, base_costs: np.ndarray, sources, y: np.ndarray, y_cost: np.ndarray,
-                   sample: np.ndarray, model: str = "logistic", emb: np.ndarray | None = None, boot: int = 200,
-                   seed: int = 0) -> AgentEstimate:
+@dataclass(frozen=True)
+class Existing:
+    """The existing agents' matrix a new agent is estimated against: rewards and costs (n, K_base), each task's
+    source and, optionally, its prompt embedding (the logistic model's features)."""
+
+    rewards: np.ndarray
+    costs: np.ndarray
+    sources: object
+    emb: np.ndarray | None = None
+
+
+def estimate_agent(existing: Existing, y: np.ndarray, y_cost: np.ndarray, sample: np.ndarray,
+                   model: str = "logistic", boot: int = 200, seed: int = 0) -> AgentEstimate:
     """The new agent's quality (mean reward over every task) and cost from its rewards `y` / costs `y_cost` on the
     `sample` rows only (other rows of y are never read), with 95 % bootstrap intervals (module docstring)."""
+    base_rewards, base_costs, sources, emb = existing.rewards, existing.costs, existing.sources, existing.emb
     n = len(y)
     srcs = np.asarray([str(s) for s in sources])
     sample = np.asarray(sample, dtype=int)
@@ -377,18 +388,30 @@ def base_rewards_of(calls, tasks, agents: list[str]) -> np.ndarray:
     return np.where(np.isnan(B), col_mean[None, :], B)
 
 
-def collect_with_sample(tasks, agents, base_names, repetition: int, call_log, client_for, settings,
-                        sample: NewAgentSample, rest=(), budget=None):
-    """The collection of one partition (one source x repetition) with new agents on a sample: the existing agents
-    (`base_names`) on every task first, then each new agent on `choose_sample`'s tasks (chosen from the existing
-    agents' rewards just collected) and the tasks the log already holds for it, or on every task when it is in
-    `rest` (reports/new_agents.json: the decision said it may join, or `complete: all`). Returns (graded calls,
-    {new agent: tasks it was asked}). With the setting off, no new agent or no existing one, it is the plain
-    collection (every agent on every task)."""
+@dataclass(frozen=True)
+class NewAgents:
+    """Which agents of a pool are new and how they are asked: the existing agents' names (`base_names`, the rest
+    are new), the sample setting, and the new agents asked on every task anyway (`rest`, reports/new_agents.json:
+    the decision said they may join, or `complete: all`)."""
+
+    base_names: object
+    sample: NewAgentSample
+    rest: object = ()
+
+
+def collect_with_sample(tasks, agents, plan: NewAgents, repetition: int, call_log, client_for, settings,
+                        budget=None):
+    """The collection of one partition (one source x repetition) with new agents on a sample (`plan`): the existing
+    agents on every task first, then each new agent on `choose_sample`'s tasks (chosen from the existing agents'
+    rewards just collected) and the tasks the log already holds for it, or on every task when it is in `plan.rest`.
+    Returns (graded calls, {new agent: tasks it was asked}). With the setting off, no new agent or no existing one,
+    it is the plain collection (every agent on every task)."""
     import pandas as pd
 
     from pipeline.collect.call_log import call_key
     from pipeline.collect.calls import run_collect
+
+    base_names, sample, rest = plan.base_names, plan.sample, plan.rest
 
     base_set = set(base_names)
     base = [a for a in agents if a.name in base_set]
@@ -436,8 +459,8 @@ def complete_matrix(rows, sources, sampled: list[str], sample: NewAgentSample, e
         obs = np.flatnonzero(~mask[:, j])
         if not mask[:, j].any() or not len(obs):
             continue  # collected in full (or never: left to the completeness check)
-        est = estimate_agent(R[:, base_idx], C[:, base_idx], srcs, R[:, j], C[:, j], obs, model=sample.model, emb=emb,
-                             boot=sample.boot, seed=sample.seed)
+        est = estimate_agent(Existing(R[:, base_idx], C[:, base_idx], srcs, emb), R[:, j], C[:, j], obs,
+                             model=sample.model, boot=sample.boot, seed=sample.seed)
         dec = frontier_decision(R[:, base_idx].mean(axis=0), C[:, base_idx].mean(axis=0), est, sample.confidence)
         R[:, j] = np.where(mask[:, j], est.p_task, R[:, j])
         C[:, j] = np.where(mask[:, j], est.c_task, C[:, j])

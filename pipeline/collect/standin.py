@@ -137,9 +137,11 @@ class OpenRouterStandIn:
     """The stand-in's logic (no sockets): `handle(method, path, headers, body)` -> (status, headers, body or chunks).
     `serve()` puts it on a loopback port."""
 
+    provider = "StandIn"  # the upstream provider name its replies and errors carry
+
     def __init__(self, models: list[str], tasks: Iterable[dict] = (), *, key: str | None = None,
                  faults: dict | None = None, prices: dict[str, tuple[float, float]] | None = None, seed: int = 0,
-                 latency_ms: float = 0.0, provider: str = "StandIn", price_factor: float = 1.0):
+                 latency_ms: float = 0.0, price_factor: float = 1.0):
         if not models:
             raise RouterLiteError("the stand-in needs at least one model id")
         self.models = list(models)
@@ -148,7 +150,6 @@ class OpenRouterStandIn:
         self.prices = dict(prices or {})
         self.seed = seed
         self.latency_ms = float(latency_ms)
-        self.provider = provider
         self.price_factor = float(price_factor)
         self.tasks: dict[str, Task] = {}
         for row in tasks:

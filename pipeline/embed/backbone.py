@@ -28,6 +28,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,27 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """How a `Backbone` runs, beside what it computes (the same embeddings up to its precision).
+
+    batch_size: prompts per forward pass.
+    backend: ``"auto"`` (OpenVINO for mean pooling on the CPU, else torch), ``"torch"``, ``"openvino"`` or
+        ``"onnx"`` (ONNX Runtime float32). A fast backend that cannot be used (package missing, export or compile
+        failing, output not matching torch) falls back to torch with one warning line.
+    export_dir: where the ONNX export and compiled blobs are cached (default ``$ROUTER_LITE_HOME/backbones``).
+    threads: CPU threads of the OpenVINO / ONNX Runtime backend (None: the runtime's default, all cores); one of
+        several server worker processes sharing the cores takes its share.
+    log_every: log progress every this many batches (``logging`` logger ``pipeline.embed.backbone``).
+    """
+
+    batch_size: int = 64
+    backend: str = "auto"
+    export_dir: str | os.PathLike | None = None
+    threads: int | None = None
+    log_every: int = 10
+
+
 class Backbone:
     """A frozen embedding model: ``encode(prompts) -> (n, dim) float32``, rows L2-normalised.
 
@@ -127,17 +149,10 @@ class Backbone:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (``resources.backbone`` resolves "auto").
         dtype: ``"auto"`` (float16 on CUDA, float32 elsewhere), ``"float32"``, ``"float16"``, ``"bfloat16"``
             (bfloat16 on CPU runs under autocast: fast on CPUs with AMX/AVX512-BF16).
-        batch_size: prompts per forward pass.
         max_seq_length: tokens kept per prompt (longer prompts are truncated at the end).
         revision: hub revision (branch, tag or commit); None = the default branch / whatever the cache holds.
         padding_side: override the tokenizer's padding side for last-token pooling (None keeps its default).
-        log_every: log progress every this many batches (``logging`` logger ``pipeline.embed.backbone``).
-        backend: ``"auto"`` (OpenVINO for mean pooling on the CPU, else torch), ``"torch"``, ``"openvino"`` or
-            ``"onnx"`` (ONNX Runtime float32). A fast backend that cannot be used (package missing, export or
-            compile failing, output not matching torch) falls back to torch with one warning line.
-        export_dir: where the ONNX export and compiled blobs are cached (default ``$ROUTER_LITE_HOME/backbones``).
-        threads: CPU threads of the OpenVINO / ONNX Runtime backend (None: the runtime's default, all cores); one
-            of several server worker processes sharing the cores takes its share.
+        runtime: batch size, backend, export directory, threads, progress lines (`Runtime`).
 
     ``key`` names the embedding function: model id, content fingerprint (hub commit, config/tokenizer content,
     weight file names and sizes), pooling and max_seq_length (a head trained on one backend serves on another).
@@ -146,9 +161,11 @@ class Backbone:
     """
 
     def __init__(self, model: str | os.PathLike | None = None, pooling: str = "mean", device: str = "cpu",
-                 dtype: str = "auto", batch_size: int = 64, max_seq_length: int = 256,
-                 revision: str | None = None, padding_side: str | None = None, log_every: int = 10,
-                 backend: str = "auto", export_dir: str | os.PathLike | None = None, threads: int | None = None):
+                 dtype: str = "auto", max_seq_length: int = 256, revision: str | None = None,
+                 padding_side: str | None = None, runtime: Runtime | None = None):
+        rt = runtime or Runtime()
+        batch_size, log_every, backend, export_dir, threads = (rt.batch_size, rt.log_every, rt.backend,
+                                                               rt.export_dir, rt.threads)
         if pooling not in POOLINGS:
             raise RouterLiteError(f"Backbone pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         if int(batch_size) < 1:

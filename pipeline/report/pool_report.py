@@ -21,6 +21,8 @@ Rows described: the development rows (train + validation, never test or out-of-d
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 
@@ -28,7 +30,10 @@ from pipeline.collect.quality import quarantine_markdown
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.value import label_router_picks
+
+log = logging.getLogger(__name__)
 
 DOMAIN_COLUMNS = ("source", "category", "domain")
 WARNING = "routing can pay here on cost, not on quality"
@@ -120,6 +125,7 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
     label = np.empty(n, np.int64)
     knn = np.empty(n, np.int64)
     single = np.empty(n, np.int64)
+    progress = phase_progress("pool report: routable headroom", "folds", log)
     for k in range(folds):
         tr, te = f != k, f == k
         bs = int(np.argmax(R[tr].mean(axis=0)))
@@ -130,6 +136,7 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
             carve = validation_slice(ids)
             Xt, Rt = X[tr], R[tr]
             knn[te] = KnnRouter().fit(Xt[~carve], Rt[~carve], Xt[carve], Rt[carve]).pick(X[te])
+        progress(k + 1, folds)
     rows = np.arange(n)
     base = R[rows, single]
     out = {"folds": folds, "n": n, "best_single_cv": float(base.mean()),
@@ -144,9 +151,10 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
 
 def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.ndarray, split: np.ndarray,
                 X: np.ndarray | None = None, difficulty: np.ndarray | None = None,
-                domain_name: str | None = None, costs_estimated: bool | None = None) -> dict:
-    """The whole report (JSON-safe) on the development rows; the headroom on the training rows only.
-    `costs_estimated` (`rewards.costs_are_estimated`) only labels the cost column."""
+                domain_name: str | None = None) -> dict:
+    """The whole report (JSON-safe) on the development rows; the headroom on the training rows only. Its
+    `costs_estimated` (None here) is the caller's to set (`rewards.costs_are_estimated`): it only labels the cost
+    column."""
     split = np.asarray(split, dtype=object)
     dev = np.isin(split, ["train", "validation"])
     tr = split == "train"
@@ -159,7 +167,7 @@ def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.nda
     v = verdict(lead, R[dev], agents)
     by_domain = group_table(R[dev], C[dev], domains[dev], agents)
     rep = {"domain_column": domain_name, "n_rows": int(dev.sum()), "verdict": v, "leaders": lead,
-           "costs_estimated": costs_estimated,
+           "costs_estimated": None,
            "by_domain": by_domain.to_dict("records"),
            "overall": group_table(R[dev], C[dev], np.full(int(dev.sum()), "all", dtype=object),
                                   agents).to_dict("records"),

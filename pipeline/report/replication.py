@@ -19,7 +19,7 @@ from pipeline.report.suites import Profile
 from pipeline.route.cluster import ClusterRouter
 from pipeline.route.fit import validation_slice
 from pipeline.route.knn import KnnRouter
-from pipeline.route.train import TrainConfig, lambda_sweep, sweep_points, train_head
+from pipeline.route.train import PromptRows, TrainConfig, lambda_sweep, sweep_points, train_head
 
 
 def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -> tuple[pd.DataFrame, dict]:
@@ -32,8 +32,8 @@ def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -
         train = train & ~val
     Q, C = profile.quality, profile.cost
     best = Q >= Q.max(axis=1, keepdims=True) - 1e-12
-    head, _ = train_head(X[train], Q[train], best[train], X[val], Q[val], best[val], cfg or TrainConfig(),
-                         agents=profile.models)
+    rows = PromptRows(X, Q, best, C)
+    head, _ = train_head(rows.take(train), rows.take(val), cfg or TrainConfig(), profile.models)
     knn = KnnRouter(agents=profile.models).fit(X[train], Q[train], X[val], Q[val])
     cluster = ClusterRouter(agents=profile.models).fit(X[train], Q[train], X[val], Q[val], best[train], best[val])
     policies = baseline_policies(Q[test], C[test], Q[train | val], profile.models)
@@ -43,8 +43,7 @@ def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -
         policies["label router (per source)"] = label_scores(Q[train], labels[train], labels[test])
     # the head's own frontier, two ways (docs/training.md): its scores λ-swept, or one sep-CMA-ES head per λ trained
     # for realised reward − λ·cost; "trained head" is the one with the better validation AIQ, the other is shown too
-    sweep = lambda_sweep(X[train], Q[train], best[train], C[train], X[val], Q[val], best[val], C[val],
-                         cfg or TrainConfig(), profile.models)
+    sweep = lambda_sweep(rows.take(train), rows.take(val), cfg or TrainConfig(), profile.models)
     span = cost_span(Q[val], C[val])
     lam_kept = aiq(sweep_points(sweep, X[val], Q[val], C[val]), *span) >= \
         aiq(policy_points(head.scores(X[val]), Q[val], C[val]), *span)

@@ -4,6 +4,8 @@ come from pipeline/route/value.py (the value and cost scorers, `held_out_value`)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pipeline.collect.rewards import cost_per_1k_label
@@ -59,11 +61,33 @@ CASCADE_TARGET_KEYS = (*TARGET_KEYS, "quality_ratio", "quality_ratio_ci", "gain"
                        "calls_per_query", "plan")
 
 
-def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict, cascade: dict | None = None,
-                 head_validation_aiq: float | None = None, cascade_aiq: dict | None = None,
-                 cascade_benchmark: dict | None = None, backbone: dict | None = None,
-                 prompt_routers: dict | None = None, shipped: dict | None = None, imputed_cells: int = 0,
-                 head_selection: dict | None = None, arena: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class HeadFigures:
+    """What the prompt router's fit measured: its held-out value report (`value`: pipeline.route.value's), its AIQ
+    on the rows its λ path was read on, how those rows were chosen (`selection`), every prompt-only kind's figures
+    (`kinds`: `fit.extra["kinds"]`) and the kind shipped (`shipped`: `fit.extra["shipped"]`)."""
+
+    value: dict
+    validation_aiq: float | None = None
+    selection: dict | None = None
+    kinds: dict | None = None
+    shipped: dict | None = None
+
+
+@dataclass(frozen=True)
+class CascadeFigures:
+    """What the cascade's fit measured (`summary`: `CascadeFit.to_dict()`), its variants' test AIQ on the report's
+    frontier (`aiq_test`: {variant: AIQ}, else the fit's own) and the routed benchmark's summaries
+    (`benchmark`: {target: summary}, real calls through the pool)."""
+
+    summary: dict
+    aiq_test: dict | None = None
+    benchmark: dict | None = None
+
+
+def router_value(profile: str, pool_verdict: str | None, head: HeadFigures, aiq: dict,
+                 cascade: CascadeFigures | None = None, backbone: dict | None = None, imputed_cells: int = 0,
+                 arena: dict | None = None) -> dict:
     """reports/router_value.json: exactly `ROUTER_VALUE_KEYS` (costs are estimated USD per 1k queries).
 
     `backbone` ({id, backend, precision}) says what embedded the prompts: the figures move in the third or fourth
@@ -73,21 +97,22 @@ def router_value(profile: str, pool_verdict: str | None, value: dict, aiq: dict,
     with the prompt router), each with its held-out targets and test AIQ; `best_router` is the kind with the best
     validation AIQ (the held-out rows choose nothing). `targets` / `max_quality` stay the head's (prompt-only).
 
-    `prompt_routers` holds every prompt-only kind's max-quality figures (`fit.extra["kinds"]`: validation reward, the
-    choice; test reward with its paired gain over the best single agent, the report) and `shipped_prompt_router`
-    the one the lineage shipped (`fit.extra["shipped"]`: {kind, validation, test}; kind "best_single" when the ship
-    gate refused the chosen kind).
+    `prompt_routers` holds every prompt-only kind's max-quality figures (`head.kinds`) and `shipped_prompt_router`
+    the one the lineage shipped (`head.shipped`; kind "best_single" when the ship gate refused the chosen kind).
 
     `imputed_cells`: reward-matrix cells estimated, not collected (new agents asked on a sample,
     `collection.new_agent_sample`; 0 for a fully collected matrix). Each router's `selection` says how its operating
     points (and `aiq_validation`) were chosen: {"method": "validation", "rows"} on the validation split, or {"method":
     "crossfit", "folds", "seed", "rows"} on pooled out-of-fold outcomes over train + validation. `router_arena`:
     RouterArena's measures (`arena`, the `router_arena` asset: pipeline/report/arena.py), None when not measured."""
+    value, prompt_routers, shipped = head.value, head.kinds, head.shipped
+    cascade_aiq, cascade_benchmark, cascade = (cascade.aiq_test, cascade.benchmark, cascade.summary) if cascade \
+        else (None, None, None)
     mq = value["targets"]["max-quality"]
     lr = value.get("label_router")
     bc = value["best_single"]["cost_per_1k"]
-    routers = {"head": {"aiq_validation": head_validation_aiq, "aiq_test": aiq.get("head"),
-                        "selection": head_selection or {"method": "validation"},
+    routers = {"head": {"aiq_validation": head.validation_aiq, "aiq_test": aiq.get("head"),
+                        "selection": head.selection or {"method": "validation"},
                         "targets": {name: {**{k: t[k] for k in TARGET_KEYS},
                                            "quality_ratio": t["quality"] / value["best_single"]["quality"]
                                            if value["best_single"]["quality"] else None,

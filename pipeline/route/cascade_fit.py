@@ -23,14 +23,18 @@ gain over the best single agent is > 0, else the best single agent. z is measure
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 
 import numpy as np
 
+from pipeline.core.progress import phase_progress
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policies
 from pipeline.route.targets import bootstrap_mean_ci
+from pipeline.route.train import Selection
 
+log = logging.getLogger(__name__)
 GUARD_Z = 1.0
 MAX_QUALITY_CONFIDENCE_Z = 1.2816  # one-sided 90 %
 CHEAP_POOL = 5  # cheap-stage agents are drawn from this many of the cheapest agents
@@ -137,15 +141,14 @@ def outcome_stats(reward: np.ndarray, cost: np.ndarray, by: np.ndarray, n_calls:
             "calls_per_query": float(n_calls.mean())}
 
 
-def cascade_path(plans: list[Plan], R, C, E, order, P, graders, best: int, agents: list[str],
-                 guard_z: float = GUARD_Z) -> dict:
-    """The operating path on these (validation) rows: one point per plan (`as_path`)."""
+def cascade_path(plans: list[Plan], rows: Rows, order, best: int, agents: list[str], guard_z: float = GUARD_Z) -> dict:
+    """The operating path on these (validation) `rows`: one point per plan (`as_path`)."""
     pts = []
     for plan in plans:
-        o = run_plan(plan, R, C, E, order, P, graders)
+        o = run_plan(plan, rows.R, rows.C, rows.E, order, rows.P, rows.graders)
         pts.append({"plan": plan.to_dict(agents), "describe": plan.describe(agents),
-                    **outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, R[:, best], agents)})
-    return as_path(pts, best, agents, guard_z, len(R))
+                    **outcome_stats(o.reward, o.cost, o.answered_by, o.n_calls, rows.R[:, best], agents)})
+    return as_path(pts, best, agents, guard_z, len(rows.R))
 
 
 def as_path(pts: list[dict], best: int, agents: list[str], guard_z: float, n_rows: int,
@@ -189,9 +192,19 @@ def fit_cascade(train: Rows, validation: Rows, best: int, agents: list[str],
     """(the train frontier plans, their validation path, agent preference); rows without P: cascade only."""
     order = preference(train.R)
     plans = fit_plans(train.R, train.C, train.E, train.P, train.graders, order, best)
-    v = validation
-    path = cascade_path(plans, v.R, v.C, v.E, order, v.P, v.graders, best, agents, guard_z)
+    path = cascade_path(plans, validation, order, best, agents, guard_z)
     return plans, path, order
+
+
+class _Steps:
+    """Counts a phase's steps into its progress line (`pipeline.core.progress.phase_progress`)."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        self.progress(self.done, self.total)
 
 
 def plan_at(points: np.ndarray, lam: float) -> int:
@@ -202,7 +215,8 @@ def plan_at(points: np.ndarray, lam: float) -> int:
     return int(ok[np.argmin(points[ok, 0])])
 
 
-def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selection: dict, p_of=None) -> list[dict]:
+def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selection: Selection, p_of=None,
+              progress=None) -> list[dict]:
     """Per cross-fitting fold (pipeline.route.select.dev_folds): the plans fitted on the other folds' rows (with the
     prompt router's predicted success refitted there by `p_of(train_rows, val_rows)` when the rows carry one), their
     (mean cost, mean reward) on those rows, the agent preference, the held rows."""
@@ -211,12 +225,14 @@ def fold_fits(rows: Rows, train: np.ndarray, val: np.ndarray, best: int, selecti
     from pipeline.route.select import dev_folds
 
     out = []
-    for held, t, v in dev_folds(train, val, selection.get("folds", 5), selection.get("seed", 0)):
+    for held, t, v in dev_folds(train, val, selection.folds, selection.seed):
         r = rows if rows.P is None or p_of is None else replace(rows, P=p_of(t, v))
         fit = r.take(t | v)
         order = preference(fit.R)
         plans = fit_plans(fit.R, fit.C, fit.E, fit.P, fit.graders, order, best)
         out.append({"held": held, "rows": r, "order": order, "plans": plans, "points": test_points(plans, fit, order)})
+        if progress is not None:
+            progress()
     return out
 
 
@@ -339,32 +355,36 @@ class CascadeFit:
         return asdict(self)
 
 
-def fit_cascades(R: np.ndarray, C: np.ndarray, E: np.ndarray, P: np.ndarray | None, graders, masks: dict,
-                 best: int, agents: list[str], targets, guard_z: float = GUARD_Z, selection: dict | None = None,
-                 p_of=None) -> CascadeFit:
-    """Both variants fitted on train, pathed on validation (or, with `selection` {"method": "crossfit", "folds",
-    "seed"}, on the pooled out-of-fold outcomes over train + validation: `fold_fits`, `crossfit_path`; `p_of`
-    refits the prompt router's predicted success per fold) and scored on the held-out rows; `chosen` is the variant
-    with the higher AIQ on the rows its path was read on (the held-out rows choose nothing). Zero API calls: R, C,
-    E, P are the matrix."""
+def fit_cascades(matrix: Rows, masks: dict, best: int, agents: list[str], targets, guard_z: float = GUARD_Z,
+                 selection: Selection | None = None, p_of=None) -> CascadeFit:
+    """Both variants fitted on train, pathed on validation (or, with a cross-fitting `selection`, on the pooled
+    out-of-fold outcomes over train + validation: `fold_fits`, `crossfit_path`; `p_of` refits the prompt router's
+    predicted success per fold) and scored on the held-out rows; `chosen` is the variant with the higher AIQ on the
+    rows its path was read on (the held-out rows choose nothing). Zero API calls: the `matrix` (R, C, E, P,
+    graders; P None: no combined variant) is the static matrix."""
+    from dataclasses import replace
+
     from pipeline.route.frontier import aiq, cost_span
 
+    R, C, P = matrix.R, matrix.C, matrix.P
     tr, va, te = masks["train"], masks["validation"], masks["held_out"]
-    cross = (selection or {}).get("method") == "crossfit" and bool(va.any())
+    cross = selection is not None and selection.crossfit and bool(va.any())
     if not va.any():
         va = tr  # no validation rows: the path is read on train (said in the summary)
     read = (tr | va) if cross else va
     span_va, span_te = cost_span(R[read], C[read]), cost_span(R[te], C[te])
-    out = CascadeFit({}, int(va.sum()), guard_z, selection={**selection, "rows": int(read.sum())} if cross
-                     else {"method": "validation", "rows": int(va.sum())})
-    for variant in VARIANTS:
+    out = CascadeFit({}, int(va.sum()), guard_z, selection=selection.as_dict(read.sum()) if cross
+                     else Selection().as_dict(va.sum()))
+    variants = [v for v in VARIANTS if v != "combined" or P is not None]
+    steps = _Steps(phase_progress("cascade search", "fits", log), len(variants) * (1 + (selection.folds if cross
+                                                                                     else 0)))
+    for variant in variants:
         use_p = variant == "combined"
-        if use_p and P is None:
-            continue
-        rows = Rows(R, C, E, P if use_p else None, np.asarray(graders, dtype=object))
+        rows = replace(matrix, P=P if use_p else None, graders=np.asarray(matrix.graders, dtype=object))
         plans, path, order = fit_cascade(rows.take(tr), rows.take(va), best, agents, guard_z=guard_z)
+        steps()
         if cross:
-            folds = fold_fits(rows, tr, va, best, selection, p_of)
+            folds = fold_fits(rows, tr, va, best, selection, p_of, steps)
             path = crossfit_path(plans, test_points(plans, rows.take(tr), order), folds, best, agents, guard_z,
                                  out.selection)
         test = rows.take(te)
@@ -388,29 +408,25 @@ def success_refit(scorer, X: np.ndarray, U: np.ndarray):
     return p_of
 
 
-def selection_of(train_config: dict | None) -> dict:
-    """The cascade's operating-point selection from a TrainConfig dict (`operating_points`, `folds`, `fold_seed`)."""
+def selection_of(train_config: dict | None) -> Selection:
+    """The operating-point selection of a stored TrainConfig dict (`operating_points`, `folds`, `fold_seed`;
+    `TrainConfig.selection` of the config itself): an old lineage's config without them chose on validation."""
     tc = train_config or {}
-    return {"method": tc.get("operating_points", "validation"), "folds": int(tc.get("folds", 5)),
-            "seed": int(tc.get("fold_seed", 0))}
+    return Selection(tc.get("operating_points", "validation"), int(tc.get("folds", 5)), int(tc.get("fold_seed", 0)))
 
 
-def fit_cascade_router(arrays, answers: list[list[str | None]], graders, X: np.ndarray, fallback, scorer, best: int,
-                       targets=None, grading=None, stats: dict | None = None,
-                       selection: dict | None = None) -> tuple[CascadeRouter, CascadeFit]:
-    """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agents' recorded
-    `answers` (n rows of K, agent order) and each row's `graders`, falling back on the prompt router `fallback` whose
-    value `scorer` gives the predicted success: (the router of the chosen variant, `fit_cascades`' result). The
-    `cascade_router` asset and `router-lite train` call it. `grading` (pipeline.collect.bounded.Budget, default its
-    default) bounds each comparison of two answers; `stats` gets the comparisons left without a verdict;
-    `selection` (`selection_of`): how the operating points are chosen (None: on validation)."""
-    from pipeline.collect.answers import Agreement
+def fit_cascade_router(arrays, agreement, X: np.ndarray, fallback, scorer, best: int, targets=None,
+                       selection: Selection | None = None) -> tuple[CascadeRouter, CascadeFit]:
+    """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agreement of the
+    agents' recorded answers (`agreement`: pipeline.collect.answers.Agreement, lazy, with each row's grader and the
+    grading budget), falling back on the prompt router `fallback` whose value `scorer` gives the predicted success:
+    (the router of the chosen variant, `fit_cascades`' result). The `cascade_router` asset and `router-lite train`
+    call it. `selection` (`TrainConfig.selection`, `selection_of`): how the operating points are chosen (None: on
+    validation)."""
     from pipeline.route.targets import REPORT_TARGETS
 
-    graders = np.asarray(graders, dtype=object)
-    E = Agreement(answers, graders.tolist(), budget=grading, stats=stats)  # lazy: only the pairs the plans read
     U = arrays.R_eff
-    fit = fit_cascades(U, arrays.C, E, scorer.scores(X), graders, arrays.masks, best, arrays.agents,
-                       REPORT_TARGETS if targets is None else targets, selection=selection,
-                       p_of=success_refit(scorer, X, U))
+    matrix = Rows(U, arrays.C, agreement, scorer.scores(X), agreement.graders)
+    fit = fit_cascades(matrix, arrays.masks, best, arrays.agents, REPORT_TARGETS if targets is None else targets,
+                       selection=selection, p_of=success_refit(scorer, X, U))
     return CascadeRouter(fallback, fit.best.path, fit.best.order, arrays.agents), fit

@@ -14,22 +14,7 @@ import numpy as np
 
 from pipeline.route.cascade import Outcome, Plan, run_plan
 from pipeline.route.targets import REPORT_TARGETS, resolve
-from pipeline.route.value import target_picks
-
-
-@dataclass(frozen=True)
-class PromptParts:
-    """What a prompt router's decisions need: the shipped router, its guard, the value and cost scorers and the
-    operating path its targets resolve on, the best single agent (the guard's fallback), the agents' mean training
-    costs (the cost term without a cost scorer)."""
-
-    router: object
-    guard: object
-    scorer: object
-    cost_scorer: object
-    path: dict
-    best: int
-    agent_cost: np.ndarray
+from pipeline.route.value import PromptParts, target_picks  # PromptParts: the prompt router's bundle
 
 
 def head_pick(parts: PromptParts, X: np.ndarray) -> np.ndarray:
@@ -43,8 +28,7 @@ def head_decisions(parts: PromptParts, X: np.ndarray, targets=REPORT_TARGETS) ->
     base = head_pick(parts, X)
     out = {}
     for name in targets:
-        picks, point = target_picks(name, parts.path, X, base, parts.scorer, parts.agent_cost, parts.guard,
-                                    parts.best, parts.cost_scorer)
+        picks, point = target_picks(name, parts, X, base)
         out[point["target"]] = np.asarray(picks, dtype=np.int64)
     return out
 

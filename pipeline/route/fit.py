@@ -9,6 +9,7 @@ and the held-out metrics use only `pick`, so either (or a new type) can be measu
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -16,6 +17,7 @@ import pandas as pd
 
 from pipeline.collect.rewards import costs_are_estimated, effective_rewards, to_arrays
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.head import Head
@@ -26,7 +28,10 @@ from pipeline.route.select import (
     choose_router,
     kind_figures,
 )
+from pipeline.route.targets import PathRows
 from pipeline.route.train import (
+    PromptRows,
+    Selection,
     TrainConfig,
     best_single_agent,
     lambda_sweep,
@@ -34,6 +39,7 @@ from pipeline.route.train import (
     train_head,
 )
 
+log = logging.getLogger(__name__)
 KIND_ROLE = "kind_"  # a FittedRouter companion "kind_<kind>": a prompt-only kind as fitted, for the report
 
 
@@ -86,6 +92,23 @@ class RewardArrays:
     def R_eff(self) -> np.ndarray:
         """Rewards the router is fitted on (pipeline.collect.rewards.effective_rewards)."""
         return effective_rewards(self.R, self.B)
+
+    def prompt_rows(self, X: np.ndarray) -> PromptRows:
+        """The rows with their prompt embeddings X (in row order): what a prompt router is fitted on."""
+        return PromptRows(X, self.R, self.B, self.C)
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """The prompt routers `fit_router` settled on: the trained head (its scorers set the operating points), the
+    router shipped (the chosen kind, or the constant best single agent when the ship gate refused it), the OOD
+    guard, the best single agent and the shipped kind's out-of-fold picks (None: not cross-fitted, or refused)."""
+
+    trained: Head
+    router: Router
+    guard: OODGuard
+    best: int
+    oof_picks: np.ndarray | None = None
 
 
 def training_split(rewards: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
@@ -173,13 +196,12 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     cfg = cfg or TrainConfig()
     if cost_lambda:
         cfg = replace(cfg, cost_lambda=cost_lambda)
-    head, curve = train_head(X[tr], R[tr], B[tr], X[va] if has_val else None, R[va] if has_val else None,
-                             B[va] if has_val else None, cfg, cost_train=C[tr], cost_val=C[va] if has_val else None,
-                             agents=agents)
+    rows = arrays.prompt_rows(X)
+    head, curve = train_head(rows.take(tr), rows.take_any(va), cfg, agents)
     best = best_single_agent(R[tr], B[tr])
     trained = head
     # every prompt kind fitted and reported, one shipped (pipeline/route/select.py); the head sets the operating points
-    routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, agents, X, R, B, C, tr, va)
+    routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, arrays, X)
     head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
@@ -212,25 +234,26 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                         "selection": "crossfit" if crossfit else "validation",
                         "validation": gate.get("head_validation") if gate["shipped"] == "head"
                         else gate.get("best_single_validation"), "test": metrics["head"]}
-    value = operating_points(trained, head, guard, X, R, B, C, m, best, agents, labels, picks, knn_picks, cfg,
-                             (oof or {}).get(chosen) if gate["shipped"] == "head" else None)
+    shipped = Shipped(trained, head, guard, best, (oof or {}).get(chosen) if gate["shipped"] == "head" else None)
+    value = operating_points(arrays, X, shipped, labels, picks, knn_picks, cfg)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
-        extra["head_sweep"] = head_sweep(X, R, B, C, m, cfg, agents, score_head=head)
+        extra["head_sweep"] = head_sweep(arrays, X, cfg, score_head=head)
     return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, value.pop("scorer"),
                      value.pop("cost_scorer"), value.pop("path"), value, knn=knn, kinds=dict(routers))
 
 
-def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_head: Router | None = None) -> dict:
+def head_sweep(arrays: RewardArrays, X: np.ndarray, cfg: TrainConfig, score_head: Router | None = None) -> dict:
     """λ-trained heads' (cost, quality) points on validation and held-out rows, with their AIQ over each split's
     individual cost span (pipeline/route/frontier.py); with `score_head`, also the validation AIQ of that head's
     score sweep and `kept`: the better of the two on validation (the frontier's "trained head")."""
     from pipeline.route.frontier import aiq, cost_span, policy_points
 
+    R, B, C, m = arrays.R, arrays.B, arrays.C, arrays.masks
     tr, va, te = m["train"], m["validation"], m["held_out"]
     has_val = bool(va.any())
-    heads = lambda_sweep(X[tr], R[tr], B[tr], C[tr], X[va] if has_val else None, R[va] if has_val else None,
-                         B[va] if has_val else None, C[va] if has_val else None, cfg, agents)
+    rows = arrays.prompt_rows(X)
+    heads = lambda_sweep(rows.take(tr), rows.take_any(va), cfg, arrays.agents)
     out = {"lambdas": [lam for lam, _ in heads]}
     for name, rows in (("validation", va if has_val else tr), ("test", te)):
         R_eff = effective_rewards(R[rows], B[rows])
@@ -246,26 +269,25 @@ def head_sweep(X, R, B, C, m: dict, cfg: TrainConfig, agents: list[str], score_h
     return out
 
 
-def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, m: dict, best: int, agents,
-                     labels, picks_te, knn_picks_te, cfg: TrainConfig | None = None,
-                     oof_picks: np.ndarray | None = None) -> dict:
+def operating_points(arrays: RewardArrays, X: np.ndarray, shipped: Shipped, labels, picks_te, knn_picks_te,
+                     cfg: TrainConfig | None = None) -> dict:
     """The value scorer, the λ path the targets resolve on (on validation, or cross-fitted: `choice_rows`) and the
     held-out value report."""
     from pipeline.route.targets import operating_path
-    from pipeline.route.value import agent_costs, fit_scorers, held_out_value, label_router_metrics
+    from pipeline.route.value import PromptParts, agent_costs, fit_scorers, held_out_value, label_router_metrics
 
+    C, m, agents, best = arrays.C, arrays.masks, arrays.agents, shipped.best
     tr, te = m["train"], m["held_out"]
-    R_eff = effective_rewards(R, B)
-    scorer, cost_scorer, info = fit_scorers(trained, X, R_eff, C, tr, m["validation"])
+    R_eff = arrays.R_eff
+    scorer, cost_scorer, info = fit_scorers(shipped.trained, X, R_eff, C, tr, m["validation"])
     cost = agent_costs(C[tr])
-    rows, pred, picks0, pick_cost, selection = choice_rows(trained, shipped, guard, X, R_eff, C, m, best, scorer,
-                                                           cost_scorer, cfg or TrainConfig(), oof_picks)
-    path = operating_path(pred, picks0, R_eff[rows], C[rows], cost, best, agents, pick_cost_val=pick_cost)
+    rows, selection = choice_rows(shipped, arrays, X, scorer, cost_scorer, cfg or TrainConfig())
+    path = operating_path(rows, cost, best, agents)
     path["scorer"] = info
     path["cost_model"] = "predicted per query" if cost_scorer is not None else "agent mean"
     path["selection"] = selection
-    value = held_out_value(path, X[te], R_eff[te], C[te], picks_te, scorer, cost, best, agents, guard=guard,
-                           cost_scorer=cost_scorer)
+    parts = PromptParts(shipped.router, shipped.guard, scorer, cost_scorer, path, best, cost)
+    value = held_out_value(parts, X[te], R_eff[te], C[te], picks_te, agents)
     n = np.arange(int(te.sum()))
     value["knn"] = float(R_eff[te][n, knn_picks_te].mean())
     if labels is not None:
@@ -276,27 +298,29 @@ def operating_points(trained: Head, shipped: Head, guard: OODGuard, X, R, B, C, 
     return {"scorer": scorer, "cost_scorer": cost_scorer, "path": path, **value}
 
 
-def choice_rows(trained: Head, shipped: Router, guard: OODGuard, X, R_eff, C, m: dict, best: int, scorer: Head,
-                cost_scorer: Head | None, cfg: TrainConfig, oof_picks: np.ndarray | None):
-    """The rows the targets choose their λ on, as (row mask, predicted rewards, max-quality picks, pick-time costs,
-    {"method", ...}): the validation rows with the scorers fitted on train (`operating_points: validation`, or no
-    validation rows), or every train + validation row with the predictions of the scorers fitted on the other
-    folds (`crossfit`, pipeline.route.select.dev_folds) and the shipped router's out-of-fold picks `oof_picks` (the
-    best single agent's when the ship gate refused). The test rows are never read."""
+def choice_rows(shipped: Shipped, arrays: RewardArrays, X: np.ndarray, scorer: Head, cost_scorer: Head | None,
+                cfg: TrainConfig) -> tuple[PathRows, dict]:
+    """The rows the targets choose their λ on (`PathRows`: predicted rewards, max-quality picks, rewards, costs,
+    pick-time costs) and how they were chosen ({"method", ...}): the validation rows with the scorers fitted on train
+    (`operating_points: validation`, or no validation rows), or every train + validation row with the predictions
+    of the scorers fitted on the other folds (`crossfit`, pipeline.route.select.dev_folds) and the shipped router's
+    out-of-fold picks (the best single agent's when the ship gate refused). The test rows are never read."""
     from pipeline.route.select import dev_folds
     from pipeline.route.value import agent_costs, fit_scorers, pick_costs
 
-    tr, va = m["train"], m["validation"]
-    if cfg.operating_points != "crossfit" or not va.any():
+    R_eff, C, best, sel = arrays.R_eff, arrays.C, shipped.best, cfg.selection
+    tr, va = arrays.masks["train"], arrays.masks["validation"]
+    if not sel.crossfit or not va.any():
         rows = va if va.any() else tr
-        picks0 = guard.route(shipped.pick(X[rows]), X[rows], best)
-        return (rows, scorer.scores(X[rows]), picks0, pick_costs(cost_scorer, X[rows], agent_costs(C[tr])),
-                {"method": "validation", "rows": int(rows.sum())})
+        picks0 = shipped.guard.route(shipped.router.pick(X[rows]), X[rows], best)
+        return (PathRows(scorer.scores(X[rows]), picks0, R_eff[rows], C[rows],
+                         pick_costs(cost_scorer, X[rows], agent_costs(C[tr]))), Selection().as_dict(rows.sum()))
     pred, pick_cost = np.zeros(R_eff.shape), np.zeros(R_eff.shape)
-    for held, t, v in dev_folds(tr, va, cfg.folds, cfg.fold_seed):
-        s, cs, _ = fit_scorers(trained, X, R_eff, C, t, v)
+    progress = phase_progress("operating points: cross-fitted scorers", "folds", log)
+    for f, (held, t, v) in enumerate(dev_folds(tr, va, sel.folds, sel.seed)):
+        s, cs, _ = fit_scorers(shipped.trained, X, R_eff, C, t, v)
         pred[held], pick_cost[held] = s.scores(X[held]), pick_costs(cs, X[held], agent_costs(C[t]))
+        progress(f + 1, int(sel.folds))
     rows = tr | va
-    picks0 = np.full(int(rows.sum()), best) if oof_picks is None else oof_picks[rows]
-    return (rows, pred[rows], picks0, pick_cost[rows],
-            {"method": "crossfit", "folds": int(cfg.folds), "seed": int(cfg.fold_seed), "rows": int(rows.sum())})
+    picks0 = np.full(int(rows.sum()), best) if shipped.oof_picks is None else shipped.oof_picks[rows]
+    return PathRows(pred[rows], picks0, R_eff[rows], C[rows], pick_cost[rows]), sel.as_dict(rows.sum())

@@ -179,11 +179,30 @@ def _digest(router: Router, guard: OODGuard, scorer: Head | None, cost_scorer: H
                         json.dumps([*settings, *settings_after], sort_keys=True, default=str))
 
 
-def register(root: Path, router: Router, guard: OODGuard, best_single: int, *, backbone: dict, agents: list[dict],
-             training: dict, data_hashes: dict, metrics: dict, scorer: Head | None = None,
-             operating_points: dict | None = None, cost_scorer: Head | None = None) -> Path:
-    """Write `router` (any registered kind) under `root/<name>/` (atomically: temp dir, then rename) and
-    return that directory."""
+@dataclass(frozen=True)
+class PromptFit:
+    """What an entry carries of the prompt router's fit, whatever kind it registers: the OOD guard, the best single
+    agent (index), the value and cost scorers and the operating points (None: a router without targets)."""
+
+    guard: OODGuard
+    best_single: int
+    scorer: Head | None = None
+    cost_scorer: Head | None = None
+    operating_points: dict | None = None
+
+    @classmethod
+    def of(cls, fitted) -> PromptFit:
+        """The parts of a prompt router's fit `fitted` (pipeline.route.fitted.FittedRouter)."""
+        return cls(fitted.guard, fitted["best_single"], fitted.companions.get("scorer"),
+                   fitted.companions.get("cost_scorer"), fitted["operating_points"])
+
+
+def register(root: Path, router: Router, prompt: PromptFit, *, backbone: dict, agents: list[dict], training: dict,
+             data_hashes: dict, metrics: dict) -> Path:
+    """Write `router` (any registered kind) with the `prompt` router's guard, scorers and operating points under
+    `root/<name>/` (atomically: temp dir, then rename) and return that directory."""
+    guard, best_single, scorer, cost_scorer = prompt.guard, prompt.best_single, prompt.scorer, prompt.cost_scorer
+    operating_points = prompt.operating_points
     kind = getattr(router, "kind", None)
     if ROUTER_TYPES.get(kind) is not type(router):
         raise RouterLiteError(f"{type(router).__name__} is not a registered router type (kind {kind!r}; known kinds: "
@@ -247,10 +266,9 @@ def register_fitted(root: Path, router: Router, fitted, *, backbone: dict, train
     pipeline.route.fitted.FittedRouter) carries: OOD guard, best single agent, value and cost scorers, operating
     points. `backbone`: `Backbone.manifest_fields`; `models`: agent name -> model it calls (default: the name)."""
     models = models or {}
-    return register(root, router, fitted.guard, fitted["best_single"], backbone=backbone,
+    return register(root, router, PromptFit.of(fitted), backbone=backbone,
                     agents=[{"name": a, "model": models.get(a, a)} for a in router.agents], training=training,
-                    data_hashes=data_hashes, metrics=metrics, scorer=fitted.companions.get("scorer"),
-                    operating_points=fitted["operating_points"], cost_scorer=fitted.companions.get("cost_scorer"))
+                    data_hashes=data_hashes, metrics=metrics)
 
 
 def _check_manifest(mf: Path, m) -> None:

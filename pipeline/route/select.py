@@ -20,14 +20,19 @@ router's validation gain over the best single agent be significant.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.routers import Router
+from pipeline.route.train import PromptRows, Selection
 
 AUTO = "auto"
+log = logging.getLogger(__name__)
 
 
 FIT_PARAMS = ("X_train", "R_train", "X_val", "R_val", "best_train", "best_val")
@@ -48,20 +53,21 @@ def candidate_kinds() -> list[str]:
     return ["head", *(k for k in router_kinds() if k != "head" and fits_from_prompts(router_class(k)))]
 
 
-def fit_kind(kind: str, agents: list[str], X_train, R_train, B_train, X_val, R_val, B_val) -> Router:
-    """A router of table kind `kind` fitted the way `KnnRouter` is (`cls(agents=...).fit(...)`)."""
+def fit_kind(kind: str, agents: list[str], train: PromptRows, val: PromptRows | None) -> Router:
+    """A router of table kind `kind` fitted the way `KnnRouter` is (`cls(agents=...).fit(...)`) on the `train` rows,
+    its hyper-parameters chosen on the `val` rows (None: none)."""
     cls = router_class(kind)
     if not fits_from_prompts(cls):
         raise RouterLiteError(f"train.router {kind!r}: router kind {cls.__name__} has no fit(X_train, R_train, X_val, "
                               f"R_val, best_train, best_val); the lineage cannot train it")
-    return cls(agents=agents).fit(X_train, R_train, X_val, R_val, B_train, B_val)
+    v = val or PromptRows(None, None)
+    return cls(agents=agents).fit(train.X, train.R, v.X, v.R, train.B, v.B)
 
 
-def fit_candidates(kinds: list[str], head: Router, agents: list[str], X_train, R_train, B_train, X_val, R_val,
-                   B_val) -> dict[str, Router]:
+def fit_candidates(kinds: list[str], head: Router, agents: list[str], train: PromptRows,
+                   val: PromptRows | None) -> dict[str, Router]:
     """{kind: fitted router}: the trained head as given, every other kind fitted the way `KnnRouter` is."""
-    return {k: head if k == "head" else fit_kind(k, agents, X_train, R_train, B_train, X_val, R_val, B_val)
-            for k in kinds}
+    return {k: head if k == "head" else fit_kind(k, agents, train, val) for k in kinds}
 
 
 def validation_rewards(routers: dict[str, Router], X_val: np.ndarray, U_val: np.ndarray) -> dict[str, float]:
@@ -104,18 +110,19 @@ def dev_folds(train: np.ndarray, val: np.ndarray, folds: int = 5, seed: int = 0)
     return out
 
 
-def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], X, R, B, train: np.ndarray, val: np.ndarray,
-                   folds: int = 5, seed: int = 0) -> dict[str, np.ndarray]:
-    """{kind: (n,) out-of-fold picks}: each development row picked by the kind fitted on the other folds (see the
-    module docstring); -1 on the other rows. `train_head_fn(rows_train, rows_val)` returns the head fitted on those
-    row masks (the lineage's trainer and config)."""
-    oof = {k: np.full(len(R), -1, np.int64) for k in kinds}
-    for held, tr, va in dev_folds(train, val, folds, seed):
+def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], rows: PromptRows, train: np.ndarray,
+                   val: np.ndarray, selection: Selection) -> dict[str, np.ndarray]:
+    """{kind: (n,) out-of-fold picks}: each development row picked by the kind fitted on the other folds
+    (`selection`'s folds and seed; see the module docstring); -1 on the other rows. `train_head_fn(rows_train,
+    rows_val)` returns the head fitted on those row masks (the lineage's trainer and config)."""
+    oof = {k: np.full(len(rows.R), -1, np.int64) for k in kinds}
+    progress = phase_progress(f"cross-fitting {len(kinds)} router kind(s)", "folds", log)
+    for f, (held, tr, va) in enumerate(dev_folds(train, val, selection.folds, selection.seed)):
         head = train_head_fn(tr, va) if "head" in kinds else None
-        routers = fit_candidates(kinds, head, agents, X[tr], R[tr], B[tr], *((X[va], R[va], B[va]) if va.any()
-                                                                              else (None,) * 3))
+        routers = fit_candidates(kinds, head, agents, rows.take(tr), rows.take_any(va))
         for k, r in routers.items():
-            oof[k][held] = np.asarray(r.pick(X[held]))
+            oof[k][held] = np.asarray(r.pick(rows.X[held]))
+        progress(f + 1, int(selection.folds))
     return oof
 
 
@@ -150,30 +157,31 @@ def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best:
     return out
 
 
-def choose_router(cfg, head: Router, agents: list[str], X, R, B, C, train: np.ndarray, val: np.ndarray):
+def choose_router(cfg, head: Router, arrays, X: np.ndarray):
     """(every candidate kind fitted {kind: router}, the chosen kind, {kind: validation reward}, {kind: cross-fitted
-    reward} or None, {kind: out-of-fold picks} or None): what `fit_router` ships before its ship gate. `cfg.router`
+    reward} or None, {kind: out-of-fold picks} or None): what `fit_router` ships before its ship gate, from the
+    reward matrix `arrays` (pipeline.route.fit.RewardArrays) and the embeddings X of its rows. `cfg.router`
     "auto" lets every kind compete, a kind name ships that kind (all are still fitted, for the report); `cfg.select`
     says how "auto" chooses."""
     from dataclasses import replace
 
     from pipeline.route.train import train_head
 
+    agents, R, B, train, val = arrays.agents, arrays.R, arrays.B, arrays.masks["train"], arrays.masks["validation"]
+    rows = PromptRows(X, R, B, arrays.C)
     has_val = bool(val.any())
     U = effective_rewards(R, B)
     kinds = candidate_kinds()
     routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
-                             X[train], R[train], B[train], *((X[val], R[val], B[val]) if has_val else (None,) * 3))
+                             rows.take(train), rows.take_any(val))
     allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
     crossfit = oof = None
     compete = cfg.select == "crossfit" and len(allowed) > 1
     if compete or (cfg.operating_points == "crossfit" and has_val):  # cross-fitted kinds and / or targets
         def head_on(t, v):
-            return train_head(X[t], R[t], B[t], X[v] if v.any() else None, R[v] if v.any() else None,
-                              B[v] if v.any() else None, replace(cfg, log_every=0), cost_train=C[t],
-                              cost_val=C[v] if v.any() else None, agents=agents)[0]
-        oof = crossfit_picks(list(routers if compete else allowed), head_on, agents, X, R, B, train, val, cfg.folds,
-                             cfg.fold_seed)
+            return train_head(rows.take(t), rows.take_any(v), replace(cfg, log_every=0), agents)[0]
+        oof = crossfit_picks(list(routers if compete else allowed), head_on, agents, rows, train, val,
+                             Selection("crossfit", cfg.folds, cfg.fold_seed))
         crossfit = crossfit_rewards(oof, R, B) if compete else None
     chosen, _ = select_router(allowed, X[val] if has_val else None, U[val] if has_val else None, scores=crossfit)
     return routers, chosen, (validation_rewards(routers, X[val], U[val]) if has_val else {}), crossfit, oof

@@ -20,6 +20,7 @@ that path (`resolve`):
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ import numpy as np
 
 from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import phase_progress
 
+log = logging.getLogger(__name__)
 NAMED = ("max-quality", "parity")
 REPORT_TARGETS = ("max-quality", "parity", "quality>=0.98", "quality>=0.95")
 _QUALITY = re.compile(r"^quality\s*>=\s*(.*)$")
@@ -160,17 +163,33 @@ def point_stats(picks: np.ndarray, R_eff: np.ndarray, C: np.ndarray, best_single
             "shares": {a: float(counts[j] / len(picks)) for j, a in enumerate(agents)}}
 
 
-def operating_path(pred_val: np.ndarray, picks0_val: np.ndarray, R_eff_val: np.ndarray, C_val: np.ndarray,
-                   agent_cost: np.ndarray, best_single: int, agents: list[str],
-                   lambdas: np.ndarray | None = None, allowed=None, pick_cost_val: np.ndarray | None = None) -> dict:
-    """The λ path on validation: point 0 = max-quality (`picks0_val`, the shipped head), then one point per λ > 0
-    of the cost-aware pick on `pred_val` with the pick-time costs `pick_cost_val` ((n, K) predicted per query;
-    None: `agent_cost`); consecutive λ with identical picks are merged (the first λ kept)."""
-    pick_cost = agent_cost if pick_cost_val is None else pick_cost_val
+@dataclass(frozen=True)
+class PathRows:
+    """The rows a λ path is read on: the value scorer's predicted rewards `pred` (n, K), the max-quality picks
+    `picks0` (the shipped router's), tie-aware rewards `R_eff` and costs `C`, and the pick-time costs `pick_cost`
+    ((n, K) predicted per query; None: the agents' mean costs)."""
+
+    pred: np.ndarray
+    picks0: np.ndarray
+    R_eff: np.ndarray
+    C: np.ndarray
+    pick_cost: np.ndarray | None = None
+
+
+def operating_path(rows: PathRows, agent_cost: np.ndarray, best_single: int, agents: list[str],
+                   lambdas: np.ndarray | None = None, allowed=None) -> dict:
+    """The λ path on validation: point 0 = max-quality (`rows.picks0`, the shipped head), then one point per λ > 0
+    of the cost-aware pick on `rows.pred` with the pick-time costs (`rows.pick_cost`, else `agent_cost`);
+    consecutive λ with identical picks are merged (the first λ kept)."""
+    pred_val, picks0_val, R_eff_val, C_val = rows.pred, rows.picks0, rows.R_eff, rows.C
+    pick_cost = agent_cost if rows.pick_cost is None else rows.pick_cost
     lams = lambda_grid(pred_val, pick_cost) if lambdas is None else np.asarray(lambdas, dtype=np.float64)
     points = [{"lambda": 0.0, **point_stats(picks0_val, R_eff_val, C_val, best_single, agents)}]
     last = None
-    for lam in lams[lams > 0]:
+    progress = phase_progress("operating points: λ path", "λ", log)
+    for i, lam in enumerate(lams[lams > 0]):
+        if i:  # the λ before this one are done
+            progress(i, int((lams > 0).sum()))
         picks = cost_aware_pick(pred_val, pick_cost, lam, allowed)
         if last is not None and np.array_equal(picks, last):
             continue

@@ -201,6 +201,50 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def selection(self) -> Selection:
+        """How the operating points are chosen (`operating_points`, `folds`, `fold_seed`)."""
+        return Selection(self.operating_points, int(self.folds), int(self.fold_seed))
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """Prompt embeddings X (n, d) with their reward rows R (n, K), best-agent mask B and costs C (None: not given):
+    the rows a prompt router is fitted on, that travel together. `take(mask)`: those rows; `take_any(mask)`: the
+    same, or None when the mask holds no row (no validation split)."""
+
+    X: np.ndarray
+    R: np.ndarray
+    B: np.ndarray | None = None
+    C: np.ndarray | None = None
+
+    def take(self, m: np.ndarray) -> PromptRows:
+        return PromptRows(self.X[m], self.R[m], None if self.B is None else self.B[m],
+                          None if self.C is None else self.C[m])
+
+    def take_any(self, m: np.ndarray) -> PromptRows | None:
+        return self.take(m) if m.any() else None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a cross-fitted choice is made: `method` "crossfit" (on `folds` seeded folds of train + validation,
+    pipeline.route.select.dev_folds) or "validation" (on the one validation split). `TrainConfig.selection` carries
+    the operating points' one; `as_dict(rows)` is the JSON the lineage records."""
+
+    method: str = "validation"
+    folds: int = 5
+    seed: int = 0
+
+    @property
+    def crossfit(self) -> bool:
+        return self.method == "crossfit"
+
+    def as_dict(self, rows: int | None = None) -> dict:
+        out = {"method": self.method, "folds": int(self.folds), "seed": int(self.seed)} if self.crossfit \
+            else {"method": self.method}
+        return out if rows is None else {**out, "rows": int(rows)}
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # rewards and the batched objective
@@ -240,9 +284,9 @@ def _linear_scores_npk(Z1: np.ndarray, thetas: np.ndarray, K: int) -> np.ndarray
 class _Objective:
     """Mean (tie-aware, cost-adjusted) reward of the picks of a whole population; rows are chunked for memory."""
 
-    def __init__(self, Z1, R_eff, cost, K, hidden_dim, activation, cost_lambda, soft_tau=None,
+    def __init__(self, Z1, R_eff, cost, hidden_dim, activation, cost_lambda, soft_tau=None,
                  max_elems: int = 1 << 24):
-        self.Z1, self.R, self.cost, self.K = Z1, R_eff, cost, K
+        self.Z1, self.R, self.cost, self.K = Z1, R_eff, cost, R_eff.shape[1]
         self.hidden_dim, self.activation, self.lam, self.tau = hidden_dim, activation, cost_lambda, soft_tau
         self.max_elems = max_elems
 
@@ -351,12 +395,10 @@ def _check_inputs(X, R, best, cost, name):
 # ---------------------------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------------------------
-def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.ndarray | None,
-               X_val: np.ndarray | None = None, R_val: np.ndarray | None = None,
-               best_val: np.ndarray | None = None, cfg: TrainConfig | None = None, *,
-               cost_train: np.ndarray | None = None, cost_val: np.ndarray | None = None,
+def train_head(train: PromptRows, val: PromptRows | None = None, cfg: TrainConfig | None = None,
                agents: list[str] | None = None) -> tuple[Head, list[dict]]:
-    """Fit a `Head` by sep-CMA-ES; return it and the training curve (one dict per generation, generation 0 = x0).
+    """Fit a `Head` by sep-CMA-ES on the `train` rows (early-stopped on the `val` rows; their costs C are read only
+    for the cost-aware objective); return it and the training curve (one dict per generation, generation 0 = x0).
 
     Curve keys: generation, evaluations, sigma, gen_best_reward (best hard train reward in this population),
     best_reward_so_far (best hard train reward of any candidate so far), best_fitness_so_far, mean_train_reward
@@ -365,8 +407,7 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     """
     cfg = cfg or TrainConfig()
     cfg.validate()
-    X_train, Rt, cost_train, X_val, Rv, cost_val = _train_inputs(X_train, R_train, best_mask_train, X_val, R_val,
-                                                                best_val, cost_train, cost_val, cfg, agents)
+    X_train, Rt, cost_train, X_val, Rv, cost_val = _train_inputs(train, val, cfg, agents)
     has_val, lam = X_val is not None, cfg.cost_lambda
     d, K, H = X_train.shape[1], Rt.shape[1], cfg.hidden_dim
     rng = np.random.default_rng(cfg.seed)
@@ -379,7 +420,7 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     Zv1 = _with_bias(Zv) if has_val else None
     U_train = Rt if cost_train is None or not lam else Rt - lam * cost_train
 
-    x0, feats_t, first = _start_point(cfg, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val, K)
+    x0, feats_t, first = _start_point(cfg, rng, Zt, Zv, U_train, Rv, cost_val)
     n = n_params(d, K, H)
     scales = _search_scales(x0, feats_t, d, K, H) if cfg.sigma0_relative and np.any(x0 != 0) else np.ones(n)
     soft = cfg.fitness == "soft"
@@ -387,7 +428,7 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     if soft:
         s0 = population_scores(Zt1, x0[None], K, H, cfg.activation)[0]
         tau = cfg.temperature * max(float(s0.std()), 1e-6)
-    obj_t = _Objective(Zt1, Rt, cost_train, K, H, cfg.activation, lam, tau)
+    obj_t = _Objective(Zt1, Rt, cost_train, H, cfg.activation, lam, tau)
 
     def objective(thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fit, reward = obj_t(thetas, soft=soft)
@@ -409,17 +450,16 @@ def train_head(X_train: np.ndarray, R_train: np.ndarray, best_mask_train: np.nda
     return head, curve
 
 
-def _train_inputs(X_train, R_train, best_mask_train, X_val, R_val, best_val, cost_train, cost_val,
-                  cfg: TrainConfig, agents):
+def _train_inputs(train: PromptRows, val: PromptRows | None, cfg: TrainConfig, agents):
     """Checked (X_train, tie-aware R_train, cost_train, X_val, R_val, cost_val): validation parts None without
     validation rows, costs None unless the cost-aware objective needs them; every mismatch -> one error."""
-    if not cfg.cost_lambda:          # costs only matter for the cost-aware objective
-        cost_train = cost_val = None
-    X_train, Rt, cost_train = _check_inputs(X_train, R_train, best_mask_train, cost_train, "training rows")
-    has_val = X_val is not None and R_val is not None
-    Rv = None
+    cost_train = train.C if cfg.cost_lambda else None  # costs only matter for the cost-aware objective
+    cost_val = val.C if cfg.cost_lambda and val is not None else None
+    X_train, Rt, cost_train = _check_inputs(train.X, train.R, train.B, cost_train, "training rows")
+    has_val = val is not None and val.X is not None and val.R is not None
+    Rv = X_val = None
     if has_val:
-        X_val, Rv, cost_val = _check_inputs(X_val, R_val, best_val, cost_val, "validation rows")
+        X_val, Rv, cost_val = _check_inputs(val.X, val.R, val.B, cost_val, "validation rows")
         if X_val.shape[1] != X_train.shape[1] or Rv.shape[1] != Rt.shape[1]:
             raise RouterLiteError(f"validation shapes {X_val.shape}/{Rv.shape} do not match training "
                                   f"{X_train.shape}/{Rt.shape}")
@@ -441,11 +481,11 @@ def _standardizer(X_train: np.ndarray, standardize: bool):
     return mean, np.where(std > 1e-6, std, 1.0).astype(np.float32)
 
 
-def _start_point(cfg: TrainConfig, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val, K: int):
+def _start_point(cfg: TrainConfig, rng, Zt, Zv, U_train, Rv, cost_val):
     """(x0, first-layer features of the training rows, extra keys for curve entry 0): a random first layer
     (unit-variance pre-activations for standardised inputs) and the output layer by ridge when init="ridge"."""
     has_val = Zv is not None
-    d, H, lam = Zt.shape[1], cfg.hidden_dim, cfg.cost_lambda
+    d, K, H, lam = Zt.shape[1], U_train.shape[1], cfg.hidden_dim, cfg.cost_lambda
     n = n_params(d, K, H)
     first: dict = {}
     if H == 0:
@@ -457,8 +497,8 @@ def _start_point(cfg: TrainConfig, rng, Zt, Zt1, Zv, Zv1, U_train, Rv, cost_val,
         def act(Z1):
             A = Z1 @ layer1.astype(np.float32)
             return np.tanh(A) if cfg.activation == "tanh" else np.maximum(A, 0.0)
-        feats_t = act(Zt1)
-        feats_v = act(Zv1) if has_val else None
+        feats_t = act(_with_bias(Zt))
+        feats_v = act(_with_bias(Zv)) if has_val else None
     if cfg.init == "ridge":
         path = ridge_path(feats_t, U_train, cfg.ridge_alphas)
         if has_val:
@@ -603,7 +643,7 @@ def best_single_agent(R_train: np.ndarray, best_mask_train: np.ndarray | None = 
 # ---------------------------------------------------------------------------------------------------------------
 # the head's own cost–quality frontier
 # ---------------------------------------------------------------------------------------------------------------
-def lambda_sweep(X_train, R_train, B_train, C_train, X_val, R_val, B_val, C_val, cfg: TrainConfig | None = None,
+def lambda_sweep(train: PromptRows, val: PromptRows | None, cfg: TrainConfig | None = None,
                  agents: list[str] | None = None, n: int = 9) -> list[tuple[float, Head]]:
     """One sep-CMA-ES head per λ, each maximising the realised train reward − λ·cost of its picks (the
     non-differentiable objective CMA-ES is for), early-stopped on validation. λ runs from 0 through a log grid
@@ -613,12 +653,11 @@ def lambda_sweep(X_train, R_train, B_train, C_train, X_val, R_val, B_val, C_val,
     individual hull (test AIQ 0.780 vs 0.816: a head trained for quality ranks agents, it does not price them),
     calibrated scores (the value scorer) 0.810; these λ-trained heads 0.822."""
     cfg = cfg or TrainConfig()
-    scale = 1.0 / max(float(np.asarray(C_train, dtype=np.float64).mean(axis=0).max()), 1e-12)
+    scale = 1.0 / max(float(np.asarray(train.C, dtype=np.float64).mean(axis=0).max()), 1e-12)
     lams = [0.0, *(np.geomspace(0.02, 2.0, n - 1) * scale).tolist()]
     heads = []
     for lam in lams:
-        h, _ = train_head(X_train, R_train, B_train, X_val, R_val, B_val, replace(cfg, cost_lambda=lam, log_every=0),
-                          cost_train=C_train, cost_val=C_val, agents=agents)
+        h, _ = train_head(train, val, replace(cfg, cost_lambda=lam, log_every=0), agents)
         heads.append((float(lam), h))
     return heads
 

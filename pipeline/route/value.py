@@ -18,6 +18,8 @@ pipeline/report/value.py.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
@@ -26,6 +28,21 @@ from pipeline.route.targets import REPORT_TARGETS, cost_aware_pick, point_stats,
 from pipeline.route.train import ridge_path
 
 VALUE_ALPHAS = tuple(float(a) for a in np.logspace(0, 5, 11))
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """What a prompt router's decisions need: the shipped router, its guard, the value and cost scorers and the
+    operating path its targets resolve on, the best single agent (the guard's fallback), the agents' mean training
+    costs (the cost term without a cost scorer)."""
+
+    router: object
+    guard: object
+    scorer: object
+    cost_scorer: object
+    path: dict
+    best: int
+    agent_cost: np.ndarray
 
 
 def agent_costs(C_train: np.ndarray) -> np.ndarray:
@@ -130,34 +147,31 @@ def routellm_metrics(pred: np.ndarray, R_eff: np.ndarray, strong: int, weak: int
     return {"apgr": apgr, "cpt50": cpt(0.5), "cpt80": cpt(0.8), "strong_quality": q_strong, "weak_quality": q_weak}
 
 
-def target_picks(target: str, path: dict, X: np.ndarray, head_picks: np.ndarray, scorer: Head,
-                 agent_cost: np.ndarray, guard=None, fallback: int | None = None,
-                 cost_scorer: Head | None = None) -> tuple[np.ndarray, dict]:
-    """Picks of a target on rows X: λ = 0 → the shipped head's picks (given); λ > 0 → the cost-aware scorer pick,
-    with the OOD guard sending far-away rows to `fallback`."""
-    point = resolve(target, path)
+def target_picks(target: str, parts: PromptParts, X: np.ndarray, head_picks: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Picks of a target on rows X: λ = 0 → the shipped head's picks (given); λ > 0 → the cost-aware pick of the
+    value scorer on `parts.path`, with the OOD guard sending far-away rows to the best single agent."""
+    point = resolve(target, parts.path)
     if point["lambda"] == 0:
         return np.asarray(head_picks), point
-    picks = cost_aware_pick(scorer.scores(X), pick_costs(cost_scorer, X, agent_cost), point["lambda"],
-                            path.get("allowed"))
-    if guard is not None:
-        picks = guard.route(picks, X, fallback)
+    picks = cost_aware_pick(parts.scorer.scores(X), pick_costs(parts.cost_scorer, X, parts.agent_cost),
+                            point["lambda"], parts.path.get("allowed"))
+    if parts.guard is not None:
+        picks = parts.guard.route(picks, X, parts.best)
     return picks, point
 
 
-def held_out_value(path: dict, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.ndarray, head_picks: np.ndarray,
-                   scorer: Head, agent_cost: np.ndarray, best_single: int, agents: list[str], guard=None,
-                   targets=REPORT_TARGETS, extra_targets: list[str] | None = None,
-                   cost_scorer: Head | None = None) -> dict:
+def held_out_value(parts: PromptParts, X_te: np.ndarray, R_eff_te: np.ndarray, C_te: np.ndarray,
+                   head_picks: np.ndarray, agents: list[str], targets=REPORT_TARGETS,
+                   extra_targets: list[str] | None = None) -> dict:
     """Per target on the test rows (see the module docstring) + best single, oracle, APGR/CPT."""
+    scorer, agent_cost, best_single = parts.scorer, parts.agent_cost, parts.best
     if len(X_te) != len(R_eff_te):
         raise RouterLiteError(f"{len(X_te)} test embeddings for {len(R_eff_te)} reward rows")
     rows = np.arange(len(R_eff_te))
     bs_cost = float(1000.0 * C_te[:, best_single].mean())
     out_targets = {}
     for name in list(targets) + list(extra_targets or []):
-        picks, point = target_picks(name, path, X_te, head_picks, scorer, agent_cost, guard, best_single,
-                                    cost_scorer)
+        picks, point = target_picks(name, parts, X_te, head_picks)
         s = point_stats(picks, R_eff_te, C_te, best_single, agents)
         out_targets[point["target"]] = {
             "quality": s["quality"], "ci_low": s["ci_low"], "ci_high": s["ci_high"], "cost_per_1k": s["cost_per_1k"],

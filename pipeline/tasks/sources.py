@@ -106,14 +106,30 @@ def _seq(row: dict, key: str, where: str) -> list:
     return list(value)
 
 
-def make_task(source: str, split: str, index: int, prompt: str, gold: str, grader: str, domain: str,
-              difficulty: str, question_id, category: str = "", choices: int = 0) -> dict:
-    """One task row (TASK_COLUMNS) of source `source`: what a source's normaliser returns a list of."""
-    return {
-        "task_id": f"{source}/{split}/{index:06d}", "source": source, "prompt": prompt, "gold": gold,
-        "grader": grader, "domain": domain, "difficulty": difficulty, "source_split": split,
-        "question_id": str(question_id), "category": category, "choices": int(choices),
-    }
+@dataclass(frozen=True)
+class TaskRow:
+    """One task of source `source` (its `index`-th row of split `split`), as a normaliser builds it; `row()` is the
+    task row (TASK_COLUMNS) a source's normaliser returns a list of."""
+
+    source: str
+    split: str
+    index: int
+    prompt: str
+    gold: str
+    grader: str
+    domain: str
+    difficulty: str
+    question_id: object
+    category: str = ""
+    choices: int = 0
+
+    def row(self) -> dict:
+        return {
+            "task_id": f"{self.source}/{self.split}/{self.index:06d}", "source": self.source, "prompt": self.prompt,
+            "gold": self.gold, "grader": self.grader, "domain": self.domain, "difficulty": self.difficulty,
+            "source_split": self.split, "question_id": str(self.question_id), "category": self.category,
+            "choices": int(self.choices),
+        }
 
 
 def _letter(gold: str, n_options: int, where: str) -> str:
@@ -175,8 +191,8 @@ def norm_math500(rows: Iterable[dict], where: str) -> list[dict]:
         w = f"{where}: row {i}"
         level = int(r.get("level") or 3)
         difficulty = "easy" if level <= 2 else "medium" if level == 3 else "hard"
-        out.append(make_task("math500", "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w),
-                         "math_expression", "math", difficulty, r.get("unique_id", i), str(r.get("subject", ""))))
+        out.append(TaskRow("math500", "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w),
+                         "math_expression", "math", difficulty, r.get("unique_id", i), str(r.get("subject", ""))).row())
     return out
 
 
@@ -194,8 +210,8 @@ def norm_gsm8k(rows: Iterable[dict], where: str) -> list[dict]:
         w = f"{where}: row {i}"
         gold, steps = _gsm8k_gold(_need(r, "answer", w), w)
         difficulty = "easy" if steps <= 2 else "medium" if steps <= 4 else "hard"
-        out.append(make_task("gsm8k", "test", i, math_prompt(_need(r, "question", w)), gold, "integer", "math",
-                         difficulty, i))
+        out.append(TaskRow("gsm8k", "test", i, math_prompt(_need(r, "question", w)), gold, "integer", "math",
+                         difficulty, i).row())
     return out
 
 
@@ -203,8 +219,8 @@ def _aime(rows: list[dict], where: str, source: str, lo: int, hi: int) -> list[d
     out = []
     for i, r in enumerate(rows[lo:hi]):
         w = f"{where}: row {lo + i}"
-        out.append(make_task(source, "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w).strip(),
-                         "integer", "math", "hard", r.get("unique_id", lo + i)))
+        out.append(TaskRow(source, "test", i, math_prompt(_need(r, "problem", w)), _need(r, "answer", w).strip(),
+                         "integer", "math", "hard", r.get("unique_id", lo + i)).row())
     return out
 
 
@@ -241,8 +257,8 @@ def norm_arc_challenge(rows: Iterable[dict], where: str) -> list[dict]:
         words = len(question.split()) + sum(len(str(o).split()) for o in options)
         # ARC-Challenge has no per-question level: terciles of stem+options length (32 / 49 words) stand in for it
         difficulty = "easy" if words < 32 else "medium" if words < 49 else "hard"
-        out.append(make_task("arc_challenge", "test", i, mcq_prompt(question, options), gold, "mcq_letter",
-                         "reasoning", difficulty, r.get("id", i), choices=len(options)))
+        out.append(TaskRow("arc_challenge", "test", i, mcq_prompt(question, options), gold, "mcq_letter",
+                         "reasoning", difficulty, r.get("id", i), choices=len(options)).row())
     return out
 
 
@@ -263,9 +279,9 @@ def norm_mmlu(rows: Iterable[dict], where: str) -> list[dict]:
         options = [_need(r, k, w) for k in "ABCD"] if "A" in r else _seq(r, "choices", w)
         gold = _letter(_need(r, "answer", w), len(options), w)
         subject = str(r.get("subject", ""))
-        out.append(make_task("mmlu", "test", i, mcq_prompt(_need(r, "question", w), [str(o) for o in options]), gold,
+        out.append(TaskRow("mmlu", "test", i, mcq_prompt(_need(r, "question", w), [str(o) for o in options]), gold,
                          "mcq_letter", "knowledge", _mmlu_difficulty(subject), r.get("row", i), subject,
-                         len(options)))
+                         len(options)).row())
     return out
 
 
@@ -277,8 +293,9 @@ def norm_mmlu_pro(rows: Iterable[dict], where: str) -> list[dict]:
         gold = _letter(_need(r, "answer", w), len(options), w)
         # MMLU-Pro's added questions (STEM websites, TheoremQA, SciBench) are its hard part; ori_mmlu ones medium
         difficulty = "medium" if str(r.get("src", "")).startswith("ori_mmlu") else "hard"
-        out.append(make_task("mmlu_pro", "test", i, mcq_prompt(_need(r, "question", w), options), gold, "mcq_letter",
-                         "knowledge", difficulty, _need(r, "question_id", w), str(r.get("category", "")), len(options)))
+        out.append(TaskRow("mmlu_pro", "test", i, mcq_prompt(_need(r, "question", w), options), gold, "mcq_letter",
+                         "knowledge", difficulty, _need(r, "question_id", w), str(r.get("category", "")),
+                         len(options)).row())
     return out
 
 
@@ -296,7 +313,8 @@ def norm_rlpr(rows: Iterable[dict], where: str) -> list[dict]:
             gold = r["reward_model"].get("ground_truth")
         prompt = _need({"prompt": prompt}, "prompt", w)
         gold = _need({"answer": gold}, "answer", w)
-        out.append(make_task("rlpr", "test", i, math_prompt(prompt), gold, "math_expression", "reasoning", "hard", i))
+        out.append(TaskRow("rlpr", "test", i, math_prompt(prompt), gold, "math_expression", "reasoning", "hard",
+                           i).row())
     return out
 
 
@@ -328,8 +346,8 @@ def norm_zeroeval_gsm8k(rows: Iterable[dict], where: str) -> list[dict]:
             raise RouterLiteError(f"{w}: no solution_steps (the GSM8K reference-solution length sets difficulty)")
         steps = int(steps)  # the rule of the `gsm8k` source: reference-solution steps
         difficulty = "easy" if steps <= 2 else "medium" if steps <= 4 else "hard"
-        out.append(make_task("zeroeval_gsm8k", "test", i, _need(r, "prompt", w), gold, "integer", "math", difficulty,
-                         r["qid"], "word_problem"))
+        out.append(TaskRow("zeroeval_gsm8k", "test", i, _need(r, "prompt", w), gold, "integer", "math", difficulty,
+                         r["qid"], "word_problem").row())
     return out
 
 
@@ -337,8 +355,8 @@ def norm_zeroeval_math_l5(rows: Iterable[dict], where: str) -> list[dict]:
     out = []
     for i, r, w in _zeroeval(rows, where, "math-l5"):
         category = "geometry" if _FIGURE_RE.search(_need(r, "question", w)) else "other"
-        out.append(make_task("zeroeval_math_l5", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
-                         "math_expression", "math", "hard", r["qid"], category))  # MATH level 5 = hard
+        out.append(TaskRow("zeroeval_math_l5", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
+                         "math_expression", "math", "hard", r["qid"], category).row())  # MATH level 5 = hard
     return out
 
 
@@ -351,8 +369,8 @@ def norm_zeroeval_crux(rows: Iterable[dict], where: str) -> list[dict]:
         lines = len([ln for ln in m.group(1).split("\n") if ln.strip()])
         # code length: the corpus terciles of function lines (def line included) are 5 and 6
         difficulty = "easy" if lines <= 4 else "medium" if lines <= 6 else "hard"
-        out.append(make_task("zeroeval_crux", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
-                         "python_literal", "reasoning", difficulty, r["qid"], "code_output"))
+        out.append(TaskRow("zeroeval_crux", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
+                         "python_literal", "reasoning", difficulty, r["qid"], "code_output").row())
     return out
 
 
