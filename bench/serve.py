@@ -94,7 +94,7 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128, backbone: str
     X = bb.encode(tasks["prompt"].tolist())
     fit = fit_router(X, rewards, split, TrainConfig(generations=10, log_every=0))
     return registry.register(
-        out, fit.head, fit.guard, fit.best_single,
+        out, fit.head, registry.PromptFit(fit.guard, fit.best_single),
         backbone={"id": bb.model_id, "key": bb.key, "pooling": bb.pooling, "max_seq_length": bb.max_seq_length,
                   "dim": int(X.shape[1]), **bb.registry_fields()},
         agents=[{"name": a.name, "model": a.model} for a in agents], training={"generations": 10, "bench": True},
