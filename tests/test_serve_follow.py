@@ -246,6 +246,32 @@ def test_a_broken_candidate_never_serves_and_is_counted_once(routers, caplog):
     assert len(logged) == 2 and str(broken) in logged[0].getMessage()
 
 
+def test_a_pointer_moved_while_it_is_read_is_acted_on_once(routers, monkeypatch):
+    """A slow first poll: the pointer's bytes are hashed, then it moves to a broken entry before it is parsed. The
+    follower must not record the failure under the old bytes' hash (it would try, log and count it again)."""
+    import pipeline.serve.follow as follow
+
+    root, a, b = routers
+    broken = root / "broken"
+    shutil.copytree(b, broken)
+    (broken / "manifest.json").write_text("{not json")
+    real, moved = follow._read_pointer, []
+
+    def read_after_a_move(r):
+        if not moved:
+            moved.append(registry.mark_latest(root, "broken", broken))
+        return real(r)
+
+    monkeypatch.setattr(follow, "_read_pointer", read_after_a_move)
+    with serve_in_thread(_app(root, a)) as srv:
+        base = f"http://{srv.host}:{srv.port}"
+        assert _wait(lambda: httpx.get(base + "/readyz", timeout=10).json()["follow"]["failures"] >= 1)
+        time.sleep(5 * INTERVAL_S)
+        ready = httpx.get(base + "/readyz", timeout=10).json()
+    assert moved and ready["router"] == a.name and ready["follow"]["failures"] == 1
+    assert ready["follow"]["last_failure"]["current"]
+
+
 def test_readyz_is_503_until_the_backbone_router_and_grading_worker_are_warm(routers):
     root, a, _ = routers
     gate = threading.Event()

@@ -65,17 +65,16 @@ class PointerFollower:
 
     async def poll(self, app) -> bool:
         """Act on the pointer once; True when a new router was swapped in."""
-        try:
-            raw = await asyncio.to_thread(self.pointer.read_bytes)
-        except FileNotFoundError:
-            raw = b""
-        sha = hashlib.sha256(raw).hexdigest()
+        sha = await asyncio.to_thread(self._pointer_sha)
         if sha == self.seen:
             return False
-        self.seen = sha
+        before, self.seen = self.seen, sha
         current, metrics, path = app.state.served, app.state.metrics, None
         try:
             entry, path = await asyncio.to_thread(_read_pointer, self.root)
+            if await asyncio.to_thread(self._pointer_sha) != sha:  # moved between the two reads: read it next time
+                self.seen = before
+                return False
             origin = origin_of(entry, path)
             if _same_dir(path, current.origin.get("path")):  # re-promoted to the router being served
                 if (origin["promoted_at"], origin["promoted_source"]) != (current.origin["promoted_at"],
@@ -101,6 +100,12 @@ class PointerFollower:
         log.info("router-lite serve: following %s: now serving %s %s (was %s)", self.pointer,
                  fresh.registered.kind, fresh.router_name, current.router_name)
         return True
+
+    def _pointer_sha(self) -> str:
+        try:
+            return hashlib.sha256(self.pointer.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return hashlib.sha256(b"").hexdigest()
 
     def _load(self, path: Path, endpoint, origin: dict):
         reg = registry.load(path)
