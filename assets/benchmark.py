@@ -21,7 +21,6 @@ from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.embed.backbone import EmbeddingCache
 from pipeline.profile import BENCHMARK_SUITES
 from pipeline.report.benchmark import (
-    CASCADE_HEADLINE,
     CASCADE_POLICY_NAMES,
     CASCADE_TARGETS,
     HEAD,
@@ -29,7 +28,6 @@ from pipeline.report.benchmark import (
     HEAD_POINTS,
     HEAD_SCORE_SWEEP,
     KNN,
-    VALUE_TARGET,
     benchmark_from_tasks,
     cascade_benchmark,
     cascade_line,
@@ -53,19 +51,21 @@ from pipeline.report.frontier import (
 from pipeline.report.replication import replicate, table_markdown
 from pipeline.report.suites import build_suite
 from pipeline.report.value import (
+    ROUTER_LABELS,
     CascadeFigures,
     HeadFigures,
     ablation_markdown,
     arena_markdown,
+    report_headline,
     router_value,
     targets_markdown,
-    value_line,
 )
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
 from pipeline.route.fit import reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.knn import KnnRouter
+from pipeline.route.targets import parse_target
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
@@ -95,13 +95,9 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, router_head: FittedRouter, out: Path,
-              estimated: bool = False, cascade: dict | None = None):
-    """(policy table, plot) of the held-out frontier: the baselines, kNN (`router_head`'s k), the registered prompt
-    router `reg` (its scores, its λ-trained heads, its stored operating points), each cascade plan; the named
-    targets of `router_head`'s value report starred."""
-    knn_k, sweep = router_head["knn_k"], router_head["extra"].get("head_sweep")
-    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in router_head["value"]["targets"].items()}
+def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int,
+              cascade: dict | None = None, sweep: dict | None = None):
+    """The frontier table on the held-out test split and each policy's points (plotted once the ★ is known)."""
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
@@ -123,10 +119,16 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, route
         policies[CASCADE_POLICY_NAMES[variant]] = PointSet(np.array(v["points_test"]))
     table = policy_table(policies, R[te], C[te])
     table.attrs["n_train"], table.attrs["n_test"] = int(tr.sum()), int(te.sum())
-    label = "estimated cost per example (USD)" if estimated else "cost per example (USD)"
-    png = plot_frontier(frontier_points(policies, R[te], C[te]), out, title="Cost–quality frontier (held-out test)",
-                        marks=marks, cost_label=label)
-    return table, png
+    return table, frontier_points(policies, R[te], C[te])
+
+
+def _plot(points: dict, rv: dict, png: Path, estimated: bool) -> Path:
+    """The frontier plot, the ★ router's named targets starred (router_value.json's `best_router`)."""
+    star = rv["best_router"]
+    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in rv["routers"][star]["targets"].items()}
+    return plot_frontier(points, png, title=f"Cost–quality frontier (held-out test); ★ = "
+                                            f"{ROUTER_LABELS.get(star, star)} at its named targets", marks=marks,
+                         cost_label="estimated cost per example (USD)" if estimated else "cost per example (USD)")
 
 
 @dataclass
@@ -162,7 +164,8 @@ def _routed(prof, task_pool: pd.DataFrame, routers: _UnderTest, specs: list, poo
     bb = backbone.get_backbone()
     cache = EmbeddingCache(storage.path("embeddings"))
     reports = storage.path("reports")
-    cascade_targets = list(dict.fromkeys([regc.router.resolve(target)["target"], *CASCADE_TARGETS]))
+    cascade_targets = list(dict.fromkeys([regc.router.resolve(t)["target"]  # the serving target: the headline's
+                                          for t in (target, *CASCADE_TARGETS, prof.serve.target)]))
     out = _Routed()
     for variant, bench in _variants(prof, task_pool).items():
         X = cache.get_or_compute(bench["prompt"].tolist(), bb)
@@ -245,8 +248,8 @@ def _router_value(prof, fits: _Fits, reg, verdict: str, routed: _Routed, bb, png
     policy, router value)."""
     rewards, router_head = fits.rewards, fits.router_head
     split = training_split(rewards, fits.task_pool)
-    table, png = _frontier(rewards, split, reward_embeddings(fits.prompt_embeddings, rewards), reg, router_head, png,
-                           routed.estimated, fits.cascade)
+    table, points = _frontier(rewards, split, reward_embeddings(fits.prompt_embeddings, rewards), reg,
+                              router_head["knn_k"], fits.cascade, router_head["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
     sel = router_head["operating_points"].get("selection") or {}
     head = HeadFigures(router_head["value"], head_validation_aiq(router_head, rewards, split), sel or None,
@@ -255,7 +258,7 @@ def _router_value(prof, fits: _Fits, reg, verdict: str, routed: _Routed, bb, png
                              routed.cascade_meta.get("test"))
     rv = router_value(prof.name, verdict, head, head_aiq(aiq), cascade, _embedded_by(bb), imputed_cells(rewards),
                       arena)
-    return table, png, aiq, rv
+    return table, _plot(points, rv, png, routed.estimated), aiq, rv
 
 
 def arena_lines(rv: dict) -> list[str]:
@@ -271,10 +274,19 @@ def imputed_lines(rv: dict) -> list[str]:
             "(reward_matrix column `imputed`, reports/new_agents.json).", ""] if n else []
 
 
+STAR_NOTE = ("★ = the router kind with the best validation AIQ (`best_router` of reports/router_value.json), at the "
+             "profile's serving target (`serve.target`), on held-out test; `router-lite serve` serves the router the "
+             "`promotion` asset promotes.")
+
+
 @asset(group_name="report", io_manager_key="io_manager",
-       description="Routed benchmark (embed → registered head picks → the picked agent is really called through the "
-                   "pool → letter extracted and scored) on the held-out test split and an out-of-distribution "
-                   "variant, plus the RouterBench cost–quality frontier with AIQ against every baseline.")
+       description="Headline: the ★ router (best validation AIQ, reports/router_value.json `best_router`) at the "
+                   "serving target on held-out test. Routed benchmarks on the held-out test split and an "
+                   "out-of-distribution variant, every reply really called through the pool and graded by its "
+                   "task's answer format (option letter, integer, math expression, Python literal, …): the "
+                   "prompt-only head at the run's target, the cascade at its targets (every stage's calls). Then "
+                   "the router kinds side by side and the RouterBench cost–quality frontier with AIQ against every "
+                   "baseline.")
 def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, reward_matrix: pd.DataFrame,
                      task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, router_head: FittedRouter,
                      preflight: pd.DataFrame, pool_report: dict, registered_head: dict, cascade_router: FittedRouter,
@@ -296,29 +308,29 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
                                         reports / f"frontier_{prof.name}.png", router_arena)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
-    line = value_line(value, VALUE_TARGET, {a["name"]: a["model"] for a in reg.agents})
+    serving = parse_target(prof.serve.target).name
+    headline = report_headline(rv, serving, {a["name"]: a["model"] for a in reg.agents})
     text = report_markdown(
         prof.name, reg.name, point, routed.md, regc.name, routed.cascade_md,
         [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
-         f"{'; costs estimated' if routed.estimated else ''})", "", f"Pool verdict: {verdict}", "", line, "",
-         targets_markdown(value), "", *imputed_lines(rv),
-         "### Router kinds side by side (prompt-only / cascade / combined)", "",
-         ablation_markdown(rv), "", *arena_lines(rv)],
-        ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = named targets)", "",
-         table_markdown(prof.name, table), f"![frontier]({png.name})", ""])
+         f"{'; costs estimated' if routed.estimated else ''})", "", f"**{headline}**", "", STAR_NOTE, "",
+         f"Pool verdict: {verdict}", "", "### Router kinds side by side (prompt-only / cascade / combined)", "",
+         ablation_markdown(rv), "", "### The prompt-only head's operating points", "", targets_markdown(value), "",
+         *imputed_lines(rv), *arena_lines(rv)],
+        ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = the ★ router's named "
+         "targets)", "", table_markdown(prof.name, table), f"Frontier plot: `{png}` (in the Dagster UI: this "
+         "asset's `frontier_plot` entry).", ""])
     atomic_write_text(text, reports / "benchmark_report.md")
     atomic_write_json({"variants": routed.meta, "frontier": table.to_dict("records")},
                       reports / "benchmark_report.json")
     context.log.info("\n" + text)
-    cq = routed.cascade_meta.get("test", {}).get(CASCADE_HEADLINE)
     return Output(pd.concat(routed.per_question, ignore_index=True), metadata=rounded({
-        "best_router": rv["best_router"], "cascade_routed_test_accuracy": cq["accuracy"] if cq else None,
-        "cascade_routed_test_cost_per_1k": cq["cost_per_1k"] if cq else None,
-        "pool_verdict": verdict or "", "value_line": line,
-        "router_value": MetadataValue.json(rv), "targets": MetadataValue.md(targets_markdown(value)),
+        "headline": headline, "best_router": rv["best_router"], "serving_target": serving,
+        "pool_verdict": verdict or "",
+        "router_value": MetadataValue.json(rv), "head_targets": MetadataValue.md(targets_markdown(value)),
         "apgr": rv["apgr"], "cpt50": rv["cpt50"], "cpt80": rv["cpt80"],
         "report": MetadataValue.md(text), "frontier_plot": _png_markdown(png),
-        **{f"{v}_accuracy": s["accuracy"] for v, s in routed.meta.items()},
+        **{f"head_{v}_accuracy": s["accuracy"] for v, s in routed.meta.items()},
         "aiq_trained_head": aiq.get(HEAD, aiq.get(HEAD_SCORE_SWEEP)), "aiq_prior": aiq.get(PRIOR),
         "aiq_individual_hull": aiq.get(HULL), "report_dir": str(reports),
     }))

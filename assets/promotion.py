@@ -15,6 +15,7 @@ from assets.metadata import md_table, rounded
 from assets.router import entry_dir
 from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.report import promotion as gate_rules
+from pipeline.report.value import star_line
 from pipeline.route import pointer, registry
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
@@ -80,13 +81,15 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
     served = registry.latest_entry(root)
     context.log.info(f"promotion: {action} {reg.name} ({key}, {rule}); gate: {verdict['reason']}; served: "
                      f"{served['name'] if served else 'none'}")
-    candidates = pd.DataFrame([{"router": k + (" ★" if k == key else ""), "name": regs[k].name,
+    candidates = pd.DataFrame([{"router": k + (" (candidate)" if k == key else ""), "name": regs[k].name,
                                 "cross-fitted quality": f["quality"], "quality ratio": f["quality_ratio"],
                                 "cost per 1k": f["cost_per_1k"], "cost ratio": f["cost_ratio"]}
                                for k, f in figures.items()])
     return Output({"action": action, "candidate": reg.name, "router": key, "served": served and served["name"],
                    "target": target, "verdict": {k: verdict[k] for k in ("passed", "mode", "rule", "reason")}},
-                  metadata=rounded({
+                  metadata=rounded({  # one headline: the router served now (the ★), whatever the verdict
+                      "headline": star_line(served["star"], served["name"]) if served and served.get("star")
+                      else f"served: {served['name'] if served else 'none'}",
                       "action": action, "candidate": reg.name, "candidate_router": key,
                       "served": served["name"] if served else "", "target": target, "choice_rule": rule,
                       "gate_passed": bool(verdict["passed"]), "gate_mode": verdict["mode"],

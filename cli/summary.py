@@ -66,20 +66,13 @@ def print_summary(defs, assets: list[str]) -> None:
             print(f"  head − best single {ci['gain']:+.4f}, 95% paired bootstrap CI [{ci['low']:+.4f}, "
                   f"{ci['high']:+.4f}] (docs/training.md: how much of the headroom is routable)")
         value = summary.get("value")
-        if value:
-            from pipeline.report.value import targets_markdown, value_line
-            from pipeline.route.registry import MANIFEST, latest_path
+        if value:  # the head's table only: the one headline is the ★ router's, printed first
+            from pipeline.report.value import targets_markdown
 
-            latest = latest_path(root / "registry")
-            models = {}
-            if latest is not None:
-                manifest = latest / MANIFEST
-                if manifest.exists():
-                    models = {a["name"]: a["model"] for a in json.loads(manifest.read_text())["agents"]}
             basis = {True: "costs estimated, ", False: "costs as reported by the provider, "}.get(
                 value.get("costs_estimated"), "")
-            print(f"\nOperating points on held-out test ({basis}USD per 1k queries):\n\n"
-                  f"{targets_markdown(value)}\n{value_line(value, 'parity', models)}")
+            print(f"\nThe prompt-only head's operating points on held-out test ({basis}USD per 1k queries):\n\n"
+                  f"{targets_markdown(value)}")
     rv_file = root / "reports" / "router_value.json"
     if rv_file.exists():
         from pipeline.report.value import ablation_markdown

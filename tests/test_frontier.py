@@ -140,3 +140,37 @@ def test_determinism(tmp_path):
     assert t1.equals(t2)
     out = F.plot_frontier(F.frontier_points(pol, q, c), tmp_path / "frontier.png", title="t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# the demo's named targets, which labelled the old plot on top of each other: the prompt-only head's (quality>=0.98
+# and quality>=0.95 close) and the answers-only cascade's (parity and quality>=0.98 on the same point)
+HEAD_MARKS = {"max-quality": (2.463e-3, 0.8545), "parity": (2.307e-3, 0.8306), "quality>=0.95": (1.040e-3, 0.8066),
+              "quality>=0.98": (1.996e-3, 0.8343)}  # the order router_head.json stores them in
+CASCADE_MARKS = {"max-quality": (2.463e-3, 0.8545), "parity": (1.818e-3, 0.8508), "quality>=0.98": (1.818e-3, 0.8508),
+                 "quality>=0.95": (7.3e-4, 0.8140)}
+
+
+@pytest.mark.parametrize("marks", [HEAD_MARKS, CASCADE_MARKS, {f"t{i}": (1e-3 * (1 + i / 50), 0.8 + i / 500)
+                                                               for i in range(6)}], ids=["head", "cascade", "six"])
+def test_named_target_labels_do_not_overlap(tmp_path, monkeypatch, marks):
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Annotation, Text
+
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure plot_frontier drew to measure its labels
+    pol = {"frontier_a": [2.463e-3, 0.8545], "frontier_b": [3.15e-3, 0.8158], "open_mid": [8.1e-5, 0.5783],
+           "open_cheap_reasoning": [7e-5, 0.7551],  # the demo's axes: 6e-5 to 3e-3 USD, quality 0.58 to 0.91
+           "oracle": F.PointSet(np.array([[6e-5, 0.62], [1e-4, 0.83], [4e-4, 0.9116]])),
+           "router": F.PointSet(np.array([[9e-5, 0.75], [5e-4, 0.80], [1.5e-3, 0.84], [2.463e-3, 0.8545]]))}
+    F.plot_frontier(pol, tmp_path / "frontier.png", marks=marks)
+    (fig,) = figures
+    try:
+        renderer = fig.canvas.get_renderer()
+        notes = [t for t in fig.axes[0].texts if isinstance(t, Annotation)]
+        assert sorted(n.get_text() for n in notes) == sorted(marks)
+        boxes = {n.get_text(): Text.get_window_extent(n, renderer) for n in notes}
+        for a in boxes:
+            for b in boxes:
+                assert a == b or not boxes[a].overlaps(boxes[b]), (a, b, boxes[a], boxes[b])
+    finally:
+        close(fig)

@@ -61,6 +61,33 @@ def test_benchmark_report_routes_with_real_replies(smoke_home):
     assert (home / "reports" / "replication_mmlu-pro-outputs.csv").exists()
 
 
+def test_the_benchmark_report_says_one_headline_the_star_routers(smoke_home):
+    from pipeline.report.value import report_headline, star_line, value_line
+
+    home, dagster_home = smoke_home
+    inst = DagsterInstance.from_config(str(dagster_home))
+    meta = inst.get_latest_materialization_event(AssetKey("benchmark_report")).asset_materialization.metadata
+    rv = json.loads((home / "reports" / "router_value.json").read_text())
+    latest = registry.latest_entry(home / "registry")
+    models = {a["name"]: a["model"] for a in registry.load(latest["head"]["path"]).agents}
+    headline = report_headline(rv, "quality>=0.98", models)  # the smoke profile's serve.target
+    assert headline.startswith("★ ") and meta["headline"].value == headline and meta["best_router"].value == \
+        rv["best_router"]
+    assert not {"value_line", "cascade_routed_test_accuracy", "test_accuracy"} & set(meta)  # no second headline
+    md = meta["report"].value
+    assert md == (home / "reports" / "benchmark_report.md").read_text()
+    assert md.count(headline) == 1 and md.index(headline) < md.index("Pool verdict")
+    head = json.loads(asset_path(home, "router_head", suffix=".json").read_text())["value"]
+    assert value_line(head, "parity", models) not in md  # the prompt-only head's parity line led the old report
+    # the plot is named by its path (the UI cannot resolve a relative image link; `frontier_plot` inlines it)
+    assert "![" not in md and f"`{home / 'reports' / 'frontier_smoke.png'}`" in md
+    assert meta["frontier_plot"].value.startswith("![frontier_smoke.png](data:image/png;base64,")
+    # the promotion says one too: the router served now, the only ★ of its metadata
+    promo = inst.get_latest_materialization_event(AssetKey("promotion")).asset_materialization.metadata
+    assert promo["headline"].value == star_line(latest["star"], latest["name"])
+    assert "★" not in promo["candidates"].value and "(candidate)" in promo["candidates"].value
+
+
 def test_router_value_and_pool_report(smoke_home):
     from pipeline.report.value import ROUTER_VALUE_KEYS, TARGET_KEYS
 

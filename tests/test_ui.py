@@ -1,6 +1,7 @@
 """The Dagster UI over a materialised smoke lineage: dagster-webserver on a free loopback port, asked over GraphQL
 for the asset graph, the latest benchmark_report materialisation and the operations (schedule, sensors, jobs)."""
 import os
+import re
 import shutil
 import signal
 import socket
@@ -110,10 +111,13 @@ def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smok
     assert asset["__typename"] == "Asset"
     (latest,) = asset["assetMaterializations"]
     meta = {e["label"]: e for e in latest["metadataEntries"]}
-    assert {"report", "test_accuracy", "aiq_trained_head", "frontier_plot"} <= set(meta)
-    assert 0.0 <= meta["test_accuracy"]["floatValue"] <= 1.0
+    assert {"headline", "report", "head_test_accuracy", "aiq_trained_head", "frontier_plot"} <= set(meta)
+    assert 0.0 <= meta["head_test_accuracy"]["floatValue"] <= 1.0
     assert meta["report"]["mdStr"].startswith("## What the router is worth (smoke")
-    assert "## Routed benchmark (smoke" in meta["report"]["mdStr"] and "value_line" in meta
+    assert "## Routed benchmark (smoke" in meta["report"]["mdStr"]
+    # one headline, the ★ router's: the first entry, in the report once; the report links no image the UI cannot load
+    assert latest["metadataEntries"][0]["label"] == "headline" and meta["headline"]["text"].startswith("★ ")
+    assert meta["report"]["mdStr"].count(meta["headline"]["text"]) == 1 and "![" not in meta["report"]["mdStr"]
 
     (repo,) = _gql(webserver, OPERATIONS)["repositoriesOrError"]["nodes"]
     schedules = {s["name"]: s for s in repo["schedules"]}
@@ -173,8 +177,15 @@ def test_browser_shows_groups_held_out_table_and_frontier_plot(webserver, browse
     numbers = [c for c in cells if c.replace(".", "", 1).isdigit()]
     assert len(numbers) >= 5 and all(len(n.split(".")[-1]) <= 4 for n in numbers), numbers
 
-    # benchmark_report: the frontier plot, an inline PNG shown from its metadata entry
+    # benchmark_report: its report renders with no broken image, the frontier plot is an inline PNG of its own entry
     page.goto(f"{base}/assets/benchmark_report")
+    row = page.locator("tr", has_text="report_dir").first
+    row.wait_for(timeout=wait)
+    page.locator("tr").filter(has=page.get_by_text("report", exact=True)).first.get_by_text("[Show Markdown]").click()
+    page.get_by_text("What the router is worth (smoke", exact=False).first.wait_for(timeout=wait)
+    page.wait_for_timeout(800)
+    assert page.locator("img").evaluate_all("imgs => imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length") == 0
+    page.get_by_text("Close", exact=True).click()
     row = page.locator("tr", has_text="frontier_plot").first
     row.wait_for(timeout=wait)
     row.get_by_text("[Show Markdown]").click()
@@ -187,6 +198,16 @@ def test_browser_shows_groups_held_out_table_and_frontier_plot(webserver, browse
     assert plot.evaluate("img => img.complete && img.naturalWidth > 300")
     # floats people read on the page are rounded to 4 decimals
     page.get_by_text("Close", exact=True).click()
-    acc = page.locator("tr", has_text="test_accuracy").first.locator("td").last.inner_text()
+    acc = page.locator("tr", has_text="head_test_accuracy").first.locator("td").last.inner_text()
     assert len(acc.split(".")[-1]) <= 4, acc
+
+    # the graph's groups open collapsed (the browser keeps which are open, in the URL: no server setting,
+    # docs/usage.md); ⌥E expands them all
+    page.goto(f"{base}/asset-groups")
+    page.get_by_text("Global asset lineage").wait_for(timeout=wait)
+    page.get_by_text("report", exact=True).last.wait_for(timeout=wait)
+    assert "expanded=" not in page.url
+    page.mouse.click(1200, 300)  # the graph's background: the page has the keyboard
+    page.keyboard.press("Alt+KeyE")
+    page.wait_for_url(re.compile(r"expanded=.*report"), timeout=wait)
     print(f"screenshots: {sorted(p.name for p in tmp_path.glob('*.png'))} in {tmp_path}")

@@ -101,11 +101,49 @@ def baseline_policies(quality, cost, quality_train, models: list[str] | None = N
     return policies
 
 
+DPI = 120
+
+
+def label_marks(ax, marks: Mapping[str, tuple[float, float]], star_size: float = 140) -> list:
+    """A black star at each named (cost, quality) point and its name beside it, tied to it by a thin leader line.
+    A name goes to the first offset (right, then left; a step further up or down each time) whose box clears the
+    stars and the names placed before it, inside the axes if it can: named targets often share a point or nearly
+    (parity and quality>=0.98 on a cascade). Call it once the axes are laid out (scales, tight_layout): the boxes
+    are measured in display pixels."""
+    from itertools import count
+
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    r = np.sqrt(star_size) / 2 * ax.figure.dpi / 72  # a star's radius in pixels
+    placed = [Bbox.from_bounds(x - r, y - r, 2 * r, 2 * r) for x, y in ax.transData.transform(list(marks.values()))]
+    frame = ax.get_window_extent(renderer)
+    notes = []
+    for name, (mc, mq) in marks.items():
+        ax.scatter([mc], [mq], marker="*", s=star_size, color="black", zorder=4)
+        note = ax.annotate(name, (mc, mq), xytext=(10, 8), textcoords="offset points", fontsize=8, va="center",
+                           arrowprops={"arrowstyle": "-", "lw": 0.6, "shrinkA": 0, "shrinkB": 5})
+        for step in count():  # 8, -8, 20, -20, 32, ... points: finitely many boxes, so one clears them all
+            dy = (8 + 12 * (step // 4)) * (1 if step % 4 < 2 else -1)
+            dx = 10 if step % 2 == 0 else -10
+            note.xyann = (dx, dy)
+            note.set_horizontalalignment("left" if dx > 0 else "right")
+            note.update_positions(renderer)
+            box = Text.get_window_extent(note, renderer).padded(2)  # the name's own box, not its leader line
+            framed = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if not any(box.overlaps(b) for b in placed) and (framed or step >= 40):
+                break
+        placed.append(box)
+        notes.append(note)
+    return notes
+
+
 def plot_frontier(table_points: Mapping[str, object], path, title: str | None = None,
                   marks: Mapping[str, tuple[float, float]] | None = None,
                   cost_label: str = "cost per example (USD)") -> Path:
     """PNG of each policy's points and upper hull (cost on a log axis when all costs are positive); `marks` names
-    single (cost, quality) points to annotate, e.g. the router's named targets."""
+    single (cost, quality) points to annotate, e.g. the router's named targets (`label_marks`: names never overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,9 +151,9 @@ def plot_frontier(table_points: Mapping[str, object], path, title: str | None = 
 
     from pipeline.core.io import atomic_write
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=DPI)  # measured at the dpi it is saved at
     try:
-        all_costs = []
+        all_costs = [np.array([mc]) for mc, _ in (marks or {}).values()]
         colours = plt.get_cmap("tab20").colors
         for k, (name, pts) in enumerate(table_points.items()):
             p = _points(f"points of {name!r}", pts.points if isinstance(pts, PointSet) else pts)
@@ -127,11 +165,9 @@ def plot_frontier(table_points: Mapping[str, object], path, title: str | None = 
             h = upper_hull(p)
             ax.plot(h[:, 0], h[:, 1], marker=".", label=name, color=colour)
             ax.scatter(p[:, 0], p[:, 1], s=6, color=colour, alpha=0.35)
-        for i, (name, (mc, mq)) in enumerate((marks or {}).items()):
-            ax.scatter([mc], [mq], marker="*", s=140, color="black", zorder=4)
-            ax.annotate(name, (mc, mq), textcoords="offset points", xytext=(-90 if i % 2 else 12, 22 - 22 * (i % 4)),
-                        fontsize=8, arrowprops={"arrowstyle": "-", "lw": 0.6})  # staggered, each tied to its star
-            all_costs.append(np.array([mc]))
+        if marks:  # in the data limits before the layout, though their stars are drawn after it
+            ax.update_datalim([(mc, mq) for mc, mq in marks.values()])
+            ax.autoscale_view()
         costs = np.concatenate(all_costs) if all_costs else np.array([1.0])
         if np.all(costs > 0):
             ax.set_xscale("log")
@@ -142,6 +178,8 @@ def plot_frontier(table_points: Mapping[str, object], path, title: str | None = 
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
-        return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120))
+        ax.set_autoscale_on(False)  # the limits stay those the names are placed in
+        label_marks(ax, marks or {})
+        return atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=DPI))
     finally:
         plt.close(fig)

@@ -1,4 +1,5 @@
-"""What a router is worth, as reported: `value_line` (one line), `targets_markdown` (the held-out per-target table),
+"""What a router is worth, as reported: `report_headline` (the benchmark report's one headline: the ★ router at the
+serving target), `value_line` (one target of the prompt-only head), `targets_markdown` (its held-out per-target table),
 `router_value` (reports/router_value.json) and `ablation_markdown` (the router kinds side by side). The numbers
 come from pipeline/route/value.py (the value and cost scorers, `held_out_value`).
 """
@@ -275,9 +276,33 @@ def validation_at(reg, target=None) -> dict:
 
 
 def star_line(star: dict, name: str) -> str:
-    """'the ★ router: combined (cascade + prompt router), cascade cascade-…, at quality>=0.98: validation 99.1 % of
-    the best single agent's quality at 61 % of its cost' (latest.json's `star`)."""
-    v = star["validation"]
+    """'cascade (answers only) ★, cascade cascade-…, target quality>=0.98: held-out test 99.6 % of the best single
+    agent's quality at 74.0 % of its cost (validation 99.0 % at 67.0 %)' (latest.json's `star`)."""
+    v, h = star["validation"], star.get("held_out") or {}
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
-    return (f"{star['label']} ★, {star['kind']} {name}, target {star['target']}: validation {pct(v['quality_ratio'])} "
-            f"of the best single agent's quality at {pct(v['cost_ratio'])} of its cost")
+    return (f"{star['label']} ★, {star['kind']} {name}, target {star['target']}: held-out test "
+            f"{pct(h.get('quality_ratio'))} of the best single agent's quality at {pct(h.get('cost_ratio'))} of its "
+            f"cost (validation {pct(v['quality_ratio'])} at {pct(v['cost_ratio'])})")
+
+
+def report_headline(rv: dict, target: str, models: dict | None = None) -> str:
+    """The benchmark report's one headline: the ★ router of reports/router_value.json (`best_router`, the best
+    validation AIQ) at `target` (the profile's serving target) on held-out test, as `value_line` says a target:
+    '★ cascade (answers only), quality>=0.98: 0.851 (CI 0.821-0.880) at 74 % of gpt-4o's cost (best single 0.855;
+    99.6 % of its quality); routed benchmark (real calls) 0.851 at 73 %; validation AIQ 0.8345'.
+    `models`: agent name -> model name."""
+    key = rv["best_router"]
+    r, bs = rv["routers"][key], rv["best_single"]
+    name = (models or {}).get(bs["agent"], bs["agent"])
+    aiq = "" if r.get("aiq_validation") is None else f"; validation AIQ {r['aiq_validation']:.4f}"
+    head = f"★ {ROUTER_LABELS.get(key, key)}, {target}"
+    t = r["targets"].get(target)
+    if t is None:
+        return f"{head}: not evaluated on held-out test{aiq}"
+    cost = "n/a" if t.get("cost_ratio") is None else f"{100 * t['cost_ratio']:.0f} %"
+    share = "" if t.get("quality_ratio") is None else f"; {100 * t['quality_ratio']:.1f} % of its quality"
+    rb = (r.get("routed_benchmark") or {}).get(target)
+    routed = "" if not rb or rb.get("cost_ratio") is None else \
+        f"; routed benchmark (real calls) {rb['accuracy']:.3f} at {100 * rb['cost_ratio']:.0f} %"
+    return (f"{head}: {t['quality']:.3f} (CI {t['ci_low']:.3f}-{t['ci_high']:.3f}) at {cost} of {name}'s cost "
+            f"(best single {bs['quality']:.3f}{share}){routed}{aiq}")
