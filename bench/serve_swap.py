@@ -68,8 +68,8 @@ def register_pair(root: Path, bb, prompts: list[str]) -> tuple[Path, Path]:
 
 
 def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout_s: float = 240.0):
-    """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once every
-    worker printed its banner and /readyz answers 200."""
+    """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once the
+    startup line is printed (with N workers: once every worker is ready) and /readyz answers 200."""
     import threading
 
     import httpx
@@ -86,10 +86,9 @@ def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{''.join(lines)[-3000:]}")
-        banners = sum("router-lite serve: " in ln and " on http" in ln and "worker processes" not in ln
-                      for ln in lines)
+        started = any("router-lite serve: " in ln and " on http" in ln for ln in lines)
         try:
-            if banners >= workers and httpx.get(url + "/readyz", timeout=2).status_code == 200:
+            if started and httpx.get(url + "/readyz", timeout=2).status_code == 200:
                 return proc, url, lines
         except httpx.HTTPError:
             pass
