@@ -431,7 +431,8 @@ def test_a_budget_holds_across_two_worker_processes(tmp_path, static_head_dir):
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     try:
         deadline = time.monotonic() + 240
-        while not any("router-lite serve: head " in ln for ln in lines):  # printed once both workers are ready
+        # one startup line, printed once both workers are ready (before: one per worker, and the keys line too)
+        while not any("router-lite serve: head " in ln and "2 worker processes" in ln for ln in lines):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.3)
         assert httpx.post(url, json={"messages": [{"role": "user", "content": prompts[0]}]}).status_code == 401
