@@ -716,9 +716,8 @@ def _serve_workers(args) -> int:
                     stop()
             ready = reports.poll(0.2)
             if ready is not None:
-                pids = ", ".join(str(p.pid) for p in procs)
-                print(f"{ready.rstrip()}; {args.workers} worker processes (pids {pids}, {threads} backend thread(s) "
-                      "each)", file=sys.stderr, flush=True)
+                print(f"{ready.rstrip()}; {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}"
+                      f", {threads} backend thread(s) each)", file=sys.stderr, flush=True)
     finally:
         reports.close()
         stop()
