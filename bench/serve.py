@@ -126,10 +126,10 @@ def start_server(head: Path, profile: str, dtype: str, device: str, threads: int
             log.seek(0)
             raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{log.read().decode()[-3000:]}")
         try:
-            # with --workers N every worker has loaded its backbone (each prints its banner just before serving)
+            # the startup line: with --workers N printed once every worker has loaded its backbone
             log.seek(0)
             loaded = log.read().count(b"router-lite serve: head ")
-            if loaded >= workers and httpx.get(url + "/healthz", timeout=1).status_code == 200:
+            if loaded and httpx.get(url + "/healthz", timeout=1).status_code == 200:
                 time.sleep(0.5 if workers > 1 else 0)  # the last worker's uvicorn startup
                 return proc, url, log
         except httpx.HTTPError:

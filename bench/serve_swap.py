@@ -1,4 +1,4 @@
-"""Swapping the served router under load, and what /metrics costs.
+"""Swapping the served router under load, and what client keys and /metrics cost.
 
 1. Swap. A home with two heads registered on the static backbone (random weights: serving cost does not depend on how
    good a head is) and `registry/latest.json` on the first; `router-lite serve --workers 2` on it without `--head`
@@ -7,12 +7,16 @@
    replies name the new router (the end of the last reply naming the old one, after the move) and the requests
    ok / failed from the move to then; then the pointer is moved back (a rollback) and measured the same way. After
    both it reads /metrics (summed over the workers): swaps done and swap failures.
-2. /metrics overhead. Fresh `serve --workers 2` servers on the same home, with and without `--no-metrics`, in
-   alternating rounds: p50 of the client's latency and of X-Router-Overhead-Ms at 16 clients (new prompts each round,
-   so each is embedded by the static backbone: the cheap path where a per-request cost shows), and the servers' CPU
-   time per request (the steadier figure on a shared machine).
+2. Keys + /metrics overhead. Fresh `serve --workers 2` servers on the same home, in an order rotated each round:
+   `plain` (no client keys, `--no-metrics`), `metrics` (the series alone) and `keys+metrics` (`--api-keys` with a
+   key whose budget and rpm are far above what the run spends, a SQLite ledger, and the series). 16 clients send the
+   same new prompts to each server of a round (each is embedded by the static backbone: the cheap path where a
+   per-request cost shows); printed side by side: the client's latency p50 and p95 (rounds pooled) and their ratio
+   to `plain` (the goal: keys + metrics within 1.10 at the p50), X-Router-Overhead-Ms p50, and the servers' CPU time
+   per request (the steadier figure on a shared machine).
 
-    .venv/bin/python bench/serve_swap.py                       # both parts, about a minute after the static build
+    .venv/bin/python bench/serve_swap.py                       # both parts, a few minutes after the static build
+    .venv/bin/python bench/serve_swap.py --rounds 4 --requests 300   # a steadier overhead comparison
     .venv/bin/python bench/serve_swap.py --skip-overhead --follow-interval 1
 
 On a real demo home (after `router-lite run`): the pointer's router and another registered entry of the same
@@ -68,8 +72,8 @@ def register_pair(root: Path, bb, prompts: list[str]) -> tuple[Path, Path]:
 
 
 def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout_s: float = 240.0):
-    """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once every
-    worker printed its banner and /readyz answers 200."""
+    """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once the
+    startup line is printed (with N workers: once every worker is ready) and /readyz answers 200."""
     import threading
 
     import httpx
@@ -86,10 +90,9 @@ def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{''.join(lines)[-3000:]}")
-        banners = sum("router-lite serve: " in ln and " on http" in ln and "worker processes" not in ln
-                      for ln in lines)
+        started = any("router-lite serve: " in ln and " on http" in ln for ln in lines)
         try:
-            if banners >= workers and httpx.get(url + "/readyz", timeout=2).status_code == 200:
+            if started and httpx.get(url + "/readyz", timeout=2).status_code == 200:
                 return proc, url, lines
         except httpx.HTTPError:
             pass
@@ -172,28 +175,73 @@ def swap_part(home: Path, profile: str, a: Path, b: Path, prompts: list[str], ar
     return out
 
 
+def overhead_variants(tmpdir: Path) -> dict[str, tuple[tuple, dict]]:
+    """(serve arguments, client headers) of each server the overhead part compares: `plain` (no client keys, no
+    /metrics), `metrics` (the /metrics series alone) and `keys+metrics` (both: bench/serve.py's key with a budget
+    and an rpm far above what the run spends, its spend in a SQLite ledger, every request admitted and settled)."""
+    from serve import auth_variants
+
+    keys_args, headers = auth_variants(tmpdir)["keys"]
+    return {"plain": (("--no-metrics",), {}), "metrics": ((), {}), "keys+metrics": (keys_args, headers)}
+
+
 def overhead_part(home: Path, profile: str, router: str, prompts: list[str], args) -> dict:
-    """p50 at `--clients` clients with and without metrics, alternating fresh servers, new prompts each round."""
-    rows = {"metrics": [], "no_metrics": []}
-    per = len(prompts) // (2 * args.rounds)
-    for r in range(args.rounds):
-        for i, (label, extra) in enumerate((("metrics", ()), ("no_metrics", ("--no-metrics",)))):
-            order = i if r % 2 == 0 else 1 - i
-            chunk = prompts[(2 * r + order) * per:(2 * r + order + 1) * per]
-            proc, url, _ = start(home, profile, args.workers, ("--follow-interval", "0", *extra))
-            try:
-                asyncio.run(phase(url, router, prompts[-8:], 1, 60))  # first-call costs
-                cpu0 = tree_cpu_seconds(proc.pid)
-                res = asyncio.run(phase(url, router, chunk, args.clients, 120))
-                cpu = tree_cpu_seconds(proc.pid) - cpu0
-            finally:
-                stop_server(proc)
-            rows[label].append({"e2e_p50_ms": pct(res["latency_ms"], 50),
-                                "overhead_p50_ms": pct(res["overhead_ms"], 50),
-                                "cpu_ms_per_req": 1000 * cpu / max(1, len(res["latency_ms"])),
-                                "requests": len(res["latency_ms"]), "errors": res["errors"]})
-            print(f"round {r} {label}: {json.dumps(rows[label][-1])}", file=sys.stderr, flush=True)
-    return {k: {f: float(np.median([x[f] for x in v])) for f in v[0]} for k, v in rows.items()}
+    """Each of `overhead_variants` on a fresh server per round, in an order rotated each round, the same new prompts
+    for every server of a round (each server embeds each one: the static path, where a per-request cost shows) from
+    `--clients` clients: the client's latency p50 / p95 (all rounds pooled), its ratio to `plain`'s, the router
+    overhead header's p50 and the servers' CPU time per request (the steadier figure on a shared machine)."""
+    tmp = tempfile.TemporaryDirectory(prefix="bench-serve-overhead-")
+    variants = overhead_variants(Path(tmp.name))
+    names = list(variants)
+    per = min(args.requests, (len(prompts) - 8) // args.rounds)
+    rows = {name: [] for name in names}
+    try:
+        for r in range(args.rounds):
+            chunk = prompts[r * per:(r + 1) * per]
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                extra, headers = variants[name]
+                proc, url, _ = start(home, profile, args.workers, ("--follow-interval", "0", *extra))
+                try:
+                    asyncio.run(phase(url, router, prompts[-8:], 1, 60, headers))  # first-call costs
+                    cpu0 = tree_cpu_seconds(proc.pid)
+                    res = asyncio.run(phase(url, router, chunk, args.clients, 120, headers))
+                    cpu = tree_cpu_seconds(proc.pid) - cpu0
+                finally:
+                    stop_server(proc)
+                rows[name].append({**res, "cpu_s": cpu, "round": r})
+                lat = res["latency_ms"]
+                print(f"round {r} {name}: e2e p50 {pct(lat, 50):.1f} ms, p95 {pct(lat, 95):.1f} ms, {len(lat)} "
+                      f"requests, {res['errors']} errors, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    finally:
+        tmp.cleanup()
+    out = {}
+    for name, runs in rows.items():
+        lat = [x for run in runs for x in run["latency_ms"]]
+        out[name] = {"e2e_p50_ms": pct(lat, 50), "e2e_p95_ms": pct(lat, 95),
+                     "overhead_p50_ms": pct([x for run in runs for x in run["overhead_ms"]], 50),
+                     "cpu_ms_per_req": 1000 * sum(run["cpu_s"] for run in runs) / max(1, len(lat)),
+                     "round_p50_ms": [round(pct(run["latency_ms"], 50), 2) for run in runs],
+                     "requests": len(lat), "errors": sum(run["errors"] for run in runs)}
+    for name in names:
+        out[name]["p50_ratio"] = out[name]["e2e_p50_ms"] / out["plain"]["e2e_p50_ms"]
+        out[name]["p95_ratio"] = out[name]["e2e_p95_ms"] / out["plain"]["e2e_p95_ms"]
+        out[name]["cpu_ratio"] = out[name]["cpu_ms_per_req"] / out["plain"]["cpu_ms_per_req"]
+    return out
+
+
+def overhead_table(overhead: dict, args) -> None:
+    """The overhead part side by side; the goal: keys + metrics within 10 % of plain at the p50."""
+    print(f"\nclient keys and /metrics on the static path: fresh `serve --workers {args.workers}` servers, "
+          f"{args.clients} clients, {args.rounds} rounds in rotated order (all rounds pooled)")
+    print("| server | e2e p50 | e2e p95 | p50 / plain | p95 / plain | router overhead p50 | server CPU/req (/ plain) | "
+          "p50 per round | requests | errors |\n|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in overhead.items():
+        print(f"| {name} | {r['e2e_p50_ms']:.1f} ms | {r['e2e_p95_ms']:.1f} ms | {r['p50_ratio']:.3f} | "
+              f"{r['p95_ratio']:.3f} | {r['overhead_p50_ms']:.2f} ms | {r['cpu_ms_per_req']:.2f} ms "
+              f"({r['cpu_ratio']:.2f}) | {' / '.join(f'{x:.1f}' for x in r['round_p50_ms'])} | {r['requests']} | "
+              f"{r['errors']} |")
+    ratio = overhead["keys+metrics"]["p50_ratio"]
+    print(f"keys + metrics vs plain, p50: {ratio:.3f} ({'within' if ratio <= 1.10 else 'above'} the 1.10 goal)")
 
 
 def _profile(name: str):
@@ -220,7 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--follow-interval", type=float, default=2.0)
     ap.add_argument("--window", type=float, default=60.0, help="give up on a swap after this many seconds")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of the /metrics overhead part")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the keys + /metrics overhead part")
     ap.add_argument("--requests", type=int, default=200, help="requests per overhead round")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--json", default=None)
@@ -266,10 +314,7 @@ def main(argv=None) -> int:
         print(f"| {label} | {r['seconds_to_all_new']} | {r['ok']} | {r['failed']} |")
     print(f"/metrics after both: {result['metrics']}")
     if "overhead" in result:
-        print("\n| /metrics | e2e p50 | overhead p50 | server CPU/req |\n|---|---|---|---|")
-        for label, r in result["overhead"].items():
-            print(f"| {label} | {r['e2e_p50_ms']:.1f} ms | {r['overhead_p50_ms']:.2f} ms | "
-                  f"{r['cpu_ms_per_req']:.2f} ms |")
+        overhead_table(result["overhead"], args)
     out = Path(args.json) if args.json else bench_dir() / "serve_swap.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=float))

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import sys
-import time
 
 from cli.options import use_override
 from pipeline.core.environ import environ
@@ -431,16 +430,29 @@ def cmd_serve(args) -> int:
     follow = _pointer_follower(args, profile)
     app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts,
                     follow=follow)
-    app = _guarded(app, args, keyring, allowed)
+    app, keys_line = _guarded(app, args, keyring, allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
-    print(f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
-          f"http://{args.host}:{args.port}/v1 (backbone {bb.model_id} on {bb.device})"
-          + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
-             f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
-          + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""),
-          file=sys.stderr, flush=True)
+    banner = (f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
+              f"http://{args.host}:{sock.getsockname()[1]}/v1 (backbone {bb.model_id} on {bb.device})"
+              + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
+                 f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
+              + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""))
+    _announce(args, [*keys_line, banner])
     return _run_uvicorn(app, sock, settings, args.verbose)
+
+
+def _announce(args, lines: list[str]) -> None:
+    """The startup lines, once: printed here, or by a worker of `serve --workers N` handed to its supervisor on the
+    pipe it reports ready on (`--ready-fd`), which prints one worker's lines once every worker is ready."""
+    import contextlib
+
+    text = "".join(line + "\n" for line in lines)
+    if args.ready_fd is None:
+        print(text, end="", file=sys.stderr, flush=True)
+        return
+    with contextlib.suppress(OSError), os.fdopen(args.ready_fd, "w", encoding="utf-8") as ready:
+        ready.write(text)  # a supervisor already gone: this worker gets its SIGTERM (die_with_parent)
 
 
 def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
@@ -491,8 +503,9 @@ def _client_keys(args):
             raise RouterLiteError(f"--host {args.host} is reachable beyond this machine and no client keys are set: "
                                   f"pass --api-keys FILE (or {KEYS_ENV}), or --allow-unauthenticated to let every "
                                   "client spend")
-        print(f"router-lite serve: warning: binding {args.host} without client keys (--allow-unauthenticated): "
-              "every client may spend", file=sys.stderr)
+        if args.fd is None:  # the supervisor of `--workers N` says it, not each worker again
+            print(f"router-lite serve: warning: binding {args.host} without client keys (--allow-unauthenticated): "
+                  "every client may spend", file=sys.stderr)
     if keyring is None and args.ledger:
         raise RouterLiteError("--ledger keeps the spend of client keys: pass --api-keys FILE too")
     return keyring, allowed
@@ -520,12 +533,11 @@ def _guarded(app, args, keyring, allowed):
     from pipeline.serve.auth import guard_clients
     from resources.ledger import SpendLedger, shown
 
-    if keyring is not None:
+    if keyring is not None:  # (the app, its startup line)
         url = _ledger_url(args)
-        print(f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger "
-              f"{shown(url)}", file=sys.stderr)
-        return guard_clients(app, keyring, SpendLedger(url), allowed)
-    return guard_clients(app, None, None, allowed)
+        return guard_clients(app, keyring, SpendLedger(url), allowed), \
+            [f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger {shown(url)}"]
+    return guard_clients(app, None, None, allowed), []
 
 
 def _take_stop_signals() -> None:
@@ -667,7 +679,7 @@ def _serve_workers(args) -> int:
     import subprocess
 
     from pipeline.serve.metrics import multiprocess_dir
-    from pipeline.serve.server import bind_listener, spawn_worker
+    from pipeline.serve.server import WorkerReports, bind_listener, spawn_worker
 
     sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
     metrics_dir = contextlib.ExitStack()  # the workers' metrics in files of one folder, summed by /metrics
@@ -678,11 +690,11 @@ def _serve_workers(args) -> int:
     # the same command; the later --workers / --threads win, --fd hands over the socket
     cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
            "--threads", str(threads)]
-    # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port
-    procs = [spawn_worker(cmd, sock.fileno()) for _ in range(args.workers)]
-    print(f"router-lite serve: {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}, "
-          f"{threads} backend thread(s) each) on http://{args.host}:{sock.getsockname()[1]}/v1", file=sys.stderr,
-          flush=True)
+    # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port;
+    # each reports its startup lines on a pipe of its own once it is ready, and they are printed once, for all
+    reports = WorkerReports()
+    procs = [reports.started(lambda w: spawn_worker([*cmd, "--ready-fd", str(w)], sock.fileno(), w))
+             for _ in range(args.workers)]
     stopping = False
 
     def stop(*_):
@@ -703,8 +715,12 @@ def _serve_workers(args) -> int:
                     print(f"router-lite serve: worker {p.pid} exited with {p.returncode}; stopping the others",
                           file=sys.stderr, flush=True)
                     stop()
-            time.sleep(0.2)
+            ready = reports.poll(0.2)
+            if ready is not None:
+                print(f"{ready.rstrip()}; {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}"
+                      f", {threads} backend thread(s) each)", file=sys.stderr, flush=True)
     finally:
+        reports.close()
         stop()
         for p in procs:
             try:
@@ -908,6 +924,7 @@ def _add_serve_command(sub) -> None:
                         "names without a restart (default %(default)g; 0: do not follow)")
     p.add_argument("--no-metrics", action="store_true", help="no GET /metrics (and no series recorded)")
     p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # where a worker says it is ready
     p.set_defaults(fn=cmd_serve)
 
 

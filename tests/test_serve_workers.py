@@ -39,9 +39,9 @@ def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexe
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # read as it comes
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # both workers loaded (each prints its banner just before serving)
+    while time.monotonic() < deadline:  # the startup line: printed once every worker has loaded
         assert proc.poll() is None, "".join(lines)
-        if sum("router-lite serve: head " in ln for ln in lines) == workers:
+        if any("router-lite serve: head " in ln for ln in lines):
             break
         time.sleep(0.3)
     return proc, port, lines
@@ -70,7 +70,29 @@ def test_two_workers_behind_one_port(tmp_path, static_head_dir):
             proc.kill()
         proc.wait()
     out = "".join(lines)
-    assert "2 worker processes" in out and out.count("router-lite serve: head ") == 2, out
+    banners = [ln for ln in lines if "router-lite serve: head " in ln]  # once, not once per worker
+    assert len(banners) == 1 and f"on http://127.0.0.1:{port}/v1 " in banners[0], out
+    assert f"; 2 worker processes (pids {workers[0]}, {workers[1]}, " in banners[0] \
+        or f"; 2 worker processes (pids {workers[1]}, {workers[0]}, " in banners[0], out
+
+
+def test_the_startup_line_is_printed_once_and_names_the_port_the_kernel_picked(tmp_path, static_head_dir):
+    """`--port 0 --workers 2`: one startup line (not one per worker), printed when both workers are ready, and its
+    URL is the port bound (before: each worker printed its own line, naming port 0)."""
+    head_dir, _ = static_head_dir
+    proc, _, lines = _start(head_dir, tmp_path, port=0)
+    try:
+        banners = [ln for ln in lines if "router-lite serve: head " in ln]
+        url = re.search(r"on (http://127\.0\.0\.1:[0-9]+)/v1 ", banners[0]).group(1)
+        assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert not url.endswith(":0") and sum("router-lite serve: head " in ln for ln in lines) == 1, "".join(lines)
+    assert "2 worker processes (pids " in banners[0], "".join(lines)
 
 
 def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path, static_head_dir):

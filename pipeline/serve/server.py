@@ -67,12 +67,65 @@ def die_with_parent(sig: int = 15) -> None:
         os.kill(os.getpid(), sig)
 
 
-def spawn_worker(cmd: list[str], fd: int | None = None):
-    """A `serve --workers N` worker process running `cmd`, inheriting the listening socket `fd`, that the kernel
-    stops (SIGTERM) when this process dies, however it dies (`die_with_parent`)."""
+def spawn_worker(cmd: list[str], *fds: int):
+    """A `serve --workers N` worker process running `cmd`, inheriting `fds` (the listening socket, the pipe it reports
+    ready on), that the kernel stops (SIGTERM) when this process dies, however it dies (`die_with_parent`)."""
     import subprocess
 
-    return subprocess.Popen(cmd, pass_fds=() if fd is None else (fd,), preexec_fn=die_with_parent)
+    return subprocess.Popen(cmd, pass_fds=fds, preexec_fn=die_with_parent)
+
+
+class WorkerReports:
+    """The supervisor's side of what each worker of `serve --workers N` reports once it is ready to serve (its
+    startup lines, on a pipe of its own that it then closes): `poll` hands back one worker's report once every worker
+    has reported, so the startup line is printed once, and when the whole server is ready."""
+
+    def __init__(self):
+        self.pending: dict[int, list[bytes]] = {}  # read end -> what came so far, until the worker closes it
+        self.reports: list[str] = []
+        self.expected = 0
+        self.told = False
+
+    def started(self, spawn):
+        """`spawn(write_fd)` -> the worker process, started with the write end of a new pipe (closed here after)."""
+        r, w = os.pipe()
+        try:
+            proc = spawn(w)
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self.pending[r], self.expected = [], self.expected + 1
+        return proc
+
+    def poll(self, timeout_s: float) -> str | None:
+        """Read what the workers wrote within `timeout_s`; the first report once all are in (once), else None. A
+        worker that exits before it reports closes its pipe with nothing on it: no report, and none is printed."""
+        import select
+        import time
+
+        if not self.pending:
+            time.sleep(timeout_s)
+        else:
+            for r in select.select(list(self.pending), [], [], timeout_s)[0]:
+                chunk = os.read(r, 65536)
+                if chunk:
+                    self.pending[r].append(chunk)
+                    continue
+                text = b"".join(self.pending.pop(r)).decode("utf-8", "replace")
+                os.close(r)
+                if text:
+                    self.reports.append(text)
+        if self.told or len(self.reports) < self.expected:
+            return None
+        self.told = True
+        return self.reports[0]
+
+    def close(self) -> None:
+        for r in self.pending:
+            os.close(r)
+        self.pending.clear()
 
 
 class RouterServer(LoopbackServer):
