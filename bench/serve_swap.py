@@ -47,19 +47,20 @@ from serve import bench_dir, free_port, pct, phase, recorded_prompts, stop_serve
 REPO = Path(__file__).resolve().parents[1]
 
 
-def register_pair(root: Path, bb, prompts: list[str]) -> tuple[Path, Path]:
-    """Two heads with random weights on backbone `bb` for the mmlu_pro pool, registered under `root` (the OOD guard
-    fitted on `prompts`); the pointer names the first."""
+def register_pair(root: Path, bb, prompts: list[str], second_pool: str = "mmlu_pro") -> tuple[Path, Path]:
+    """Two heads with random weights on backbone `bb`, the first for the mmlu_pro pool, the second for `second_pool`
+    (its wider pool: a router a wider re-collection promotes), registered under `root` (the OOD guard fitted on
+    `prompts`); the pointer names the first."""
     from pipeline.route import registry
     from pipeline.route.head import Head
     from pipeline.route.ood import OODGuard
     from resources.pool import PoolResource
 
-    agents = PoolResource(kind="replay", pool="mmlu_pro").agents()
     X = bb.encode(prompts)
     guard = OODGuard(k=3).fit(X[: len(X) // 2], X[len(X) // 2:])
     out = []
-    for seed in (1, 2):
+    for seed, pool in ((1, "mmlu_pro"), (2, second_pool)):
+        agents = PoolResource(kind="replay", pool=pool).agents()
         rng = np.random.default_rng(seed)
         head = Head(rng.normal(size=(bb.dim, len(agents))), np.zeros(len(agents)), agents=[a.name for a in agents])
         out.append(registry.register(

@@ -413,7 +413,7 @@ def cmd_serve(args) -> int:
                         key_hosts=list(profile.pool.key_hosts))
     pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
     reg, target, stands_for = _served_router(args, profile)  # a bad target fails before serving
-    agents = pool.agents()
+    agents, wider = _serve_agents(pool, profile, following=not (args.head or args.follow_interval == 0))
     pool.check(agents, needed_by="serve")
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
     _check_guard(args, keyring, allowed, target)
@@ -433,7 +433,8 @@ def cmd_serve(args) -> int:
     app, keys_line = _guarded(app, args, keyring, allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
-    banner = (f"router-lite serve: {stands_for}; {len(agents)} agents of pool {pool.pool!r} ({pool.kind}) on "
+    banner = (f"router-lite serve: {stands_for}; {len(agents) - len(wider)} agents of pool {pool.pool!r} ({pool.kind})"
+              + (f" and {len(wider)} more of its wider pool {profile.pool.wide_name!r}" if wider else "") + " on "
               f"http://{args.host}:{sock.getsockname()[1]}/v1 (backbone {bb.model_id} on {bb.device})"
               + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
                  f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
@@ -599,6 +600,23 @@ def _served_router(args, profile):
     if star and star.get("target") == v["target"] and held.get("cost_ratio") is not None:
         what += f"; held-out test: {pct(held['quality_ratio'])} at {pct(held['cost_ratio'])}"
     return reg, v["target"], what + ")"
+
+
+def _serve_agents(pool, profile, following: bool):
+    """(agents the server may call, those of them only the wider pool has). A server that follows the registry also
+    knows the agents of the profile's wider pool (`pool.wide_name`, which the re-collection schedule collects on): a
+    router promoted after a wider re-collection routes to them and is swapped in without a restart. A client is made
+    only for an agent a router calls."""
+    agents = pool.agents()
+    wide = profile.pool.wide_name
+    if not following or not wide or wide == pool.pool:
+        return agents, []
+    from resources.pool import PoolResource
+
+    known = {a.name for a in agents}
+    wide_pool = PoolResource(kind=pool.kind, pool=wide, base_url=pool.base_url, key_hosts=list(pool.key_hosts))
+    wider = [a for a in wide_pool.agents() if a.name not in known]
+    return agents + wider, wider
 
 
 def _pointer_follower(args, profile):

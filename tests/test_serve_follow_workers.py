@@ -21,6 +21,7 @@ from resources.storage import home_of
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from serve import stop_server  # noqa: E402
 from serve_swap import metric_value, recorded_prompts, register_pair, start, swap_under_load  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
@@ -65,6 +66,27 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     out = "".join(lines)
     assert out.count(f"now serving head {b.name}") == 2 and out.count(f"now serving head {a.name}") == 2, out[-3000:]
     assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed
+
+
+def test_a_router_of_the_wider_pool_is_swapped_in_without_a_restart(tmp_path, tiny_distill):
+    """The re-collection schedule collects on the profile's wider pool and may promote a router that routes to its
+    new agents: a following server knows them from the start (its startup line says so) and swaps that router in."""
+    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
+    prompts = recorded_prompts(40)
+    root = home_of(load_profile("mmlu_pro"), home=tmp_path / "home") / "registry"
+    bb = Backbone(static, runtime=Runtime(log_every=10**9))
+    a, wide = register_pair(root, bb, prompts[:24], second_pool="mmlu_pro_wide")
+    proc, url, lines = start(tmp_path / "home", "mmlu_pro", 1, ("--follow-interval", "0.5"))
+    try:
+        assert "5 agents of pool 'mmlu_pro' (replay) and 3 more of its wider pool 'mmlu_pro_wide'" in "".join(lines)
+        registry.mark_latest(root, wide.name, wide)
+        ready = _metrics_when(url, lambda t: metric_value(t, "router_lite_router_swaps_total") >= 1, within_s=60)
+        assert metric_value(ready, "router_lite_router_swap_failures_total") == 0
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": prompts[30]}]},
+                       timeout=60)
+        assert r.status_code == 200 and r.headers["x-router-name"] == wide.name
+    finally:
+        stop_server(proc)
 
 
 def _metrics_when(url: str, ready, within_s: float) -> str:
