@@ -34,7 +34,8 @@ test-fast: install
 	$(BIN)/pytest -m "not slow"
 
 # every fenced shell block of README.md and docs/ run as written on a scratch demo home (tests/test_docs_commands.py;
-# opt-in: the whole lineage from scratch, then every page: 14 min 45 s on 2 idle cores (2026-12-02), not in CI's budget)
+# opt-in: the whole lineage from scratch, then every page: 14 min 45 s on 2 idle cores (2026-12-02), not in CI's budget).
+# `make test` runs the tutorial's and serving.md's blocks on the small smoke lineage and checks `git status` stays clean
 test-docs: install
 	ROUTER_LITE_DOCS_RUN=1 $(BIN)/pytest tests/test_docs_commands.py
 
