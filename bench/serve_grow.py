@@ -242,8 +242,8 @@ def main(argv=None) -> int:
             rb = [sys.executable, "-m", "cli.main", "rollback", "--profile", args.profile]
             result["rollback"] = asyncio.run(clients_until(
                 url, prompts, args, root, result["grow"]["new"],
-                lambda: print(subprocess.run(rb, cwd=REPO, env=env, capture_output=True, text=True).stdout.strip(),
-                              flush=True)))
+                lambda: print(subprocess.run(rb, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             text=True).stdout.strip(), flush=True)))  # its line, or its error
         text = __import__("httpx").get(url + "/metrics", timeout=30).text
         result["metrics"] = {"swaps": metric_value(text, "router_lite_router_swaps_total"),
                              "swap_failures": metric_value(text, "router_lite_router_swap_failures_total")}
