@@ -22,6 +22,9 @@ whole loop); then `router-lite rollback` on the running server, measured the sam
 `$ROUTER_LITE_HOME/bench/serve_grow.json`).
 
     ROUTER_LITE_HOME=.router-lite .venv/bin/python bench/serve_grow.py --home .router-lite
+
+The rollback needs the home's served router recorded in registry/promotions.jsonl (a home whose pointer predates
+gated promotions: `router-lite promote <its router>` first). A run: docs/operations.md, "The loop, end to end".
 """
 from __future__ import annotations
 
