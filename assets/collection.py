@@ -389,7 +389,11 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
     for a, why in quarantine.items():
         context.log.warning(f"agent {a} quarantined (left out of the reward matrix): {why}")
     lower = cost_lower_bounds(pool, agents) if costs_are_estimated(matrix.rows) else {}
-    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions, on_purpose=sampled)
+    # an agent that may join is completed before any router is trained on its estimates: its unasked cells fail
+    # the blocking check (the routers wait) until the next collection on this pool makes them (`rest_of`)
+    joining = [a for a, d in (decisions or {}).get("agents", {}).items() if d["collect_rest"] and d["imputed"]]
+    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions,
+                                on_purpose=[a for a in sampled if a not in joining], joining=joining)
     yield Output(matrix.rows, metadata={
         "imputed_cells": imputed_cells(matrix.rows),
         "new_agents": MetadataValue.md(new_agents_markdown(decisions) if decisions else "(none sampled)"),

@@ -100,19 +100,29 @@ def missing_cells(calls: pd.DataFrame, task_pool: pd.DataFrame, agents: list[str
 
 
 def matrix_complete_check(calls: pd.DataFrame, task_pool: pd.DataFrame, agents: list[str],
-                          repetitions: int, on_purpose: list[str] | tuple = ()) -> AssetCheckResult:
+                          repetitions: int, on_purpose: list[str] | tuple = (),
+                          joining: list[str] | tuple = ()) -> AssetCheckResult:
     """`matrix_complete` of the reward matrix (blocking): every (agent, task, repetition) cell was collected, but
     the cells of `on_purpose` agents (new agents asked on a sample, `collection.new_agent_sample`: estimated and
-    marked `imputed` in the matrix), counted apart."""
+    marked `imputed` in the matrix), counted apart. `joining`: sampled agents that may join the frontier, whose
+    missing cells the next collection makes: the check fails, saying so, until it has (no router is trained on them
+    meanwhile)."""
     missing = missing_cells(calls, task_pool, agents, repetitions)
     sampled = set(on_purpose)
     imputed = sum(1 for a, _, _ in missing if a in sampled)
     missing = [m for m in missing if m[0] not in sampled]
     n = len(task_pool) * len(agents) * repetitions
     shown = ", ".join(f"{a}/{t}/rep{r}" for a, t, r in missing[:MISSING_SHOWN])
+    pending = sorted({a for a, _, _ in missing if a in set(joining)})
+    if pending and all(a in pending for a, _, _ in missing):
+        why = (f"{len(missing):,} cells of new agents that may join the frontier ({', '.join(pending)}) are not "
+               "collected yet: the next collection on this pool makes them (collection_job on every partition, or "
+               "the next recollect_wide_pool tick), then the routers are retrained")
+    else:
+        why = (f"{len(missing):,} of {n:,} cells (agent/task/repetition) were never collected, e.g. {shown}: "
+               f"finish the collection (router-lite run, with a higher --max-usd if a budget stopped it)")
     return AssetCheckResult(
         check_name="matrix_complete", passed=not missing,
-        metadata={"missing_cells": len(missing), "cells": n, "sampled_out_cells": imputed},
-        description=(f"{len(missing):,} of {n:,} cells (agent/task/repetition) were never collected, e.g. {shown}: "
-                     f"finish the collection (router-lite run, with a higher --max-usd if a budget stopped it)")
-        if missing else None)
+        metadata={"missing_cells": len(missing), "cells": n, "sampled_out_cells": imputed,
+                  "joining": MetadataValue.json(pending)},
+        description=why if missing else None)

@@ -10,6 +10,11 @@ How to use each from the UI and the command line: docs/operations.md.
   profile (the call log makes only the calls it lacks: the wider pool's new agents; every stage takes the pool from
   the pre-flight it consumes), and once all are done the automation sensor `refresh_after_collection`
   (assets/automation.py, `AutomationCondition.eager()`) refreshes the assets computed from the calls.
+  With `collection.new_agent_sample` on (the shipped demo, mmlu_pro and pilot profiles), the collection asks each new
+  agent on a sample and the refresh's `reward_matrix` decides which may join the frontier; while one of those has
+  unasked tasks, its blocking check `matrix_complete` fails naming them (no router trains on their estimates) and the
+  run-status sensor `recollect_complete_joiners` requests every partition's collection again: their remaining calls
+  only; the automation then refreshes once more and the promotion's gate decides.
   The collection stays a run-status sensor on purpose: it makes (possibly paid) calls, so only an explicit
   `recollect_preflight` run starts one, never an incidental pre-flight materialisation.
 - `collection_dask`: `graded_calls` through the `dagster-dask` executor (a small LocalCluster by default;
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 from dagster import (
     AssetSelection,
+    DagsterEventType,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -48,6 +54,8 @@ DASK_JOB = "collection_dask"
 REGRADE_JOB = "regrade_calls"
 SCHEDULE = "recollect_wide_pool"
 COLLECT_SENSOR = "recollect_collect_partitions"
+COMPLETE_SENSOR = "recollect_complete_joiners"
+COMPLETION_TAG = "router_lite/completion"  # run id of the run whose reward matrix asked for the joiners' rest
 
 # the manual refresh job (no daemon, or a live pool's benchmark): everything downstream of the rewards that is not
 # partitioned: what the automation refreshes, the embeddings, the benchmark on any pool, and the promotion (its gate
@@ -133,6 +141,31 @@ def build_ops(prof: Profile) -> dict:
         tags = {RECOLLECTION_TAG: run.run_id, POOL_TAG: run_config_pool(run.run_config) or prof.pool.name}
         return [RunRequest(run_key=f"{run.run_id}:{pk}", partition_key=pk, tags=tags) for pk in collection_keys(prof)]
 
+    @run_status_sensor(name=COMPLETE_SENSOR, run_status=DagsterRunStatus.FAILURE, request_job=collection_job,
+                       default_status=DefaultSensorStatus.RUNNING,
+                       description=f"After a run whose reward matrix held the routers back for new agents that may "
+                                   f"join (matrix_complete naming them): one {COLLECTION_JOB} run per source × "
+                                   "repetition, which makes their remaining calls; the refresh follows.")
+    def recollect_complete_joiners(context):
+        run = context.dagster_run
+        joining = joiners_waiting(context.instance, run.run_id)
+        if not joining:
+            return SkipReason(f"run {run.run_id} did not hold the routers for new agents")
+        tags = {COMPLETION_TAG: run.run_id, POOL_TAG: run.tags.get(POOL_TAG, prof.pool.wide_name or prof.pool.name)}
+        return [RunRequest(run_key=f"complete:{run.run_id}:{pk}", partition_key=pk, tags=tags)
+                for pk in collection_keys(prof)]
+
     return {"jobs": [source_tasks_job, collection_job, preflight_job, refresh_job, regrade_job, dask_job],
             "schedules": [recollect_wide_pool],
-            "sensors": [recollect_collect_partitions, refresh_sensor(prof.pool.kind)]}
+            "sensors": [recollect_collect_partitions, recollect_complete_joiners, refresh_sensor(prof.pool.kind)]}
+
+
+def joiners_waiting(instance, run_id: str) -> list[str]:
+    """The new agents that may join whose remaining calls a run's `reward_matrix:matrix_complete` check is waiting
+    for (its metadata `joining`; none when the check passed or failed for another reason)."""
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+        ev = record.dagster_event.event_specific_data
+        if ev.check_name == "matrix_complete" and not ev.passed:
+            joining = ev.metadata.get("joining")
+            return list(getattr(joining, "value", None) or [])
+    return []

@@ -54,7 +54,7 @@ def test_the_sample_is_stratified_seeded_and_deterministic():
 def test_the_setting_is_off_by_default_and_checked():
     from pipeline.profile import load_profile
 
-    assert not load_profile("demo").collection.new_agent_sample.on
+    assert not NewAgentSample().on and not load_profile("smoke").collection.new_agent_sample.on  # off unless set
     assert NewAgentSample(fraction=0.2).on
     for bad in ({"fraction": 1.5}, {"strategy": "x"}, {"model": "x"}, {"complete": "x"}, {"confidence": 1.0}):
         with pytest.raises(RouterLiteError, match="new_agent_sample"):
@@ -210,8 +210,8 @@ def test_the_collection_completes_only_the_agents_the_last_decision_on_its_pool_
     assert rest_of(storage, "demo_wide") == ["n1"] and rest_of(storage, "other_pool") == []
     assert "| n1 | 3/10 | 0.5000 [0.4000, 0.6000] |" in new_agents_markdown({**report, "agents": {
         "n1": report["agents"]["n1"]}})
-    demo = load_profile("demo")  # the setting off: nobody is sampled, whatever the pool
-    assert sampled_agents(demo, ["frontier_a", "wide_qwen72b"]) == []
+    smoke = load_profile("smoke")  # the setting off: nobody is sampled, whatever the pool
+    assert sampled_agents(smoke, ["frontier_a", "wide_qwen72b"]) == []
 
 
 @pytest.mark.slow
@@ -287,3 +287,122 @@ def test_calls_already_logged_for_a_new_agent_are_kept_not_imputed(demo_tasks, t
     assert fc["per_agent"][first.name]["calls"] == fc["per_agent"][first.name]["calls_low"] == 0
     assert all(fc["per_agent"][a]["calls"] == 3 for a in asked if a != first.name)
     assert (calls["agent"] == first.name).sum() == 12
+
+
+def test_the_shipped_wider_pool_profiles_sample_their_new_agents(tmp_path, monkeypatch):
+    """demo, mmlu_pro(_full) and pilot ship the sample on: a collection on their wider pool asks the new agents on
+    20 % first; the profile's own pool (and a run whose pool *is* the wider one: docs/wide_pool.md's) samples
+    nobody."""
+    from assets.collection import sampled_agents
+    from pipeline.collect.agents import load_agents
+    from pipeline.profile import load_profile
+
+    for name in ("demo", "mmlu_pro", "mmlu_pro_full", "pilot"):
+        prof = load_profile(name)
+        assert prof.collection.new_agent_sample.fraction == 0.2, name
+        wide = [a.name for a in load_agents("config/agents.yaml", prof.pool.wide_name)]
+        own = [a.name for a in load_agents("config/agents.yaml", prof.pool.name)]
+        assert sampled_agents(prof, wide) == [a for a in wide if a not in own] and len(sampled_agents(prof, wide)) >= 3
+        assert sampled_agents(prof, own) == []
+    (tmp_path / "demo_wide.yaml").write_text("pool: {name: demo_wide}\n")
+    monkeypatch.setenv("ROUTER_LITE_OVERRIDE", str(tmp_path / "demo_wide.yaml"))
+    wide_run = load_profile("demo")
+    assert sampled_agents(wide_run, [a.name for a in load_agents("config/agents.yaml", "demo_wide")]) == []
+
+
+def test_an_agent_that_may_join_holds_the_routers_until_it_is_collected():
+    from assets.collection_budget import matrix_complete_check
+
+    tasks = pd.DataFrame({"task_id": ["s/1", "s/2", "s/3"]})
+    calls = pd.DataFrame({"agent": ["a", "a", "a", "j", "n"], "task_id": ["s/1", "s/2", "s/3", "s/1", "s/1"],
+                          "repetition": [0] * 5})
+    res = matrix_complete_check(calls, tasks, ["a", "j", "n"], 1, on_purpose=["n"], joining=["j"])
+    assert not res.passed and res.metadata["joining"].value == ["j"]
+    assert res.description.startswith("2 cells of new agents that may join the frontier (j) are not collected yet")
+    assert res.metadata["sampled_out_cells"].value == 2  # n's, estimated on purpose
+    done = pd.concat([calls, pd.DataFrame({"agent": ["j", "j"], "task_id": ["s/2", "s/3"], "repetition": [0, 0]})])
+    assert matrix_complete_check(done, tasks, ["a", "j", "n"], 1, on_purpose=["n"], joining=[]).passed
+
+
+@pytest.mark.slow
+def test_the_demo_schedule_asks_the_sample_first_and_completes_only_the_joiners(tmp_path, monkeypatch):
+    """The shipped demo profile (a 90-task slice, bootstrap 20) on its wider pool through the assets: graded_calls
+    asks each new agent 20 % of each source's tasks; reward_matrix decides and, while an agent that may join has
+    unasked cells, fails `matrix_complete` naming it (no router is trained on its estimates) and the completion
+    sensor requests every partition's collection; it makes exactly the joiners' remaining calls and nobody else's;
+    then the matrix passes, only the others' cells imputed."""
+    import json
+
+    import yaml
+    from dagster import (
+        DagsterEventType,
+        DagsterInstance,
+        MultiPartitionKey,
+        build_run_status_sensor_context,
+        materialize,
+    )
+
+    from assets.definitions import build_assets, build_definitions, build_resources
+    from assets.ops import COMPLETE_SENSOR, COMPLETION_TAG, preflight_run_config
+    from pipeline.collect.call_log import CallLog
+    from pipeline.profile import load_profile
+    from resources.storage import StorageResource, asset_path
+
+    over = tmp_path / "o.yaml"
+    over.write_text(yaml.safe_dump({"task_pool": {"size": 90}, "collection": {"new_agent_sample": {"boot": 20}}}))
+    monkeypatch.setenv("ROUTER_LITE_OVERRIDE", str(over))
+    home = tmp_path / "home"
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    prof = load_profile("demo")
+    res = build_resources(str(home), profile="demo")
+    assets = build_assets("demo")
+    by = {a.key.to_user_string(): a for a in assets}
+    for s in prof.sources:
+        assert materialize([by["source_tasks"]], partition_key=s, resources=res).success
+    assert materialize(assets, selection=["task_pool", "agent_pool", "preflight"], resources=res,
+                       run_config=preflight_run_config(prof.pool.wide_name)).success
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    n = pool["source"].value_counts().to_dict()
+    storage = StorageResource(home=str(home))
+
+    def collect() -> dict:
+        for s in prof.sources:
+            pk = MultiPartitionKey({"source": s, "repetition": "0"})
+            assert materialize(assets, selection=["graded_calls"], partition_key=pk, resources=res).success
+        out = {}
+        for s in prof.sources:
+            for a, k in CallLog(storage.calls_dir("replay", s, 0)).read()["agent"].value_counts().items():
+                out[(s, a)] = int(k)
+        return out
+
+    first = collect()
+    own = {"frontier_a", "frontier_b", "frontier_c", "open_mid", "open_cheap_reasoning"}
+    new = {a for _, a in first} - own
+    assert len(new) == 5
+    for (s, a), k in first.items():
+        assert k == (n[s] if a in own else max(2, round(0.2 * n[s]))), (s, a, k)
+    with DagsterInstance.ephemeral() as inst:
+        result = materialize(assets, selection=["reward_matrix"], resources=res, raise_on_error=False, instance=inst)
+        check = {e.check_name: e for e in result.get_asset_check_evaluations()}["matrix_complete"]
+        # the daemon's next step: the completion sensor asks for every partition's collection after that run
+        failure = inst.all_logs(result.run_id, of_type=DagsterEventType.RUN_FAILURE)[0].dagster_event
+        sensor = build_definitions(home=str(home), profile="demo").resolve_sensor_def(COMPLETE_SENSOR)
+        ctx = build_run_status_sensor_context(COMPLETE_SENSOR, failure, inst, inst.get_run_by_id(result.run_id))
+        requests = sensor(ctx)
+    assert sorted(r.partition_key for r in requests) == sorted(f"0|{s}" for s in prof.sources)
+    assert all(r.tags[COMPLETION_TAG] == result.run_id for r in requests)
+    decisions = json.loads((home / "reports" / "new_agents.json").read_text())["agents"]
+    joiners = sorted(a for a, d in decisions.items() if d["collect_rest"])
+    assert joiners and len(joiners) < len(decisions)  # the slice has both kinds
+    assert not check.passed and check.metadata["joining"].value == joiners
+    assert f"may join the frontier ({', '.join(joiners)})" in check.description
+    second = collect()
+    made = {k: second[k] - first.get(k, 0) for k in second if second[k] != first.get(k, 0)}
+    assert made == {(s, a): n[s] - first[(s, a)] for s in prof.sources for a in joiners}
+    result = materialize(assets, selection=["reward_matrix"], resources=res)
+    check = {e.check_name: e for e in result.get_asset_check_evaluations()}["matrix_complete"]
+    assert check.passed and check.metadata["joining"].value == []
+    rm = pd.read_parquet(asset_path(home, "reward_matrix"))
+    agents = list(rm["agent_order"].iloc[0])
+    imputed = np.array([np.asarray(m, dtype=bool) for m in rm["imputed"]])
+    assert {agents[j] for j in np.flatnonzero(imputed.any(axis=0))} == set(decisions) - set(joiners)

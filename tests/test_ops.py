@@ -31,6 +31,7 @@ from assets.definitions import build_definitions
 from assets.ops import (
     COLLECT_SENSOR,
     COLLECTION_JOB,
+    COMPLETE_SENSOR,
     PREFLIGHT_JOB,
     RECOLLECTION_TAG,
     REFRESH_SENSOR,
@@ -117,7 +118,7 @@ def test_recollection_schedule_is_off_by_default_and_sensors_are_wired():
     sched = defs.resolve_schedule_def(SCHEDULE)
     assert sched.default_status == DefaultScheduleStatus.STOPPED
     assert sched.job_name == PREFLIGHT_JOB
-    for name in (COLLECT_SENSOR, REFRESH_SENSOR):
+    for name in (COLLECT_SENSOR, COMPLETE_SENSOR, REFRESH_SENSOR):
         assert defs.resolve_sensor_def(name).default_status == DefaultSensorStatus.RUNNING
     assert "recollect_refresh_downstream" not in {s.name for s in defs.sensors}  # the hand-rolled relay is gone
 
