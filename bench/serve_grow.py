@@ -207,6 +207,10 @@ def main(argv=None) -> int:
     ap.add_argument("--follow-interval", type=float, default=2.0)
     ap.add_argument("--window", type=float, default=60.0, help="give up on a swap this many seconds after the move")
     ap.add_argument("--keep", default=None, help="copy the home here (kept afterwards) instead of a temp folder")
+    ap.add_argument("--only-promotion", metavar="ROUTER", default=None,
+                    help="on a home this loop already grew: `router-lite promote ROUTER` (the router served before "
+                         "the loop) first, then under the same load run only the loop's last asset, `promotion` "
+                         "(its gate reads the grown lineage), and the rollback")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     out = Path(args.json) if args.json else bench_dir() / "serve_grow.json"
@@ -222,6 +226,10 @@ def main(argv=None) -> int:
     from resources.storage import home_of
 
     root = home_of(load_profile(args.profile), home=home) / "registry"
+    if args.only_promotion:  # the served router back, recorded in the history (the rollback returns to it)
+        print(subprocess.run([sys.executable, "-m", "cli.main", "promote", "--profile", args.profile,
+                              args.only_promotion], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, check=True).stdout.strip(), flush=True)
     old = pointer_name(root)
     run_config, wide, parts = tick(args.profile)
     print(f"[tick] recollect_wide_pool -> recollect_preflight, run config {json.dumps(run_config)}; then "
@@ -236,6 +244,9 @@ def main(argv=None) -> int:
     try:
         (tmp / "tick.yaml").write_text(json.dumps(run_config))  # JSON is YAML
         steps = loop_steps(args.profile, wide, tmp / "tick.yaml", parts)
+        if args.only_promotion:
+            steps = [("promotion", [[sys.executable, "-m", "dagster", "asset", "materialize", "-m",
+                                     "assets.definitions", "--select", "promotion"]])]
         result["grow"] = asyncio.run(clients_until(url, prompts, args, root, old,
                                                    lambda: run_loop(steps, env, log, times)))
         result["loop_seconds"] = times
