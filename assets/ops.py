@@ -141,6 +141,15 @@ def build_ops(prof: Profile) -> dict:
         tags = {RECOLLECTION_TAG: run.run_id, POOL_TAG: run_config_pool(run.run_config) or prof.pool.name}
         return [RunRequest(run_key=f"{run.run_id}:{pk}", partition_key=pk, tags=tags) for pk in collection_keys(prof)]
 
+    return {"jobs": [source_tasks_job, collection_job, preflight_job, refresh_job, regrade_job, dask_job],
+            "schedules": [recollect_wide_pool],
+            "sensors": [recollect_collect_partitions, complete_sensor(prof, collection_job),
+                        refresh_sensor(prof.pool.kind)]}
+
+
+def complete_sensor(prof: Profile, collection_job):
+    """The sensor that completes the new agents that may join (their calls beyond the sample)."""
+
     @run_status_sensor(name=COMPLETE_SENSOR, run_status=DagsterRunStatus.FAILURE, request_job=collection_job,
                        default_status=DefaultSensorStatus.RUNNING,
                        description=f"After a run whose reward matrix held the routers back for new agents that may "
@@ -155,9 +164,7 @@ def build_ops(prof: Profile) -> dict:
         return [RunRequest(run_key=f"complete:{run.run_id}:{pk}", partition_key=pk, tags=tags)
                 for pk in collection_keys(prof)]
 
-    return {"jobs": [source_tasks_job, collection_job, preflight_job, refresh_job, regrade_job, dask_job],
-            "schedules": [recollect_wide_pool],
-            "sensors": [recollect_collect_partitions, recollect_complete_joiners, refresh_sensor(prof.pool.kind)]}
+    return recollect_complete_joiners
 
 
 def joiners_waiting(instance, run_id: str) -> list[str]:
