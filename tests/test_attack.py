@@ -1,4 +1,4 @@
-"""The fast rows of the attack suite (bench/attack.py; issues 20 and 25, the residues of issue 12): each attack gets its
+"""The fast rows of the attack suite (bench/attack.py): each attack gets its
 documented answer. `python bench/attack.py` runs every row (the slow ones too) and prints the held/failed table."""
 import importlib.util
 import sys
@@ -19,10 +19,11 @@ def test_attack_row_holds(row, tmp_path):
     row.fn(tmp_path)
 
 
-def test_every_issue_20_item_has_a_fast_row():
+def test_every_attack_of_the_first_suite_has_a_fast_row():
+    # bench/attack.py's items 1..13 and "n": its first attack suite
     assert {str(i) for i in range(1, 14)} | {"n"} <= {r.item for r in FAST}
 
 
-def test_every_issue_25_item_of_serving_has_a_fast_row():
-    # 25.2 deadlines and cancellation, 25.3 bursts, 25.4 the LOW rows (bench/attack.py, "issue 25")
+def test_every_serving_attack_has_a_fast_row():
+    # bench/attack.py's items 25.2 deadlines and cancellation, 25.3 bursts, 25.4 the LOW rows
     assert {"25.2", "25.3", "25.4"} <= {r.item for r in FAST}

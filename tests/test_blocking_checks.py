@@ -1,4 +1,4 @@
-"""Blocking hand-off checks (issue 13, item 3): a planted bad row fails its check, Dagster skips every downstream
+"""Blocking hand-off checks: a planted bad row fails its check, Dagster skips every downstream
 asset of the run, and `router-lite run` stops with exit 2 and the check's message on one line. WARN checks never
 block."""
 import os
@@ -26,7 +26,7 @@ HAND_OFF = {("task_pool", "task_pool_unique_ids"), ("task_pool", "task_pool_gold
             ("task_pool", "task_pool_no_cross_split_prompts"),
             ("reward_matrix", "reward_join_complete"), ("graded_calls", "no_error_counted_as_wrong"),
             ("graded_calls", "empty_rate_below_5pct"),
-            ("graded_calls", "within_budget"), ("reward_matrix", "matrix_complete")}  # issue 29: the budget
+            ("graded_calls", "within_budget"), ("reward_matrix", "matrix_complete")}  # the budget
 
 
 def test_the_hand_off_checks_and_only_they_block():

@@ -1,4 +1,4 @@
-"""The cascade search reads only the agents a policy calls (issue 29, item 6): `run_policy` on the restricted
+"""The cascade search reads only the agents a policy calls: `run_policy` on the restricted
 matrix and the lazy `Agreement` give exactly what the whole-pool computation gives, on random matrices."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""One collection at a time per call log (issue 12, case 2): two collections of one partition on one home make no
+"""One collection at a time per call log: two collections of one partition on one home make no
 call twice; a second collector fails at once naming the partition and the holder's pid, or waits when asked."""
 import collections
 import json

@@ -1,4 +1,4 @@
-"""A complementary pool (issue 17, item 6): four RouterBench models that lead different evals (claude-v1 on
+"""A complementary pool: four RouterBench models that lead different evals (claude-v1 on
 ARC-Challenge, gpt-3.5-turbo on MBPP, Yi-34B on Winogrande; mixtral nowhere). Here routing pays on quality: the head
 must beat the best single agent and reach the per-eval label router (which knows each query's eval; the head sees
 only the prompt)."""

@@ -1,4 +1,4 @@
-"""Assets built once, by the factory (issue 18, item 4): importing an asset module (or the code location) reads no
+"""Assets built once, by the factory: importing an asset module (or the code location) reads no
 profile, so a plugin can register a pool kind after the import and the profile naming it then builds."""
 from __future__ import annotations
 

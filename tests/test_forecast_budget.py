@@ -1,4 +1,4 @@
-"""Issue 29 against the local OpenRouter stand-in (pipeline/collect/standin.py): the forecast of a 63-task pilot
+"""Against the local OpenRouter stand-in (pipeline/collect/standin.py): the forecast of a 63-task pilot
 collection holds the stand-in's bill; a budget stops the collection at the budget (never above it, calls in flight
 counted at their worst case) and a rerun with a higher one resumes with 0 lost and 0 doubled calls."""
 import asyncio

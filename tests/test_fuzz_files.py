@@ -1,4 +1,4 @@
-"""Fuzzing `router-lite train` with generated bad rewards and tasks files (issue 12): whatever is wrong, the command
+"""Fuzzing `router-lite train` with generated bad rewards and tasks files: whatever is wrong, the command
 ends with exit code 2, exactly one error line on stderr, nothing on stdout, and nothing written to --out.
 
 Each example starts from a valid pair of files (20 tasks, 3 agents) and breaks one thing: a field of one row set to

@@ -1,4 +1,4 @@
-"""Grading with a budget (issue 25, pipeline/collect/bounded.py): poisoned replies are "no answer" within the budget
+"""Grading with a budget (pipeline/collect/bounded.py): poisoned replies are "no answer" within the budget
 in every place grading runs, an overrun or an exception is counted, the worker that overran is replaced, and the
 linear patterns of grading.py give the same matches as the patterns they replaced."""
 from __future__ import annotations
@@ -140,7 +140,7 @@ def test_async_api_leaves_the_event_loop_free():
 
 
 # ------------------------------------------------------------------------------------ the linear patterns
-# the patterns grading.py used before issue 25: quadratic on long whitespace runs, the same matches otherwise
+# the patterns grading.py used before it had a budget: quadratic on long whitespace runs, the same matches otherwise
 _OLD = {
     "_LABEL_RE": re.compile(r"\banswer(?:\s+(?:is|would\s+be|should\s+be)|\s*\**\s*:)[\s*]*:?[\s*]*", re.I),
     "_BARE_LETTER_LINE_RE": re.compile(r"^(?:(?:option|choice|answer)\s*:?\s*)?[(\[]?([A-J])[)\]]?\.?$"),

@@ -1,4 +1,4 @@
-"""Hostile replies, generated (issue 25): towers of functions, huge powers, long whitespace and bracket runs, mixed
+"""Hostile replies, generated: towers of functions, huge powers, long whitespace and bracket runs, mixed
 unicode, in the places a grader looks (a JSON answer, a label, a box, a tag, a math span), through every grader's
 bounded extract / grade / agree (pipeline/collect/bounded.py). Each reply must come back within a wall-clock bound
 (the budget, plus killing and replacing a worker, plus a loaded machine's slack) without raising.

@@ -1,4 +1,4 @@
-"""Issue 29, item 6: the refresh benchmark's bundled pool (real graded replies, nothing invented) and the vectorised
+"""The refresh benchmark's bundled pool (real graded replies, nothing invented) and the vectorised
 reward matrix (the same frame as the per-group computation it replaced)."""
 import importlib.util
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The provider key (issue 12, case 9): sent only to the provider it belongs to (OpenRouter over https, or a host
+"""The provider key: sent only to the provider it belongs to (OpenRouter over https, or a host
 the profile lists in pool.key_hosts), and scrubbed from recorded errors in any case and as any run of 8+ of its
 characters (a truncated or re-cased echo)."""
 import asyncio

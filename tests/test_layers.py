@@ -150,7 +150,7 @@ def test_the_circle_check_finds_one_inside_a_stage_through_a_lazy_import(tmp_pat
 
 
 MAX_FUNCTION_LINES = 60
-LONG_FUNCTIONS: set[str] = set()  # none left (issue 27); a name here needs a reason beside it
+LONG_FUNCTIONS: set[str] = set()  # none left; a name here needs a reason beside it
 
 
 def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
@@ -349,3 +349,13 @@ def test_bench_takes_only_the_lineage_helper_from_the_cli():
             taken += [f"{f.relative_to(ROOT)}: {n}" for n in names
                       if n.startswith("cli") and n not in ("cli.lineage", "cli.main")]
     assert not taken, taken
+
+
+TRACKER = re.compile(r"\b[Ii]ssues? #?\d+\b")
+
+
+def test_code_and_tests_cite_no_tracker_numbers():
+    """A reader of the code or of a test meets what it does and why, not a tracker number to look up elsewhere."""
+    cited = [f"{f.relative_to(ROOT)}:{i}" for d in (*PACKAGES, "tests") for f in sorted((ROOT / d).rglob("*.py"))
+             for i, line in enumerate(f.read_text().splitlines(), 1) if TRACKER.search(line)]
+    assert cited == []

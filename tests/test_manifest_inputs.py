@@ -1,4 +1,4 @@
-"""Registry manifests (issue 12, case 8): every file a manifest names lies inside the head directory (no absolute
+"""Registry manifests: every file a manifest names lies inside the head directory (no absolute
 path, '..' or symlink), and required keys are present — otherwise one error naming the manifest and the key."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""Issue 29: new agents measured on a sample (pipeline/collect/sampling.py): the draw, the estimate, the imputed
+"""New agents measured on a sample (pipeline/collect/sampling.py): the draw, the estimate, the imputed
 cells, and a replay collection that calls a new agent only on its sample."""
 import numpy as np
 import pandas as pd

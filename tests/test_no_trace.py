@@ -1,4 +1,4 @@
-"""Tests leave no trace (issue 26, item 4): the suite runs Dagster on a temporary instance, and the session fixture
+"""Tests leave no trace: the suite runs Dagster on a temporary instance, and the session fixture
 `no_trace` (tests/conftest.py) fails the run when a file under the repository's instance folders was written or a
 process the suite started is still alive. These tests check the two detectors themselves."""
 import os

@@ -1,4 +1,4 @@
-"""The seed's own path, end to end (issue 21): the pilot profile through the local OpenRouter stand-in
+"""The seed's own path, end to end: the pilot profile through the local OpenRouter stand-in
 (pipeline/collect/standin.py), pointed at it by an override file as a user would (`router-lite run --override`).
 
 One slow test runs `router-lite run --profile pilot` as a user does, on a small slice (63 tasks: 9 per source,

@@ -1,4 +1,4 @@
-"""Pool kinds are asked for what they are, never tested by name (issue 18, item 5): a kind registered with
+"""Pool kinds are asked for what they are, never tested by name: a kind registered with
 `register_pool_kind` declares whether its calls are free and whether it answers recorded prompts only, and the
 automation, the task pool and the pre-flight follow its attributes with no table edited but its own registration."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Profiles live side by side (issue 26, item 3): one ROUTER_LITE_HOME holds several profiles' lineages without
+"""Profiles live side by side: one ROUTER_LITE_HOME holds several profiles' lineages without
 mixing. The first profile on a home keeps the root (a home from before keeps its lineage where it is); every other
 profile's assets, reports, datasets and registry live under profiles/<name>/; the call log and the caches, keyed by
 content, are shared."""

@@ -1,4 +1,4 @@
-"""A pool grows without stopping the lineage (issue 26, item 1): an agent that breaks the empty-reply rule on a
+"""A pool grows without stopping the lineage: an agent that breaks the empty-reply rule on a
 source is quarantined, with its reason, and the others go on; the rule's threshold is a profile setting; a reasoning
 model's estimated cost is labelled a lower bound."""
 import dataclasses

@@ -186,7 +186,7 @@ def _code(exc: openai.APIStatusError) -> str:
     (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=0), "invalid_value"),
     (dict(messages=[{"role": "user", "content": "hi"}], temperature=3), "invalid_value"),
     (dict(messages=[{"role": "user", "content": "hi"}], n=2), "invalid_value"),
-    (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=10 ** 23), "invalid_value"),  # issue 12 case 11
+    (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=10 ** 23), "invalid_value"),
     (dict(messages=[{"role": "user", "content": "hi"}], seed=1 << 64), "invalid_value"),
 ])
 def test_bad_requests_are_400(world, client, kwargs, code):
@@ -370,12 +370,12 @@ def test_cli_serve_wires_profile_pool_and_head(world, pool, monkeypatch, capsys)
     assert "not a registered router" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------- issue 12: one bad request, limits
+# ----------------------------------------------------------------------------------------- one bad request, limits
 BAD_SURROGATE = b'{"messages":[{"role":"user","content":"\\ud800 x"}]}'  # valid JSON, not valid text
 
 
 def test_lone_surrogate_is_400_and_concurrent_requests_are_unaffected(world, pool, server):
-    """Issue 12 case 1: next to 20 concurrent ordinary requests (before: 19 of 20 got 500), the bad one is a 400."""
+    """Next to 20 concurrent ordinary requests (before: 19 of 20 got 500), the bad one is a 400."""
     reg, _, _, tasks = world
     prompts = tasks["prompt"].iloc[N_TRAIN:N_TRAIN + 20].tolist()
 
@@ -421,7 +421,7 @@ def test_cli_route_invalid_utf8_is_one_line_exit_2(world, capsys):
 
 
 def test_deep_json_and_bad_text_over_http(server):
-    """Issue 12 case 3: deeply nested JSON is a 400 (before: 500 RecursionError with a logged traceback)."""
+    """Deeply nested JSON is a 400 (before: 500 RecursionError with a logged traceback)."""
     url = server.base_url + "/chat/completions"
     for content, code in [(b"[" * 100000 + b"]" * 100000, "json_too_deep"),
                           (b'{"messages":' + b"[" * 40 + b"]" * 40 + b"}", "json_too_deep"),
@@ -439,7 +439,7 @@ def _rss_mb(field: str = "VmRSS") -> float:
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_64_prompts_of_1mb_keep_memory_bounded(world, server):
-    """Issue 12 case 4: prompts are cut by characters before tokenising (before: +2 GB RSS for 64 x 1 MB)."""
+    """Prompts are cut by characters before tokenising (before: +2 GB RSS for 64 x 1 MB)."""
     reg, _, _, tasks = world
     base = " ".join(tasks["prompt"].iloc[:20])
     bigs = [(f"{i} " + base * (1_000_000 // len(base) + 1))[:1_000_000] for i in range(64)]
@@ -489,9 +489,9 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
 
 
 def test_slowloris_connections_are_closed_and_capped(world, pool):
-    """Issue 12 case 10: half-open connections (no head, a partial head, a partial body) are closed after the read
-    timeouts; idle connections beyond the bound are answered 429 and closed, oldest first (issue 20: the newest, a
-    real client's, stay; issue 25: once new connections have had their grace to send a request, a quarter of the
+    """Half-open connections (no head, a partial head, a partial body) are closed after the read
+    timeouts; idle connections beyond the bound are answered 429 and closed, oldest first (the newest, a
+    real client's, stay; once new connections have had their grace to send a request, a quarter of the
     header timeout); ordinary requests go on (before: all stayed open)."""
     reg, bb, agents, tasks = world
     settings = ServeSettings(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=8, reserved_connections=2)

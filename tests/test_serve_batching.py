@@ -151,7 +151,7 @@ def test_max_batch_1_is_the_unbatched_path():
 
 
 def test_a_failing_prompt_fails_only_its_own_request():
-    """Issue 12 case 1 (server half): the batch fails, its prompts are retried one by one, only the culprit fails."""
+    """Server half: the batch fails, its prompts are retried one by one, only the culprit fails."""
     bb = NumberBackbone()
     router = DecisionBatcher(NumberHead(), bb, ServeSettings(max_batch=32, batch_wait_ms=20, embed_cache_size=0))
     texts = [f"q{n}" for n in range(20)]
@@ -206,7 +206,7 @@ def test_lone_surrogate_is_refused_up_front():
 
 
 def test_deep_json_is_400_not_recursion_error():
-    """Issue 12 case 3."""
+    """Deeply nested JSON is a 400 (json_too_deep), not a RecursionError."""
     for raw in (b"[" * 100000 + b"]" * 100000, b'{"a":' * 100000 + b"1" + b"}" * 100000,
                 json.dumps({"messages": [{"role": "user", "content": "x"}], "x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[
                     ]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}).encode()):
@@ -228,7 +228,7 @@ def test_nan_and_infinity_are_not_json():
                                 dict(seed=1 << 63), dict(seed=-(1 << 63) - 1), dict(seed=1.5), dict(max_tokens=1e3),
                                 dict(temperature=-0.1)])
 def test_sampling_bounds(kw):
-    """Issue 12 case 11: max_tokens over the cap and seeds outside 64 bits are 400s, not forwarded."""
+    """max_tokens over the cap and seeds outside 64 bits are 400s, not forwarded."""
     with pytest.raises(RequestError) as ei:
         parse_chat_request(body(**kw), "h", ServeSettings())
     assert ei.value.status == 400 and ei.value.code == "invalid_value" and ei.value.param == next(iter(kw))

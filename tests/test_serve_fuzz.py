@@ -1,4 +1,4 @@
-"""Fuzzing the router endpoint on loopback (issue 12): generated request bodies never get a 5xx, every refusal is an
+"""Fuzzing the router endpoint on loopback: generated request bodies never get a 5xx, every refusal is an
 OpenAI-style error body, and ordinary requests sent at the same time all succeed.
 
 The server is the real app (pipeline.serve.app.build_app) with the real MiniLM backbone (its tokenizer is where bad text

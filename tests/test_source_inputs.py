@@ -1,4 +1,4 @@
-"""Malformed task sources (issue 12, case 7): one RouterLiteError naming file, row and field, never a raw
+"""Malformed task sources: one RouterLiteError naming file, row and field, never a raw
 KeyError / TypeError / AttributeError; and `router-lite run` shows it as one line, exit 2, no Dagster trace."""
 import json
 import os

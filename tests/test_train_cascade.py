@@ -1,4 +1,4 @@
-"""`router-lite train` with `answers` and `grader` (issue 17): cascades are fitted from the user's own matrix (real
+"""`router-lite train` with `answers` and `grader`: cascades are fitted from the user's own matrix (real
 ZeroEval recordings of the demo pool) and printed like the head's targets; `route` prints the plan, and the
 registered entry's standalone reference code tells the same first step."""
 import json

@@ -1,4 +1,4 @@
-"""`router-lite train` at its door (issue 12, cases 5 and 6): a bad rewards or tasks file is one error line naming
+"""`router-lite train` at its door: a bad rewards or tasks file is one error line naming
 the file, row and field, exit code 2, and nothing is written to --out. CSV and Parquet are read by extension."""
 import json
 
@@ -159,7 +159,7 @@ def test_published_rewards_with_split_and_source_columns(files, capsys):
     assert manifest["metrics"]["n_test"] == 4
 
 
-# --- cascades from a user's matrix: `answers` in the rewards, `grader` in the tasks (issue 17) ----------------------
+# --- cascades from a user's matrix: `answers` in the rewards, `grader` in the tasks ----------------------
 def _with_answers(rows, answers):
     return [{**r, "answers": a} for r, a in zip(rows, answers)]
 
