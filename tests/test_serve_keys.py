@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -275,7 +276,7 @@ def test_a_ledger_that_fails_refuses_keyed_requests_rather_than_let_them_spend(w
     app = guard_clients(build_app(reg, HashBackbone(), specs, client_for, ServeSettings()),
                         load_keys(keys_file(tmp_path, budget_usd=1.0)), ledger)
     with serve_in_thread(app) as srv:
-        ledger._conn.close()  # the database goes away under the server
+        ledger._conn.close(), ledger._now.close()  # the database goes away under the server
         r = ask(srv, KEY_A)
     assert r.status_code == 503 and r.json()["error"]["code"] == "ledger_unavailable" and r.headers["retry-after"]
     assert "spend ledger failed for key team-a" in caplog.text and KEY_A not in caplog.text
@@ -473,3 +474,23 @@ def test_the_reply_shape_is_the_same_for_every_router_kind(world):
         assert usage["calls"] == len(router["agents_called"]) >= 1 and router["agent"] in router["agents_called"]
         assert usage["cost"] == router["cost_usd"] == pytest.approx(float(r.headers["x-router-cost-usd"]))
     assert head.json()["usage"]["calls"] == 1
+
+
+def test_an_admission_on_the_event_loop_never_waits_for_the_ledger_lock(tmp_path):
+    """`admit_now` (the middleware's first try, on the event loop) takes the SQLite write lock without waiting: it
+    admits when the file is free and gives way (None, nothing written) while another connection holds it, so the
+    middleware falls back to its thread; PostgreSQL always goes through the thread."""
+    url = tmp_path / "ledger.sqlite"
+    ledger, other = SpendLedger(url), SpendLedger(url)
+    now = time.time()
+    args = ("team-a", 0.25, now, now + 60, (now - 86400, now - 60), lambda spend, reserved, hits: None)
+    rid, refusal = ledger.admit_now(*args)
+    assert rid and refusal is None
+    other._conn.execute("BEGIN IMMEDIATE")
+    t0 = time.monotonic()
+    assert ledger.admit_now(*args) is None and time.monotonic() - t0 < 1.0
+    other._conn.execute("COMMIT")
+    seen = []
+    ledger.admit(*args[:5], lambda spend, reserved, hits: seen.append(reserved))  # the thread's path
+    assert seen == [pytest.approx(0.25)]  # the first reservation only: the refused try wrote nothing
+    ledger.close(), other.close()

@@ -108,9 +108,10 @@ class ClientGuard:
         try:
             await self.app(scope, receive, meter.send)
         finally:
-            cost = meter.cost(need)
-            done = asyncio.get_running_loop().run_in_executor(self.pool, self._settle, key, admitted, cost)
-            await asyncio.shield(done)  # settled even when this request is cancelled
+            # settled in the ledger's thread after the reply went out, not awaited: the next request on this
+            # connection does not wait for it. The thread takes the calls in order (this process's next admission
+            # sees it), the reservation holds the worst case until then, and shutdown waits for it.
+            self.pool.submit(self._settle, key, admitted, meter.cost(need))
 
     def _target(self, scope, req, named: str | None, key, state):
         """The canonical target the request runs at, or the 403 to answer; sets the key's default when the request
@@ -152,8 +153,9 @@ class ClientGuard:
 
         loop = asyncio.get_running_loop()
         try:
-            rid, refusal = await loop.run_in_executor(self.pool, self.ledger.admit, key.name, need, now, expires,
-                                                      since, decide)
+            done = self.ledger.admit_now(key.name, need, now, expires, since, decide)  # uncontended: no thread hop
+            rid, refusal = done if done is not None else await loop.run_in_executor(
+                self.pool, self.ledger.admit, key.name, need, now, expires, since, decide)
         except Exception as exc:  # noqa: BLE001 - no ledger, no spending: the request is refused, not let through
             log.error("spend ledger failed for key %s: %s: %s", key.name, type(exc).__name__, exc)
             return RequestError(503, "the spend ledger is unavailable; retry later", "ledger_unavailable",
