@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import bench_dir, stop_server  # noqa: E402
-from serve_swap import _demo_prompts, metric_value, start  # noqa: E402
+from serve_swap import _demo_prompts, client_loop, metric_value, start  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # the lines of a `dagster` command's output worth showing: the steps' own messages (INFO and up, with the lines that
@@ -136,25 +136,9 @@ async def clients_until(url: str, prompts: list[str], args, root: Path, old: str
     """`args.clients` clients ask in a loop while `work()` runs in a thread; when the pointer under `root` leaves
     `old`, the seconds until all replies name the new router (4 rounds of every client since the last old reply)
     and the replies ok / failed from the move to then, and over the whole time."""
-    import httpx
-
     replies: list[tuple[float, int, str | None]] = []
     done = asyncio.Event()
-
-    async def client(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            n = 0
-            while not done.is_set():
-                n += 1
-                p = prompts[(i * 7919 + n) % len(prompts)]
-                try:
-                    r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": p}]})
-                    replies.append((time.monotonic(), r.status_code, r.headers.get("x-router-name")))
-                except httpx.HTTPError:
-                    replies.append((time.monotonic(), 0, None))
-                await asyncio.sleep(args.pause)
-
-    tasks = [asyncio.create_task(client(i)) for i in range(args.clients)]
+    tasks = [asyncio.create_task(client_loop(url, prompts, i, replies, done, args.pause)) for i in range(args.clients)]
     while len(replies) < 2 * args.clients:
         await asyncio.sleep(0.05)
     started = time.monotonic()

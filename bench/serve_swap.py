@@ -102,28 +102,34 @@ def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout
     raise RuntimeError(f"router-lite serve was not ready within {timeout_s:.0f} s:\n{''.join(lines)[-3000:]}")
 
 
+async def client_loop(url: str, prompts: list[str], i: int, replies: list, done: asyncio.Event,
+                      pause_s: float = 0.0) -> None:
+    """Client `i` asks in a loop on one keep-alive connection until `done`, appending (end, status, the router
+    named in the reply) to `replies` (status 0: the connection failed), `pause_s` between its requests."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+        n = 0
+        while not done.is_set():
+            n += 1
+            p = prompts[(i * 7919 + n) % len(prompts)]
+            try:
+                r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": p}]})
+                replies.append((time.monotonic(), r.status_code, r.headers.get("x-router-name")))
+            except httpx.HTTPError:
+                replies.append((time.monotonic(), 0, None))
+            if pause_s:
+                await asyncio.sleep(pause_s)
+
+
 async def swap_under_load(url: str, prompts: list[str], move, old: str, new: str, clients: int = 16,
                           window_s: float = 30.0) -> dict:
     """`clients` clients ask in a loop (keep-alive connections) until every reply names `new` (or `window_s` after
     `move()` moved the pointer); {seconds until all replies name new, ok, failed, replies}."""
-    import httpx
 
     replies: list[tuple[float, int, str | None]] = []  # (end, status, router) of each reply
     done = asyncio.Event()
-
-    async def client(i: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            n = 0
-            while not done.is_set():
-                n += 1
-                p = prompts[(i * 7919 + n) % len(prompts)]
-                try:
-                    r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": p}]})
-                    replies.append((time.monotonic(), r.status_code, r.headers.get("x-router-name")))
-                except httpx.HTTPError:
-                    replies.append((time.monotonic(), 0, None))
-
-    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+    tasks = [asyncio.create_task(client_loop(url, prompts, i, replies, done)) for i in range(clients)]
     while len(replies) < 2 * clients:  # every client under way on the old router
         await asyncio.sleep(0.05)
     moved = time.monotonic()
