@@ -76,6 +76,16 @@ def override(models: list[str], pool: str, generations: int | None) -> dict:
     return {**doc, "train": {"generations": generations}} if generations else doc
 
 
+def graded_calls(graded: pd.DataFrame, tasks: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+    """The call log rows of `models` on `tasks` (task_id, question_id): each model's real graded reply."""
+    g = graded[graded["model"].isin(models)].merge(tasks[["task_id", "question_id"]], on="question_id")
+    return pd.DataFrame({
+        "call_key": g["model"] + "|" + g["task_id"], "agent": g["model"].map(agent_name), "model": g["model"],
+        "task_id": g["task_id"], "repetition": 0, "status": g["status"], "extracted": g["extracted"],
+        "correct": g["correct"], "prompt_tokens": g["prompt_tokens"], "completion_tokens": g["completion_tokens"],
+        "cost_usd": g["cost_usd"], "usage_source": "provider_estimate"})
+
+
 def seed(defs, graded: pd.DataFrame, models: list[str], pool: str, every: int) -> int:
     """The pool's task pool (every `every`-th task), a passed pre-flight and the graded calls of `models`, stored
     through the IO managers; the number of tasks."""
@@ -85,12 +95,7 @@ def seed(defs, graded: pd.DataFrame, models: list[str], pool: str, every: int) -
     lineage.store(defs, "preflight", pd.DataFrame({
         "agent": [agent_name(m) for m in models], "model": models, "provider": "replay", "passed": True,
         "reason": "ok", "pool": pool}))
-    g = graded[graded["model"].isin(models)].merge(tasks[["task_id", "question_id"]], on="question_id")
-    calls = pd.DataFrame({
-        "call_key": g["model"] + "|" + g["task_id"], "agent": g["model"].map(agent_name), "model": g["model"],
-        "task_id": g["task_id"], "repetition": 0, "status": g["status"], "extracted": g["extracted"],
-        "correct": g["correct"], "prompt_tokens": g["prompt_tokens"], "completion_tokens": g["completion_tokens"],
-        "cost_usd": g["cost_usd"], "usage_source": "provider_estimate"})
+    calls = graded_calls(graded, tasks, models)
     source = calls["task_id"].str.split("/", n=1).str[0]
     for pk in lineage.partitions(defs, "graded_calls"):  # "<repetition>|<source>"
         lineage.store(defs, "graded_calls", calls[source == pk.split("|", 1)[1]].reset_index(drop=True), pk)

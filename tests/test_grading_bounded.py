@@ -252,7 +252,7 @@ def test_regrade_cli_reports_the_changed_degenerate_rows(tmp_path, monkeypatch, 
     calls = pd.DataFrame({"call_key": [f"k{i}" for i in range(n)], "task_id": tasks["task_id"], "status": "ok",
                           "response_text": r"\boxed{\frac{0}{0}}", "extracted": r"\frac{0}{0}", "correct": True})
     for name, df in (("task_pool", tasks), ("graded_calls", calls)):
-        path = asset_path(home, name, "0|math" if name == "graded_calls" else None)
+        path = asset_path(home, name, "0|zeroeval_math_l5" if name == "graded_calls" else None)
         path.parent.mkdir(parents=True)
         df.to_parquet(path)
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
