@@ -257,10 +257,10 @@ def test_a_pointer_moved_while_it_is_read_is_acted_on_once(routers, monkeypatch)
     (broken / "manifest.json").write_text("{not json")
     real, moved = follow._read_pointer, []
 
-    def read_after_a_move(r):
+    def read_after_a_move(r, raw):
         if not moved:
             moved.append(registry.mark_latest(root, "broken", broken))
-        return real(r)
+        return real(r, raw)
 
     monkeypatch.setattr(follow, "_read_pointer", read_after_a_move)
     with serve_in_thread(_app(root, a)) as srv:

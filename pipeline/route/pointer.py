@@ -81,26 +81,32 @@ def _check(f: Path, entry) -> None:
         raise RouterLiteError(f"{f}: field 'star' must be an object, got {type(entry['star']).__name__}")
 
 
-def read_latest(root: Path) -> dict | None:
-    """latest.json under `root` as stored (checked, paths as written), None when there is none."""
+_READ = object()  # read latest.json from the file
+
+
+def read_latest(root: Path, raw=_READ) -> dict | None:
+    """latest.json under `root` as stored (checked, paths as written), None when there is none; `raw`: its bytes as
+    a caller already read them (None: no file), so that what is parsed is what the caller saw."""
     f = Path(root) / LATEST
-    if not f.exists():
+    if raw is _READ:
+        raw = f.read_bytes() if f.exists() else None
+    if raw is None:
         return None
     try:
-        entry = json.loads(f.read_text())
+        entry = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RouterLiteError(f"{f} is corrupt (not JSON: {exc})") from None
     _check(f, entry)
     return entry
 
 
-def latest_entry(root: Path) -> dict | None:
+def latest_entry(root: Path, raw=_READ) -> dict | None:
     """latest.json under `root` (None when no router is promoted), checked, with `path` (and `head.path`) resolved
     against `root` to absolute paths inside it; an entry written before the ★ router was named gets "head" =
     itself. An old absolute pointer into this registry is rewritten relative (best effort: a read-only home still
-    reads)."""
+    reads). `raw`: as `read_latest`'s."""
     root = Path(root)
-    stored = read_latest(root)
+    stored = read_latest(root, raw)
     if stored is None:
         return None
     f = root / LATEST

@@ -65,16 +65,15 @@ class PointerFollower:
 
     async def poll(self, app) -> bool:
         """Act on the pointer once; True when a new router was swapped in."""
-        sha = await asyncio.to_thread(self._pointer_sha)
+        raw = await asyncio.to_thread(self._pointer_bytes)
+        sha = hashlib.sha256(raw or b"").hexdigest()
         if sha == self.seen:
             return False
-        before, self.seen = self.seen, sha
+        self.seen = sha
         current, metrics, path = app.state.served, app.state.metrics, None
         try:
-            entry, path = await asyncio.to_thread(_read_pointer, self.root)
-            if await asyncio.to_thread(self._pointer_sha) != sha:  # moved between the two reads: read it next time
-                self.seen = before
-                return False
+            # the bytes just hashed are the ones parsed: a pointer that moves meanwhile is the next poll's
+            entry, path = await asyncio.to_thread(_read_pointer, self.root, raw)
             origin = origin_of(entry, path)
             if _same_dir(path, current.origin.get("path")):  # re-promoted to the router being served
                 if (origin["promoted_at"], origin["promoted_source"]) != (current.origin["promoted_at"],
@@ -101,11 +100,11 @@ class PointerFollower:
                  fresh.registered.kind, fresh.router_name, current.router_name)
         return True
 
-    def _pointer_sha(self) -> str:
+    def _pointer_bytes(self) -> bytes | None:
         try:
-            return hashlib.sha256(self.pointer.read_bytes()).hexdigest()
+            return self.pointer.read_bytes()
         except FileNotFoundError:
-            return hashlib.sha256(b"").hexdigest()
+            return None
 
     def _load(self, path: Path, endpoint, origin: dict):
         reg = registry.load(path)
@@ -123,10 +122,12 @@ class PointerFollower:
                   self.pointer, path or "(no router)", why)
 
 
-def _read_pointer(root: Path):
-    """(entry, router directory) the pointer names; a missing or unreadable pointer -> RouterLiteError."""
+def _read_pointer(root: Path, raw: bytes | None):
+    """(entry, router directory) the pointer `raw` (its bytes, None: no file) names; a missing or unreadable pointer
+    -> RouterLiteError."""
     try:
-        entry, path = registry.latest_entry(root), registry.latest_path(root)
+        entry = registry.latest_entry(root, raw)
+        path = None if entry is None else entry["path"]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RouterLiteError(f"{Path(root) / registry.LATEST} is not a valid pointer: {type(exc).__name__}: "
                               f"{exc}") from None
