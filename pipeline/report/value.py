@@ -13,9 +13,10 @@ from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.route.targets import REPORT_TARGETS
 
 
-def value_line(value: dict, target: str = "parity", models: dict | None = None) -> str:
-    """'parity: 0.82 (CI 0.80-0.84) at 48 % of gpt-4o's cost' for one target of a held-out value report
-    (`models`: agent name -> model name, to name the best single agent by its model)."""
+def value_line(value: dict, target: str = "parity", models: dict | None = None, inside: str = "") -> str:
+    """'parity: 0.82 (CI 0.80-0.84) at 48 % of gpt-4o's cost (best single 0.85)' for one target of a held-out value
+    report (`models`: agent name -> model name, to name the best single agent by its model; `inside`: more said in
+    the closing parenthesis)."""
     t = value["targets"].get(target)
     if t is None:
         return f"{target}: not evaluated"
@@ -23,7 +24,7 @@ def value_line(value: dict, target: str = "parity", models: dict | None = None) 
     bs = (models or {}).get(bs, bs)
     ratio = "n/a" if t["cost_ratio"] is None else f"{100 * t['cost_ratio']:.0f} %"
     return (f"{target}: {t['quality']:.3f} (CI {t['ci_low']:.3f}-{t['ci_high']:.3f}) at {ratio} of {bs}'s cost "
-            f"(best single {value['best_single']['quality']:.3f})")
+            f"(best single {value['best_single']['quality']:.3f}{inside})")
 
 
 def targets_markdown(value: dict) -> str:
@@ -292,17 +293,15 @@ def report_headline(rv: dict, target: str, models: dict | None = None) -> str:
     99.6 % of its quality); routed benchmark (real calls) 0.851 at 73 %; validation AIQ 0.8345'.
     `models`: agent name -> model name."""
     key = rv["best_router"]
-    r, bs = rv["routers"][key], rv["best_single"]
-    name = (models or {}).get(bs["agent"], bs["agent"])
+    r = rv["routers"][key]
     aiq = "" if r.get("aiq_validation") is None else f"; validation AIQ {r['aiq_validation']:.4f}"
-    head = f"★ {ROUTER_LABELS.get(key, key)}, {target}"
+    head = f"★ {ROUTER_LABELS.get(key, key)}, "
     t = r["targets"].get(target)
     if t is None:
-        return f"{head}: not evaluated on held-out test{aiq}"
-    cost = "n/a" if t.get("cost_ratio") is None else f"{100 * t['cost_ratio']:.0f} %"
+        return f"{head}{target}: not evaluated on held-out test{aiq}"
     share = "" if t.get("quality_ratio") is None else f"; {100 * t['quality_ratio']:.1f} % of its quality"
     rb = (r.get("routed_benchmark") or {}).get(target)
     routed = "" if not rb or rb.get("cost_ratio") is None else \
         f"; routed benchmark (real calls) {rb['accuracy']:.3f} at {100 * rb['cost_ratio']:.0f} %"
-    return (f"{head}: {t['quality']:.3f} (CI {t['ci_low']:.3f}-{t['ci_high']:.3f}) at {cost} of {name}'s cost "
-            f"(best single {bs['quality']:.3f}{share}){routed}{aiq}")
+    return (head + value_line({"targets": r["targets"], "best_single": rv["best_single"]}, target, models, share)
+            + routed + aiq)
