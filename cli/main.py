@@ -611,11 +611,8 @@ def _serve_agents(pool, profile, following: bool):
     wide = profile.pool.wide_name
     if not following or not wide or wide == pool.pool:
         return agents, []
-    from resources.pool import PoolResource
-
     known = {a.name for a in agents}
-    wide_pool = PoolResource(kind=pool.kind, pool=wide, base_url=pool.base_url, key_hosts=list(pool.key_hosts))
-    wider = [a for a in wide_pool.agents() if a.name not in known]
+    wider = [a for a in pool.model_copy(update={"pool": wide}).agents() if a.name not in known]  # same kind, URL
     return agents + wider, wider
 
 
