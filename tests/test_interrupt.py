@@ -1,6 +1,7 @@
 """Ctrl-C of `router-lite run` during the collection: one line and the shell's code for SIGINT, no traceback (the
 mirroring helpers of Dagster's compute-log capture take no Ctrl-C: resources/compute_logs.py); the rerun resumes
 from the call logs, no call lost or made twice."""
+import asyncio
 import json
 import os
 import signal
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,6 +29,35 @@ def _call_keys(home: Path) -> list[str]:
     return [json.loads(line)["call_key"] for f in (home / "calls").rglob("*.jsonl") for line in f.open()]
 
 
+class _Interrupt(BaseException):
+    """An orchestrator's own interrupt (Dagster's DagsterExecutionInterruptedError is such a BaseException)."""
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["cancel propagates", "cancel taken"])
+def test_an_interrupt_raised_inside_a_loop_callback_stops_run_sync(taken):
+    """A SIGINT handler that raises inside one of the loop's own callbacks (its wake-up read, as in a CI run) stops
+    the coroutine with that interrupt instead of being logged and dropped while the collection runs to its end."""
+    from pipeline.collect.calls import run_sync
+
+    def interrupt():
+        raise _Interrupt()
+
+    async def collection():
+        asyncio.get_running_loop().call_later(0.05, interrupt)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if not taken:
+                raise
+        return "ran to its end"
+
+    started = time.monotonic()
+    with pytest.raises(_Interrupt):
+        run_sync(collection())
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
 def test_ctrl_c_during_collection_is_one_line_and_the_rerun_resumes(tmp_path, temp_instance_dir):
     proc = _run(tmp_path, temp_instance_dir)
     err: list[str] = []

@@ -251,16 +251,45 @@ def _stop_in(group: BaseExceptionGroup) -> BaseException | None:
     return None
 
 
+async def _stoppable(coro):
+    """`coro`, stopped by an interrupt that a signal handler raised inside one of the loop's own callbacks. An
+    orchestrator's SIGINT handler raises its interrupt wherever the main thread is; inside a callback (the loop's
+    wake-up read, a timer) asyncio hands every BaseException but KeyboardInterrupt/SystemExit to the exception
+    handler, which logs it and goes on: Ctrl-C was lost and the collection ran to its end."""
+    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    stops: list[BaseException] = []
+
+    def on_error(loop, context):
+        exc = context.get("exception")
+        if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+            stops.append(exc)
+            main.cancel()
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(on_error)
+    try:
+        result = await coro
+    except asyncio.CancelledError:
+        if stops:
+            raise stops[0] from None
+        raise
+    if stops:  # the coroutine took the cancel and returned what it had: the stop still stands
+        raise stops[0]
+    return result
+
+
 def run_sync(coro):
     """Run a coroutine from synchronous code: its own event loop, in a helper thread inside a running loop. An
-    interrupt inside one of its tasks leaves as itself, not wrapped in an exception group, so the caller sees a stop."""
+    interrupt inside one of its tasks, or raised by a signal handler inside one of the loop's callbacks, leaves as
+    itself, not wrapped in an exception group nor logged and dropped, so the caller sees a stop."""
     try:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(coro)
+            return asyncio.run(_stoppable(coro))
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            return ex.submit(asyncio.run, coro).result()
+            return ex.submit(asyncio.run, _stoppable(coro)).result()
     except BaseExceptionGroup as group:
         stop = None if isinstance(group, Exception) else _stop_in(group)
         if stop is None:
