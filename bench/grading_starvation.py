@@ -1,4 +1,4 @@
-"""Does one answer format's poison delay the others? The cascade of bench/attack.py's poison row is served in process
+"""Does one answer format's poison delay the others? The cascade of the attack tests' poison rows is served in process
 (`poisoned_cascade_app`: cheap_a and cheap_b asked first, k=2, else strong); N math_expression requests whose two
 cheap agents answer two different sympy poisons (an exp tower, a tan of one: their comparison overruns the grading
 budget) are put in flight, then 20 good `integer` requests (both cheap agents say 7: no sympy) are sent. Prints per N
@@ -11,7 +11,8 @@ overruns counted), /healthz latency meanwhile, and the grading worker processes 
 itself costs on this machine.
 
 The old code side by side: the same script on a copy of an older tree, e.g.
-    git archive de80346 | tar -x -C /tmp/old && cp bench/grading_starvation.py bench/attack.py /tmp/old/bench/
+    git archive de80346 | tar -x -C /tmp/old && cp bench/grading_starvation.py /tmp/old/bench/ \
+        && cp tests/attack_kit.py tests/fault_server.py /tmp/old/tests/
     python /tmp/old/bench/grading_starvation.py
 """
 from __future__ import annotations
@@ -30,10 +31,9 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "tests")) if p not in sys.path]
 
-from attack import grading_workers, poisoned_cascade_app  # noqa: E402 - bench/ is the script's directory
+from attack_kit import grading_workers, poisoned_cascade_app  # noqa: E402 - tests/attack_kit.py
 
 from pipeline.collect import bounded  # noqa: E402
 from pipeline.serve.server import serve_in_thread  # noqa: E402

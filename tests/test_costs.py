@@ -1,7 +1,8 @@
 """Numbers a provider or a user hands in are checked: a provider's usage.cost must be plausible (finite, >= 0, at most
 MAX_CALL_USD) or its estimate is used, flagged; a call log already holding an absurd cost still resumes under a
-budget; price tables hold prices; cascade.json's nesting is bounded before it is parsed. The attack suite
-(bench/attack.py, items costs / cascade-json / prices / body) drives the same through serve and the CLI."""
+budget; price tables hold prices; cascade.json's nesting is bounded before it is parsed. The attack tests
+(tests/test_attack_cascade.py, test_attack_registry.py, test_attack_inputs.py, test_attack_server.py) drive the
+same through serve and the CLI."""
 import json
 import math
 import sys
