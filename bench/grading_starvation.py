@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "tests")) if p not in sys.path]
 
+from _load import pct  # noqa: E402 - bench/ is the script's directory
 from attack_kit import grading_workers, poisoned_cascade_app  # noqa: E402 - tests/attack_kit.py
 
 from pipeline.collect import bounded  # noqa: E402
@@ -50,10 +50,6 @@ def reply_of(agent: str, grader: str, i: int) -> str:
 
 
 CONTROL = False  # --control: the same load, the math_expression replies good (no sympy): what the load alone costs
-
-
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
 
 
 async def scenario(base_url: str, health_url: str, n_poisoned: int, n_good: int) -> dict:

@@ -35,35 +35,26 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _load import (
+    bench_dir,
+    cpu_seconds,
+    pct,
+    phase,
+    phase_row,
+    recorded_prompts,
+    start_serve,
+    stop_server,
+    tree_cpu_seconds,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 GOALS_MS = {1: (10.0, 25.0), 16: (60.0, 150.0)}  # clients -> (p50, p99) of the router overhead, new prompts (issue 11)
 MODES = {"batched": ("32", "2"), "unbatched": ("1", "0")}  # --max-batch, --batch-wait-ms
-
-
-def recorded_prompts(n: int, skip: int = 0) -> list[str]:
-    """MMLU-Pro prompts (bundled source) recorded for every agent of the mmlu_pro pool, in source order."""
-    from pipeline.tasks.sources import load_source
-    from resources.pool import PoolResource
-
-    pool = PoolResource(kind="replay", pool="mmlu_pro")
-    store, agents = pool.store(), pool.agents()
-    out = []
-    for p in load_source("mmlu_pro")["prompt"]:
-        if all(store.text_for(a.model, p) is not None for a in agents):
-            out.append(p)
-            if len(out) == skip + n:
-                break
-    return out[skip:]
 
 
 def build_head(out: Path, n: int = 300, max_seq_length: int = 128, backbone: str | None = None) -> Path:
@@ -101,116 +92,13 @@ def build_head(out: Path, n: int = 300, max_seq_length: int = 128, backbone: str
         data_hashes={"bench": f"mmlu_pro first {n} recorded"}, metrics=fit.metrics)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(head: Path, profile: str, dtype: str, device: str, threads: int = 0, timeout_s: float = 180.0,
                  mode: str = "batched", workers: int = 1, extra: tuple = ()):
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head), "--profile", profile,
-                             "--port", str(port), "--dtype", dtype, "--device", device,
-                             "--threads", str(threads), "--max-batch", MODES[mode][0],
-                             "--batch-wait-ms", MODES[mode][1], "--workers", str(workers), *extra],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{log.read().decode()[-3000:]}")
-        try:
-            # the startup line: with --workers N printed once every worker has loaded its backbone
-            log.seek(0)
-            loaded = log.read().count(b"router-lite serve: head ")
-            if loaded and httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                time.sleep(0.5 if workers > 1 else 0)  # the last worker's uvicorn startup
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise RuntimeError(f"router-lite serve did not answer /healthz within {timeout_s:.0f}s")
-
-
-def stop_server(proc) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-async def phase(url: str, head_name: str, prompts: list[str], concurrency: int, max_seconds: float,
-                headers: dict | None = None) -> dict:
-    """Send each prompt once from `concurrency` concurrent clients; (overheads, latencies, errors, seconds)."""
-    import httpx
-
-    todo = iter(prompts)
-    over, lat, errors, upstream = [], [], 0, []
-    deadline = time.monotonic() + max_seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60, headers=headers) as client:
-        async def worker():
-            nonlocal errors
-            for p in todo:
-                if time.monotonic() > deadline:
-                    return
-                t = time.perf_counter()
-                try:
-                    r = await client.post("/v1/chat/completions",
-                                          json={"model": head_name, "messages": [{"role": "user", "content": p}]})
-                except httpx.HTTPError:
-                    errors += 1
-                    continue
-                lat.append((time.perf_counter() - t) * 1000)
-                if r.status_code != 200:
-                    errors += 1
-                    continue
-                over.append(float(r.headers["x-router-overhead-ms"]))
-                timing = dict(part.split(";dur=")[:2] for part in r.headers.get("server-timing", "").split(", ")
-                              if ";dur=" in part)
-                if "upstream" in timing:
-                    upstream.append(float(timing["upstream"].split(";")[0]))
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*[worker() for _ in range(concurrency)])
-        seconds = time.perf_counter() - t0
-    return {"overhead_ms": over, "latency_ms": lat, "errors": errors, "seconds": seconds, "upstream_ms": upstream}
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of `pid` and its child processes (the workers of `serve --workers N`)."""
-    return cpu_seconds(pid) + sum(cpu_seconds(c) for c in _children(pid))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc; nan elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
+    """`router-lite serve --head HEAD` in serving `mode`: (process, base URL, its output lines)."""
+    return start_serve(["--head", str(head), "--profile", profile, "--dtype", dtype, "--device", device,
+                        "--threads", str(threads), "--max-batch", MODES[mode][0], "--batch-wait-ms", MODES[mode][1],
+                        "--workers", str(workers), *extra], ready="/healthz",
+                       timeout_s=timeout_s, settle_s=0.5 if workers > 1 else 0)
 
 
 def main(argv=None) -> int:
@@ -267,7 +155,7 @@ def main(argv=None) -> int:
     rows = []
     load_before = os.getloadavg()[0]
     for mode, dtype, threads in [(m, d, t) for m in args.modes for d in args.dtype for t in args.threads]:
-        proc, url, log = start_server(head, args.profile, dtype, args.device, threads, mode=mode)
+        proc, url, _ = start_server(head, args.profile, dtype, args.device, threads, mode=mode)
         try:
             asyncio.run(phase(url, reg.name, pool[-8:], 1, 60))  # warm-up: first-call costs (allocations, JIT)
             for li, conc in enumerate(args.concurrency):
@@ -276,18 +164,11 @@ def main(argv=None) -> int:
                     cpu0 = cpu_seconds(proc.pid)
                     r = asyncio.run(phase(url, reg.name, prompts, conc, args.max_seconds))
                     cpu = cpu_seconds(proc.pid) - cpu0
-                    rows.append({
-                        "mode": mode, "dtype": dtype, "threads": threads, "clients": conc, "cache": cache,
-                        "requests": len(r["latency_ms"]), "errors": r["errors"],
-                        "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
-                        "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
-                        "req_per_s": len(r["latency_ms"]) / r["seconds"] if r["seconds"] else float("nan"),
-                        "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"])),
-                    })
+                    rows.append({"mode": mode, "dtype": dtype, "threads": threads, "clients": conc, "cache": cache,
+                                 **phase_row(r, cpu)})
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         finally:
             stop_server(proc)
-            log.close()
 
     goals = ", ".join(f"{c} client{'s' * (c > 1)} p50 <= {p50:.0f} ms, p99 <= {p99:.0f} ms"
                       for c, (p50, p99) in GOALS_MS.items())
@@ -360,7 +241,7 @@ def workers_phase(head: Path, reg, pool: list[str], args) -> dict:
     per: dict[str, list[dict]] = {str(w): [] for w in args.workers}
     for rnd in range(args.workers_rounds):
         for w in args.workers:
-            proc, url, log = start_server(head, args.profile, args.dtype[0], args.device, 0, workers=w)
+            proc, url, _ = start_server(head, args.profile, args.dtype[0], args.device, 0, workers=w)
             try:
                 asyncio.run(phase(url, reg.name, pool[-16:], 8, 60))  # warm-up on several connections (workers)
                 cpu0 = tree_cpu_seconds(proc.pid)
@@ -368,7 +249,6 @@ def workers_phase(head: Path, reg, pool: list[str], args) -> dict:
                 cpu = tree_cpu_seconds(proc.pid) - cpu0
             finally:
                 stop_server(proc)
-                log.close()
             row = {"round": rnd, "req_per_s": len(r["latency_ms"]) / r["seconds"], "errors": r["errors"],
                    "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
                    "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
@@ -392,7 +272,7 @@ def static_phase(tmpdir: Path, pool: list[str], args) -> list[dict]:
     head = build_head(tmpdir / "static", backbone="static")
     reg = registry.load(head)
     rows = []
-    proc, url, log = start_server(head, args.profile, "auto", "cpu", 0, workers=args.static_workers)
+    proc, url, _ = start_server(head, args.profile, "auto", "cpu", 0, workers=args.static_workers)
     try:
         asyncio.run(phase(url, reg.name, pool[-8:], 1, 60))
         for li, conc in enumerate(args.static_clients):
@@ -401,16 +281,10 @@ def static_phase(tmpdir: Path, pool: list[str], args) -> list[dict]:
             r = asyncio.run(phase(url, reg.name, prompts, conc, args.max_seconds))
             cpu = tree_cpu_seconds(proc.pid) - cpu0
             rows.append({"mode": "static", "dtype": "static", "threads": 0, "clients": conc, "cache": "cold",
-                         "requests": len(r["latency_ms"]), "errors": r["errors"],
-                         "overhead_p50_ms": pct(r["overhead_ms"], 50), "overhead_p99_ms": pct(r["overhead_ms"], 99),
-                         "e2e_p50_ms": pct(r["latency_ms"], 50), "e2e_p99_ms": pct(r["latency_ms"], 99),
-                         "req_per_s": len(r["latency_ms"]) / r["seconds"] if r["seconds"] else float("nan"),
-                         "server_cpu_ms_per_req": 1000 * cpu / max(1, len(r["latency_ms"])),
-                         "upstream_p50_ms": pct(r["upstream_ms"], 50)})
+                         **phase_row(r, cpu), "upstream_p50_ms": pct(r["upstream_ms"], 50)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         stop_server(proc)
-        log.close()
     return rows
 
 
@@ -442,7 +316,7 @@ def auth_main(tmpdir: Path, args) -> int:
     rows, load_before = [], os.getloadavg()[0]
     for rnd in range(args.auth_rounds):
         for name, (extra, headers) in variants.items():
-            proc, url, log = start_server(head, args.profile, "auto", "cpu", 0, workers=1, extra=extra)
+            proc, url, _ = start_server(head, args.profile, "auto", "cpu", 0, workers=1, extra=extra)
             try:
                 asyncio.run(phase(url, reg.name, prompts[-8:], 1, 60, headers))
                 for cache in ("cold", "warm"):
@@ -458,7 +332,6 @@ def auth_main(tmpdir: Path, args) -> int:
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             finally:
                 stop_server(proc)
-                log.close()
     return auth_report(rows, args, load_before)
 
 
@@ -486,12 +359,6 @@ def auth_report(rows: list[dict], args, load_before: float) -> int:
                                "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}, indent=2))
     print(f"\nwrote {out}", file=sys.stderr)
     return 0
-
-
-def bench_dir() -> Path:
-    from resources.storage import default_home
-
-    return Path(default_home()) / "bench"
 
 
 def summary(rows: list[dict], args) -> dict:

@@ -42,10 +42,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import bench_dir, stop_server  # noqa: E402
+from _load import REPO, bench_dir, stop_server  # noqa: E402
 from serve_swap import _demo_prompts, client_loop, metric_value, start  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 # the lines of a `dagster` command's output worth showing: the steps' own messages (INFO and up, with the lines that
 # continue them) and the runs' outcome, not Dagster's bookkeeping events
 SHOWN = re.compile(r" - (INFO|WARNING|ERROR|CRITICAL) - ")

@@ -12,15 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _load import REPO, start_serve, stop_server
 
 
 def status_mb(pid: int, field: str) -> float:
@@ -28,12 +24,6 @@ def status_mb(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def send(url: str, prompts: list[str], clients: int) -> list[int]:
@@ -50,8 +40,6 @@ async def send(url: str, prompts: list[str], clients: int) -> list[int]:
 
 
 def main(argv=None) -> int:
-    import httpx
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head", required=True)
     ap.add_argument("--profile", default="demo")
@@ -60,26 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", args.head, "--profile",
-                             args.profile, "--port", str(port), "--device", "cpu", "--workers", "1"],  # one RSS
-                            cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc, url, _ = start_serve(["--head", args.head, "--profile", args.profile, "--device", "cpu",
+                                "--workers", "1"], ready="/healthz", timeout_s=120)  # one process: one RSS
     try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"serve exited: {log.read().decode()[-2000:]}")
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
         text = ("The quick brown fox jumps over the lazy dog near the river bank while a physicist computes the "
                 "derivative of a function. ")
         bigs = [(f"{i} " + text * (args.chars // len(text) + 1))[:args.chars] for i in range(args.prompts + 1)]
@@ -93,8 +64,7 @@ def main(argv=None) -> int:
         time.sleep(1.0)
         after, peak = status_mb(proc.pid, "VmRSS"), status_mb(proc.pid, "VmHWM")
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop_server(proc)
     out = {"repo": str(REPO), "prompts": args.prompts, "chars": args.chars, "clients": args.clients,
            "rss_before_mb": round(before), "rss_after_mb": round(after), "rss_peak_mb": round(peak),
            "seconds": round(seconds, 1), "status_codes": sorted(set(codes))}

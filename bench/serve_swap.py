@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,9 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import bench_dir, free_port, pct, phase, recorded_prompts, stop_server, tree_cpu_seconds  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from _load import bench_dir, pct, phase, recorded_prompts, start_serve, stop_server, tree_cpu_seconds  # noqa: E402
 
 
 def register_pair(root: Path, bb, prompts: list[str], second_pool: str = "mmlu_pro") -> tuple[Path, Path]:
@@ -75,31 +72,8 @@ def register_pair(root: Path, bb, prompts: list[str], second_pool: str = "mmlu_p
 def start(home: Path, profile: str, workers: int = 2, extra: tuple = (), timeout_s: float = 240.0):
     """`router-lite serve --workers N` on `home` following its pointer; (process, base URL, log lines) once the
     startup line is printed (with N workers: once every worker is ready) and /readyz answers 200."""
-    import threading
-
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "ROUTER_LITE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", profile, "--port", str(port),
-                             "--workers", str(workers), "--access-log", "off", *extra], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router-lite serve exited with {proc.returncode}:\n{''.join(lines)[-3000:]}")
-        started = any("router-lite serve: " in ln and " on http" in ln for ln in lines)
-        try:
-            if started and httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url, lines
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_server(proc)
-    raise RuntimeError(f"router-lite serve was not ready within {timeout_s:.0f} s:\n{''.join(lines)[-3000:]}")
+    return start_serve(["--profile", profile, "--workers", str(workers), "--access-log", "off", *extra],
+                       env={"ROUTER_LITE_HOME": str(home)}, timeout_s=timeout_s)
 
 
 async def client_loop(url: str, prompts: list[str], i: int, replies: list, done: asyncio.Event,
@@ -281,7 +255,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(REPO))
     from pipeline.route import registry
     from resources.storage import home_of
 
