@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _load import REPO, bench_dir, stop_server  # noqa: E402
-from serve_swap import _demo_prompts, client_loop, metric_value, start  # noqa: E402
+from serve_swap import _demo_prompts, client_loop, metric_value, settled_at, start  # noqa: E402
 
 # the lines of a `dagster` command's output worth showing: the steps' own messages (INFO and up, with the lines that
 # continue them) and the runs' outcome, not Dagster's bookkeeping events
@@ -154,10 +154,7 @@ async def clients_until(url: str, prompts: list[str], args, root: Path, old: str
             elif not worker.is_alive():
                 break
             continue
-        after = [r for r in replies if r[0] > moved]
-        last_old = max((r[0] for r in after if r[2] == old), default=moved)
-        if any(r[2] == new for r in after) and sum(1 for r in after if r[0] > last_old) >= 4 * args.clients:
-            settled = last_old
+        if (settled := settled_at(replies, moved, old, new, args.clients)) is not None:
             break
         if time.monotonic() - moved > args.window:
             break

@@ -111,10 +111,7 @@ async def swap_under_load(url: str, prompts: list[str], move, old: str, new: str
     settled = None
     while time.monotonic() - moved < window_s:
         await asyncio.sleep(0.1)
-        after = [r for r in replies if r[0] > moved]
-        last_old = max((r[0] for r in after if r[2] == old), default=moved)
-        if any(r[2] == new for r in after) and sum(1 for r in after if r[0] > last_old) >= 4 * clients:
-            settled = last_old  # 4 rounds of every client since the last old reply, all new
+        if (settled := settled_at(replies, moved, old, new, clients)) is not None:
             break
     done.set()
     await asyncio.gather(*tasks)
@@ -122,6 +119,15 @@ async def swap_under_load(url: str, prompts: list[str], move, old: str, new: str
     return {"seconds_to_all_new": None if settled is None else round(settled - moved, 3),
             "ok": sum(r[1] == 200 for r in during), "failed": sum(r[1] != 200 for r in during),
             "replies": len(replies), "other_router": sum(r[2] not in (old, new) for r in replies if r[1] == 200)}
+
+
+def settled_at(replies: list, moved: float, old: str, new: str, clients: int) -> float | None:
+    """The end of the last reply naming `old` after the pointer moved at `moved`, once some reply names `new` and
+    4 rounds of every client came since (all new); None until then."""
+    after = [r for r in replies if r[0] > moved]
+    last_old = max((r[0] for r in after if r[2] == old), default=moved)
+    new_since = any(r[2] == new for r in after) and sum(1 for r in after if r[0] > last_old) >= 4 * clients
+    return last_old if new_since else None
 
 
 def metric_value(text: str, name: str) -> float:
