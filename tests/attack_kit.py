@@ -142,18 +142,6 @@ class RowBackbone:
         return np.stack([self.X[int(t.split()[-1]) % len(self.X)] for t in texts])
 
 
-def agent_client(agent):
-    import httpx
-    import openai
-
-    def reply(request):
-        return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": agent.model,
-                                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                                             "role": "assistant", "content": f"from {agent.model}"}}]})
-    return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
-                              http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
-
-
 @contextlib.contextmanager
 def server(**settings):
     import numpy as np
@@ -169,7 +157,8 @@ def server(**settings):
     X = np.load(path.parent.parent / "X.npy")
     specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
              AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
-    app = build_app(reg, RowBackbone(X), specs, agent_client, ServeSettings(**settings))
+    app = build_app(reg, RowBackbone(X), specs, agents_client(lambda spec, _: f"from {spec.model}"),
+                    ServeSettings(**settings))
     with serve_in_thread(app) as srv:
         yield srv
 
@@ -317,9 +306,7 @@ def cascade_entry(tmp: Path, names: list[str]) -> Path:
 def poisoned_cascade_app(tmp: Path, reply_of: Callable[[str, str, int], str], **settings):
     """The cascade of `cascade_entry` (cheap_a and cheap_b asked first, k=2, else strong) as an app whose agents
     answer `reply_of(agent, grader, i)` to a prompt "<grader> <i> row <i>" (no network: httpx.MockTransport)."""
-    import httpx
     import numpy as np
-    import openai
 
     from pipeline.collect.agents import AgentSpec
     from pipeline.route import registry
@@ -331,16 +318,11 @@ def poisoned_cascade_app(tmp: Path, reply_of: Callable[[str, str, int], str], **
     X = np.load(world_files().parent.parent / "X.npy")
     specs = [AgentSpec(n, n, "test", None, p, p) for n, p in zip(names, (10.0, 0.1, 0.1))]
 
-    def client_for(spec):
-        def reply(request):
-            grader, i = json.loads(request.content)["messages"][-1]["content"].split()[:2]
-            text = reply_of(spec.name, grader, int(i))
-            return httpx.Response(200, json={"id": "x", "object": "chat.completion", "model": spec.model, "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
-        return openai.AsyncOpenAI(api_key="k", base_url="http://agents.test/v1", max_retries=0,
-                                  http_client=httpx.AsyncClient(transport=httpx.MockTransport(reply)))
+    def answer(spec, prompt: str) -> str:
+        grader, i = prompt.split()[:2]
+        return reply_of(spec.name, grader, int(i))
 
-    return build_app(reg, RowBackbone(X), specs, client_for, ServeSettings(**settings))
+    return build_app(reg, RowBackbone(X), specs, agents_client(answer), ServeSettings(**settings))
 
 
 def agents_client(answer):
