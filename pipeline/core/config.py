@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import numbers
 import os
 import re
 import reprlib
@@ -67,7 +68,9 @@ _YAML = pydantic.ConfigDict(extra="forbid")  # an unknown key anywhere is refuse
 
 
 def _integral(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() else value  # YAML `8.0`: lossless
+    """YAML's `8.0` (and numpy's integers, in code) as the int they are; a bool stays a bool (refused)."""
+    lossless = isinstance(value, float) and value.is_integer() or isinstance(value, numbers.Integral)
+    return int(value) if lossless and not isinstance(value, bool) else value
 
 
 def _number(value: Any, handler: Any) -> Any:
