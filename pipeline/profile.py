@@ -51,7 +51,6 @@ from pipeline.core.config import (  # noqa: F401 - the reader's names, re-export
     Number,
     Section,
     active_profile_name,
-    check_fields,
     code_only,
     config_dir,
     from_yaml,
@@ -108,10 +107,7 @@ class OodSpec:
     """
 
     column: str = "category"
-    values: Annotated[tuple[str, ...], pydantic.Field(min_length=1)] = ()
-
-    def __post_init__(self) -> None:
-        check_fields(self, "task_pool.ood")
+    values: Annotated[tuple[str, ...], pydantic.Field(min_length=1)] = ()  # read from a profile only
 
 
 @dataclass(frozen=True)
