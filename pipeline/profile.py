@@ -107,7 +107,7 @@ class OodSpec:
     """
 
     column: str = "category"
-    values: Annotated[tuple[str, ...], pydantic.Field(min_length=1)] = ()  # read from a profile only
+    values: Annotated[tuple[str, ...], pydantic.Field(min_length=1, validate_default=True)] = ()  # profile only
 
 
 @dataclass(frozen=True)
