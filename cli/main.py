@@ -837,15 +837,17 @@ CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start'
 
 def _add_train_options(p) -> None:
     import dataclasses
+    import typing
 
     from pipeline.core.config import option_table
     from pipeline.route.train import TrainConfig
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    hints = typing.get_type_hints(TrainConfig)  # the plain types under the YAML ones (`Int` is an int, ...)
     meaning = {name: text for name, _, text in option_table(TrainConfig)}
     for name in TRAIN_OPTIONS:
         f = fields[name]
-        kind = {"int": int, "float": float, "int | None": int, "str": str}[str(f.type)]
+        kind = next(t for t in (int, float, str) if t in (hints[name], *typing.get_args(hints[name])))
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
                        help=CLI_MEANING.get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
 

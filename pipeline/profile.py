@@ -17,9 +17,10 @@ meaning; pycma style):
     benchmark   `BenchmarkSettings`               the routed benchmark and the replication suites
     serve       `ServeProfileSettings`            what `router-lite serve` serves when no --head / --target is given
 
-`load_profile` validates the whole file once (`from_yaml`: the dataclass fields and their type hints are the
-schema): an unknown key, a value of the wrong type or outside its choices anywhere is one `RouterLiteError` naming
-the file and the dotted key. Everything downstream takes the typed `Profile`; nothing re-validates a section.
+`load_profile` validates the whole file once (`from_yaml`: pydantic, with the dataclass fields and their annotated
+types as the schema): an unknown key, a value of the wrong type, outside its bounds or its choices anywhere is one
+`RouterLiteError` naming the file and the dotted key. Everything downstream takes the typed `Profile`; nothing
+re-validates a section.
 
 An override file (`ROUTER_LITE_OVERRIDE=FILE`, or `router-lite run|serve --override FILE`) is merged over the profile
 before that validation: a mapping merges key by key, any other value (a list, a number, a string) replaces the
@@ -36,19 +37,25 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pipeline.collect.budget import check_max_usd
+import pydantic
+
 from pipeline.collect.sampling import NewAgentSample
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core import config
 from pipeline.core.config import (  # noqa: F401 - the reader's names, re-exported for the profile's callers
     DEFAULT_PROFILE,
     OVERRIDE_ENV,
+    Int,
+    Number,
+    Section,
     active_profile_name,
+    code_only,
     config_dir,
     from_yaml,
     merged,
+    one_of,
     override_path,
     profile_path,
 )
@@ -100,11 +107,7 @@ class OodSpec:
     """
 
     column: str = "category"
-    values: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.values:
-            raise RouterLiteError("task_pool.ood.values must name at least one value")
+    values: Annotated[tuple[str, ...], pydantic.Field(min_length=1, validate_default=True)] = ()  # profile only
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class AgentPoolSettings:
         Hosts (``host`` or ``host:port``) besides openrouter.ai that may receive the API key.
     """
 
-    kind: str = field(default="replay", metadata={"choices": lambda: POOL_KINDS})
+    kind: Annotated[str, one_of(lambda: POOL_KINDS)] = "replay"
     name: str = "demo"
     wide_name: str | None = None
     base_url: str | None = None
@@ -156,20 +159,10 @@ class CollectionConfig(CollectionSettings):
         off by default (fraction 0). Not a call setting.
     """
 
-    repetitions: int = 3
-    empty_rate_max: float = 0.05
-    max_usd: float | None = None
-    new_agent_sample: NewAgentSample = field(default_factory=NewAgentSample)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_max_usd(self.max_usd)
-        if not 1 <= self.repetitions <= MAX_REPETITIONS:
-            raise RouterLiteError(f"collection.repetitions must be 1..{MAX_REPETITIONS}, got {self.repetitions}")
-        v = self.empty_rate_max
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise RouterLiteError(f"collection.empty_rate_max: must be a number above 0 and at most 1, got "
-                                  f"{str(v)[:40]}")
+    repetitions: Annotated[Int, pydantic.Field(ge=1, le=MAX_REPETITIONS)] = 3
+    empty_rate_max: Annotated[Number, pydantic.Field(gt=0, le=1)] = 0.05
+    max_usd: Annotated[Number, pydantic.Field(ge=0)] | None = None
+    new_agent_sample: Section[NewAgentSample] = field(default_factory=NewAgentSample)
 
 
 @dataclass(frozen=True)
@@ -206,19 +199,16 @@ class BackboneSettings:
     pooling: Literal["mean", "last_token"] = "mean"
     device: str = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    batch_size: int = 64
-    max_seq_length: int = 256
+    batch_size: Annotated[Int, pydantic.Field(ge=1)] = 64
+    max_seq_length: Annotated[Int, pydantic.Field(ge=1)] = 256
     revision: str | None = None
-    log_every: int = 10
+    log_every: Int = 10
     backend: Literal["auto", "torch", "openvino", "onnx"] = "auto"
     export_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise RouterLiteError(f"backbone.device {self.device!r} is not one of auto, cpu, cuda, cuda:N")
-        for name in ("batch_size", "max_seq_length"):
-            if getattr(self, name) < 1:
-                raise RouterLiteError(f"backbone.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -290,16 +280,18 @@ class Profile:
     name: str = ""
     description: str = ""
     # live: a registered source counts
-    sources: dict[str, SourceSettings] = field(default_factory=dict, metadata={"keys": lambda: SOURCES})
-    task_pool: TaskPoolConfig = field(default_factory=TaskPoolConfig)
-    pool: AgentPoolSettings = field(default_factory=AgentPoolSettings)
-    collection: CollectionConfig = field(default_factory=CollectionConfig)
-    backbone: BackboneSettings = field(default_factory=BackboneSettings)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
-    serve: ServeProfileSettings = field(default_factory=ServeProfileSettings)
-    path: str = field(default="", metadata={"yaml": False})  # the file it was read from, not a key
-    override: str = field(default="", metadata={"yaml": False})  # the override file merged over it ("" = none)
+    sources: dict[Annotated[str, one_of(lambda: SOURCES, key=True)], Section[SourceSettings]] = \
+        field(default_factory=dict)
+    task_pool: Section[TaskPoolConfig] = field(default_factory=TaskPoolConfig)
+    pool: Section[AgentPoolSettings] = field(default_factory=AgentPoolSettings)
+    collection: Section[CollectionConfig] = field(default_factory=CollectionConfig)
+    backbone: Section[BackboneSettings] = field(default_factory=BackboneSettings)
+    train: Section[TrainConfig] = field(default_factory=TrainConfig)
+    benchmark: Section[BenchmarkSettings] = field(default_factory=BenchmarkSettings)
+    serve: Section[ServeProfileSettings] = field(default_factory=ServeProfileSettings)
+    # the file it was read from, and the override file merged over it ("" = none): not keys
+    path: Annotated[str, pydantic.AfterValidator(code_only)] = field(default="", metadata={"yaml": False})
+    override: Annotated[str, pydantic.AfterValidator(code_only)] = field(default="", metadata={"yaml": False})
 
     def __post_init__(self) -> None:
         if not self.sources:

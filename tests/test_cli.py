@@ -70,7 +70,7 @@ def test_bad_inputs_are_one_clear_error(own_files, tmp_path, monkeypatch, capsys
     assert "lacks column 'split'" in capsys.readouterr().err
     assert main(["train", "--rewards", str(own_files / "rewards.jsonl"), "--tasks", str(own_files / "tasks.parquet"),
                  "--ship-confidence", "1.5"]) == 2
-    assert "ship_confidence must be in [0, 1)" in capsys.readouterr().err
+    assert "TrainConfig.ship_confidence: must be < 1, got float 1.5" in capsys.readouterr().err
     assert main(["route", "--head", str(tmp_path / "missing"), "hi"]) == 2
     assert "not a registered router" in capsys.readouterr().err
 

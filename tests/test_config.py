@@ -71,6 +71,7 @@ def _set(dotted: str, value):
     ("backbone.batch_sise", 8, "unknown key"),
     ("train.generation", 3, "unknown key"),
     ("benchmark.suite", ["routerbench"], "unknown key"),
+    ("path", "/etc/passwd", "unknown key"),  # set by load_profile, never by the file
     # a value of the wrong type
     ("collection.concurrency", "many", "expected an integer, got str 'many'"),
     ("collection.repetitions", 1.5, "expected an integer"),
@@ -113,17 +114,50 @@ def test_a_bad_key_or_value_is_one_error_naming_file_and_key(tmp_path, monkeypat
 
 def test_section_invariants_name_the_file(tmp_path, monkeypatch):
     path = _profile_dir(tmp_path, monkeypatch, _set("collection.repetitions", 4))
-    with pytest.raises(RouterLiteError, match=re.escape(f"{path}: collection.repetitions must be 1..3, got 4")):
+    with pytest.raises(RouterLiteError, match=re.escape(f"{path}: collection.repetitions: must be <= 3, got int 4")):
         load_profile("demo")
     path = _profile_dir(tmp_path, monkeypatch, _set("train.seed", 0))
-    with pytest.raises(RouterLiteError, match=re.escape(f"{path}: TrainConfig.seed must be >= 1")):
-        load_profile("demo")  # TrainConfig.validate runs at load, not minutes later in router_head
+    with pytest.raises(RouterLiteError, match=re.escape(f"{path}: train.seed: must be >= 1, got int 0")):
+        load_profile("demo")  # TrainConfig's bounds are checked at load, not minutes later in router_head
     path = _profile_dir(tmp_path, monkeypatch, _set("backbone.device", "gpu"))
     with pytest.raises(RouterLiteError, match=re.escape(f"{path}: backbone.device 'gpu' is not one of")):
         load_profile("demo")
     path = _profile_dir(tmp_path, monkeypatch, lambda raw: raw.__setitem__("sources", {}))
     with pytest.raises(RouterLiteError, match=re.escape(f"{path}: `sources` is empty")):
         load_profile("demo")
+
+
+@pytest.mark.parametrize("dotted, value, says", [
+    ("train.folds", 1, "train.folds: must be >= 2, got int 1"),
+    ("train.ridge_alphas", [1, 0], "train.ridge_alphas[1]: must be > 0, got int 0"),
+    ("train.select", "best", "train.select: str 'best' is not one of crossfit, validation"),
+    ("collection.top_p", 1.5, "collection.top_p: must be <= 1, got float 1.5"),
+    ("collection.max_usd", -1, "collection.max_usd: must be >= 0, got int -1"),
+    ("collection.new_agent_sample.confidence", 1.0,
+     "collection.new_agent_sample.confidence: must be < 1, got float 1.0"),
+    ("task_pool.size", 0, "task_pool.size: must be > 0, got int 0"),
+    ("backbone.batch_size", 0, "backbone.batch_size: must be >= 1, got int 0"),
+])
+def test_a_value_out_of_bounds_is_one_line_naming_the_dotted_key(tmp_path, monkeypatch, dotted, value, says):
+    """pydantic checks the bounds; its error is told as the profile's other errors are: file, dotted key, problem."""
+    path = _profile_dir(tmp_path, monkeypatch, _set(dotted, value))
+    with pytest.raises(RouterLiteError) as exc:
+        load_profile("demo")
+    assert str(exc.value) == f"{path}: {says}"
+
+
+def test_a_section_built_in_code_gets_the_checks_of_a_read_one():
+    from pipeline.collect.settings import CollectionSettings
+    from pipeline.route.train import TrainConfig
+    from pipeline.tasks.task_pool import TaskPoolConfig
+
+    with pytest.raises(RouterLiteError, match=r"^TrainConfig.generations: expected an integer, got bool True$"):
+        TrainConfig(generations=True).validate()
+    with pytest.raises(RouterLiteError, match=r"^task_pool.size: expected an integer, got bool True$"):
+        TaskPoolConfig(size=True)
+    with pytest.raises(RouterLiteError, match=r"^collection.max_retries: must be >= 0, got int -1$"):
+        CollectionSettings(max_retries=-1)
+    assert TrainConfig(seed=3, ridge_alphas=(0.5,)).validate() is None and TaskPoolConfig(size=10).size == 10
 
 
 def test_yaml_readings_are_coerced_losslessly(tmp_path, monkeypatch):

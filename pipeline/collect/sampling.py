@@ -40,10 +40,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from pipeline.collect.sample_size import sample_size
+from pipeline.core.config import Int, Number, check_fields, one_of
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.pareto import on_frontier
 
@@ -75,26 +78,16 @@ class NewAgentSample:
         Bootstrap draws of the estimate's interval (0 = none).
     """
 
-    fraction: float = 0.0
-    strategy: str = "disagreement"
-    seed: int = 0
-    model: str = "logistic"
-    complete: str = "joiners"
-    confidence: float = 0.9
-    boot: int = 200
+    fraction: Annotated[Number, Field(ge=0, le=1)] = 0.0
+    strategy: Annotated[str, one_of(STRATEGIES)] = "disagreement"
+    seed: Int = 0
+    model: Annotated[str, one_of(MODELS)] = "logistic"
+    complete: Annotated[str, one_of(COMPLETE)] = "joiners"
+    confidence: Annotated[Number, Field(ge=0.5, lt=1)] = 0.9
+    boot: Annotated[Int, Field(ge=0)] = 200
 
     def __post_init__(self) -> None:
-        if not 0.0 <= float(self.fraction) <= 1.0:
-            raise RouterLiteError(f"collection.new_agent_sample.fraction: must be 0 (off) to 1, got {self.fraction}")
-        for name, allowed in (("strategy", STRATEGIES), ("model", MODELS), ("complete", COMPLETE)):
-            if getattr(self, name) not in allowed:
-                raise RouterLiteError(f"collection.new_agent_sample.{name}: {getattr(self, name)!r} is not one of "
-                                      f"{', '.join(allowed)}")
-        if not 0.5 <= float(self.confidence) < 1.0:
-            raise RouterLiteError(f"collection.new_agent_sample.confidence: must be from 0.5 to below 1, got "
-                                  f"{self.confidence}")
-        if int(self.boot) < 0:
-            raise RouterLiteError(f"collection.new_agent_sample.boot: must be >= 0, got {self.boot}")
+        check_fields(self, "collection.new_agent_sample")
 
     @property
     def on(self) -> bool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
+from typing import Annotated
 
+from pydantic import Field
+
+from pipeline.core.config import Int, Number, check_fields
 from pipeline.core.errors import RouterLiteError
 
 MAX_TOKENS_BOUND = 131072
-# (field, lowest, highest) of the answer-changing numbers, as in the table below
-BOUNDS = (("max_tokens", 1, MAX_TOKENS_BOUND), ("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,34 +49,24 @@ class CollectionSettings:
         Text cap: a longer reply is graded on its last this-many characters; 1,000 to 10,000,000.
     """
 
-    max_tokens: int = 4096
-    temperature: float = 0.1
-    top_p: float = 1.0
+    max_tokens: Annotated[Int, Field(ge=1, le=MAX_TOKENS_BOUND)] = 4096
+    temperature: Annotated[Number, Field(ge=0, le=2)] = 0.1
+    top_p: Annotated[Number, Field(ge=0, le=1)] = 1.0
     reasoning_effort: str | None = "minimal"  # sent as extra_body={"reasoning": {"effort": ...}} (OpenRouter)
-    timeout_s: float = 180.0
-    max_retries: int = 3  # retries after the first attempt
-    concurrency: int = 16  # in-flight calls per provider
-    backoff_base_s: float = 1.0  # attempt k waits backoff_base_s * 2**k (jittered), capped at backoff_max_s
-    backoff_max_s: float = 60.0
-    max_retry_after_s: float = 120.0  # a longer Retry-After is not waited for: the call is recorded as rate_limit
-    grading_budget_ms: float = 250.0  # one sympy evaluation of a reply; past it: no answer (collect/bounded.py)
-    grading_max_chars: int = 32768  # a longer reply is graded on its last this-many characters
+    timeout_s: Annotated[Number, Field(gt=0)] = 180.0
+    max_retries: Annotated[Int, Field(ge=0)] = 3  # retries after the first attempt
+    concurrency: Annotated[Int, Field(ge=1)] = 16  # in-flight calls per provider
+    backoff_base_s: Number = 1.0  # attempt k waits backoff_base_s * 2**k (jittered), capped at backoff_max_s
+    backoff_max_s: Number = 60.0
+    max_retry_after_s: Number = 120.0  # a longer Retry-After is not waited for: the call is recorded as rate_limit
+    grading_budget_ms: Number = 250.0  # one sympy evaluation of a reply; past it: no answer (collect/bounded.py)
+    grading_max_chars: Int = 32768  # a longer reply is graded on its last this-many characters
 
     # fields that change what a model answers: the settings hash in every call key
     ANSWER_FIELDS = ("max_tokens", "temperature", "top_p", "reasoning_effort")
 
     def __post_init__(self) -> None:
-        for name, lo, hi in BOUNDS:  # checked at load (a profile's nan would fail every request later)
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-                raise RouterLiteError(f"collection.{name}: must be a number from {lo:g} to {hi:g}, got "
-                                      f"{str(v)[:40]}")
-        if int(self.concurrency) < 1:
-            raise RouterLiteError(f"collection setting concurrency={self.concurrency!r} must be >= 1")
-        if int(self.max_retries) < 0:
-            raise RouterLiteError(f"collection setting max_retries={self.max_retries!r} must be >= 0")
-        if not float(self.timeout_s) > 0:
-            raise RouterLiteError(f"collection setting timeout_s={self.timeout_s!r} must be > 0")
+        check_fields(self, "collection")  # built in code too (a profile's nan would fail every request later)
         from pipeline.collect.bounded import Budget
 
         try:

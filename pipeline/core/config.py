@@ -1,25 +1,29 @@
 """The typed-YAML reader under every profile (the typed profile itself is `pipeline/profile.py`, above the stages).
 
-`from_yaml(cls, raw)` reads a YAML mapping into a frozen dataclass: the dataclass fields are the known keys and
-their type hints the types; only lossless readings are made; any failure is one `RouterLiteError`
-"<dotted key>: <problem>". `_read_yaml(path)` reads one file within bounds (size, UTF-8, depth, values with aliases
-expanded); `profile_path(name)` / `override_path()` find the profile and the override file (`OVERRIDE_ENV`);
-`merged(base, over)` merges the override over the profile. Nothing here knows a stage: each stage keeps its own
-option class and `pipeline/profile.py` assembles them.
+`from_yaml(cls, raw)` reads a YAML mapping into a frozen dataclass through pydantic: the dataclass fields are the
+known keys and their annotated types (`Int`, `Number`, `Flag`, `one_of`, `pydantic.Field` bounds) the types; only
+lossless readings are made; pydantic's first error is one `RouterLiteError` "<dotted key>: <problem>, got <value>"
+(`check_fields` checks a section built in code the same way). `_read_yaml(path)` reads one file within bounds (size,
+UTF-8, depth, values with aliases expanded); `profile_path(name)` / `override_path()` find the profile and the
+override file (`OVERRIDE_ENV`); `merged(base, over)` merges the override over the profile. Nothing here knows a
+stage: each stage keeps its own option class and `pipeline/profile.py` assembles them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
+import functools
+import numbers
 import os
 import re
 import reprlib
-import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
+import pydantic
 import yaml
+from pydantic_core import PydanticCustomError
 
 from pipeline.core.errors import RouterLiteError
 
@@ -58,9 +62,56 @@ def option_table(cls: type) -> list[tuple[str, str, str]]:
     return [(name, default, " ".join(meaning)) for name, default, meaning in rows if name]
 
 
-# --- the one validator --------------------------------------------------------------------------------------------
+# --- the YAML types: pydantic reads a profile; these say what a YAML value may be -------------------------------
+T = typing.TypeVar("T")
+_YAML = pydantic.ConfigDict(extra="forbid")  # an unknown key anywhere is refused (nested dataclasses inherit it)
+
+
+def _integral(value: Any) -> Any:
+    """YAML's `8.0` (and numpy's integers, in code) as the int they are; a bool stays a bool (refused)."""
+    lossless = isinstance(value, float) and value.is_integer() or isinstance(value, numbers.Integral)
+    return int(value) if lossless and not isinstance(value, bool) else value
+
+
+def _number(value: Any, handler: Any) -> Any:
+    if type(value) is int:  # an int stays an int: `top_p: 1` keeps the call-settings hash it always had
+        return value
+    with contextlib.suppress(ValueError):  # PyYAML reads `1e-3` as a string
+        value = float(value) if isinstance(value, str) else value
+    return handler(value)
+
+
+Int = Annotated[int, pydantic.Strict(), pydantic.BeforeValidator(_integral)]  # never a bool, never a string
+Number = Annotated[float, pydantic.Strict(), pydantic.AllowInfNan(False), pydantic.WrapValidator(_number)]
+Flag = pydantic.StrictBool
+Section = Annotated[T, pydantic.BeforeValidator(lambda v: {} if v is None else v)]  # `train:` alone: the defaults
+
+
+def one_of(names: Any, key: bool = False) -> pydantic.AfterValidator:
+    """A string among `names` (a callable: a list read at each check, so a kind registered later counts); `key`:
+    the string is a mapping's key, and any other is an unknown key."""
+    def check(value: str) -> str:
+        known = list(names() if callable(names) else names)
+        if value not in known:
+            raise PydanticCustomError("unknown_key" if key else "not_one_of", "not one of {known}",
+                                      {"known": ", ".join(known)})
+        return value
+    return pydantic.AfterValidator(check)
+
+
+def code_only(value: Any) -> Any:
+    """An `AfterValidator` for a field set by code, never by the file: any value written is an unknown key."""
+    raise PydanticCustomError("unknown_key", "not a key")
+
+
+# --- pydantic's errors as one line --------------------------------------------------------------------------------
 _SHOW = reprlib.Repr()
 _SHOW.maxlevel, _SHOW.maxdict, _SHOW.maxlist, _SHOW.maxtuple, _SHOW.maxstring, _SHOW.maxother = 2, 4, 4, 4, 60, 60
+_SAYS = {"int_type": "expected an integer", "float_type": "expected a number", "finite_number":
+         "expected a finite number", "bool_type": "expected true or false", "string_type": "expected a string",
+         "tuple_type": "expected a list", "dict_type": "expected a mapping", "dataclass_type": "expected a mapping",
+         "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}", "less_than_equal":
+         "must be <= {le}", "less_than": "must be < {lt}", "too_short": "must hold at least {min_length} value(s)"}
 
 
 def _what(value: Any) -> str:
@@ -70,116 +121,74 @@ def _what(value: Any) -> str:
 
 
 def _join(key: str, name: Any) -> str:
-    return f"{key}.{name}" if key else str(name)
+    return f"{key}[{name}]" if isinstance(name, int) else f"{key}.{name}" if key else str(name)
+
+
+def _yaml_keys(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("yaml", True)]
+
+
+def _keys_at(cls: type, loc: tuple) -> list[str]:
+    """The keys the dataclass at `loc` (a path through dataclasses, lists and mappings) knows."""
+    tp = cls
+    for part in loc:
+        tp = typing.get_type_hints(tp)[part] if dataclasses.is_dataclass(tp) else \
+            typing.get_args(tp)[0 if isinstance(part, int) else -1]
+        if type(None) in typing.get_args(tp):  # `X | None`
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return _yaml_keys(tp)
+
+
+def _one_line(exc: pydantic.ValidationError, cls: type, key: str, skip: int = 0) -> RouterLiteError:
+    """pydantic's first error as the one line "<dotted key>: <problem>, got <value>" (`skip`: the wrapper's part
+    of the error's path)."""
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"][skip:] if p != "[key]")
+    kind, ctx, where = err["type"], err.get("ctx") or {}, key
+    for part in loc:
+        where = _join(where, part)
+    if kind == "value_error":  # a section's own check (`__post_init__`): its message names its key
+        return RouterLiteError(str(ctx["error"]))
+    if kind in ("unknown_key", "unexpected_keyword_argument"):
+        known = ctx.get("known") or ", ".join(_keys_at(cls, loc[:-1]))
+        return RouterLiteError(f"{where}: unknown key; known: {known}")
+    if kind in ("not_one_of", "literal_error"):
+        known = ctx.get("known") or ", ".join(re.findall(r"'(.*?)'", ctx["expected"]))
+        return RouterLiteError(f"{where}: {_what(err['input'])} is not one of {known}")
+    says = _SAYS[kind].format(**ctx) if kind in _SAYS else err["msg"]
+    return RouterLiteError(f"{where or 'the profile'}: {says}, got {_what(err['input'])}")
+
+
+@functools.cache
+def _reader(cls: type) -> type[pydantic.BaseModel]:
+    return pydantic.create_model(f"{cls.__name__}File", __config__=_YAML, section=(Section[cls], ...))
 
 
 def from_yaml(cls: type, raw: Any, key: str = "") -> Any:
-    """An instance of dataclass `cls` from the YAML mapping `raw` found at dotted `key`: every key must be a field,
-    every value must fit the field's type hint (`_coerce`). The dataclass's own checks (`__post_init__`, and
-    `validate()` where it has one) run last. Errors: one `RouterLiteError` "<dotted key>: <problem>"."""
-    if raw is None:  # an empty section (`train:`) means every default
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RouterLiteError(f"{key or 'the profile'}: expected a mapping, got {_what(raw)}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.init and f.metadata.get("yaml", True)}
-    for name in raw:
-        if name not in known:
-            raise RouterLiteError(f"{_join(key, name)}: unknown key; known: {', '.join(known)}")
-    values = {name: _coerce(hints[name], value, _join(key, name), known[name].metadata)
-              for name, value in raw.items()}
-    obj = cls(**values)
-    if callable(getattr(obj, "validate", None)):
-        obj.validate()
-    return obj
+    """An instance of dataclass `cls` from the YAML mapping `raw` found at dotted `key`, read by pydantic: every
+    key must be a field and every value fit the field's annotated type (`Int`, `Number`, `Flag`, `one_of`, bounds);
+    the dataclasses' own `__post_init__` checks run as pydantic builds them. Errors: one `RouterLiteError`
+    "<dotted key>: <problem>"."""
+    try:
+        return _reader(cls).model_validate({"section": raw}).section
+    except pydantic.ValidationError as exc:
+        raise _one_line(exc, cls, key, 1) from None
 
 
-def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping = types.MappingProxyType({})) -> Any:
-    """`value` as type `tp`, or a RouterLiteError naming `key`. Only lossless conversions: an integral float for an
-    int, an int or a numeric string for a float (PyYAML reads `1e-3` as a string), a list for a tuple; a string is
-    never a number of an int field, and nothing is ever turned into a string or a bool."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        if value is None and len(options) < len(args):
-            return None
-        problems = []
-        for option in options:
-            try:
-                return _coerce(option, value, key)
-            except RouterLiteError as exc:
-                problems.append(str(exc))
-        raise RouterLiteError(problems[0] if len(problems) == 1 else f"{key}: expected one of {tp}, got {_what(value)}")
-    if origin is Literal:
-        if value in args and isinstance(value, str):
-            return value
-        raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(map(str, args))}")
-    if dataclasses.is_dataclass(tp):
-        return from_yaml(tp, value, key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise RouterLiteError(f"{key}: expected true or false, got {_what(value)}")
-    if tp is int or tp is float:
-        return _coerce_number(tp, value, key)
-    if tp is str:
-        choices = meta.get("choices")
-        choices = list(choices()) if callable(choices) else choices
-        if isinstance(value, str) and (choices is None or value in choices):
-            return value
-        if isinstance(value, str):
-            raise RouterLiteError(f"{key}: {_what(value)} is not one of {', '.join(choices)}")
-        raise RouterLiteError(f"{key}: expected a string, got {_what(value)}")
-    if tp in (tuple, dict) or origin in (tuple, dict):
-        return _coerce_container(tp, origin, args, value, key, meta)
-    raise TypeError(f"{key}: no YAML reading for type {tp!r}")  # a schema bug, not a user error
+@functools.cache
+def _field_readers(cls: type) -> dict[str, pydantic.TypeAdapter]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {name: pydantic.TypeAdapter(hints[name]) for name in _yaml_keys(cls)}
 
 
-def _coerce_number(tp: type, value: Any, key: str) -> int | float:
-    """`_coerce` for an int or a float field."""
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise RouterLiteError(f"{key}: expected an integer, got {_what(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = value  # an int stays an int: `top_p: 1` keeps the call-settings hash it always had
-        else:
-            try:
-                number = float(value) if isinstance(value, str) else None
-            except ValueError:
-                number = None
-        if number is None:
-            raise RouterLiteError(f"{key}: expected a number, got {_what(value)}")
-        if not math.isfinite(number):  # `.nan` / `.inf` reach no JSON body, no optimiser, no timeout
-            raise RouterLiteError(f"{key}: expected a finite number, got {_what(value)}")
-        return number
-
-
-def _coerce_container(tp: Any, origin: Any, args: tuple, value: Any, key: str, meta: typing.Mapping) -> Any:
-    """`_coerce` for a tuple or a dict field (a dict's `keys` metadata lists the keys it allows)."""
-    if tp is tuple or origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise RouterLiteError(f"{key}: expected a list, got {_what(value)}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-        return tuple(value)
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise RouterLiteError(f"{key}: expected a mapping, got {_what(value)}")
-        allowed = meta.get("keys")
-        allowed = list(allowed()) if callable(allowed) else allowed
-        for k in value:
-            if allowed is not None and k not in allowed:
-                raise RouterLiteError(f"{_join(key, k)}: unknown key; known: {', '.join(allowed)}")
-        if not args:
-            return dict(value)
-        return {_coerce(args[0], k, _join(key, k)): _coerce(args[1], v, _join(key, k)) for k, v in value.items()}
-    raise TypeError(f"{key}: no YAML reading for type {tp!r}")  # a schema bug, not a user error
+def check_fields(obj: Any, key: str) -> None:
+    """The fields of dataclass `obj` built in code (a YAML read checks them on the way in) against their annotated
+    types and bounds: the first that does not fit is one `RouterLiteError` "<key>.<field>: <problem>"."""
+    for name, reader in _field_readers(type(obj)).items():
+        try:
+            reader.validate_python(getattr(obj, name))
+        except pydantic.ValidationError as exc:
+            raise _one_line(exc, type(obj), _join(key, name)) from None
 
 
 # --- loading ------------------------------------------------------------------------------------------------------

@@ -32,10 +32,13 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from pipeline.collect.rewards import effective_rewards
+from pipeline.core.config import Flag, Int, Number, check_fields, one_of
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.head import ACTIVATIONS, Head, n_params
 
@@ -137,66 +140,38 @@ class TrainConfig:
         Seed of the fold cut (`pipeline.route.select.dev_folds`): same data + same seed -> same folds and choices.
     """
 
-    generations: int = 60
-    sigma0: float = 0.5
-    sigma0_relative: bool = True
-    popsize: int | None = None
-    seed: int = 42
-    init: str = "ridge"
-    ridge_alphas: tuple[float, ...] = field(default_factory=lambda: tuple(float(a) for a in np.logspace(-1, 5, 13)))
-    hidden_dim: int = 0
-    activation: str = "tanh"
-    standardize: bool = True
-    l2: float = 0.0
-    fitness: str = "hard"
-    temperature: float = 0.1
-    cost_lambda: float = 0.0
-    early_stopping: bool = True
-    prune_unearned: bool = True
-    min_delta: float = 0.0
-    keep_confidence: float = 0.9
-    patience: int | None = None
-    log_every: int = 10
-    ship_confidence: float = 0.9
-    ship_gate: bool = True
+    generations: Annotated[Int, Field(ge=0)] = 60
+    sigma0: Annotated[Number, Field(gt=0)] = 0.5
+    sigma0_relative: Flag = True
+    popsize: Annotated[Int, Field(ge=2)] | None = None
+    seed: Annotated[Int, Field(ge=1)] = 42  # pycma reads 0 as "seed from the clock"
+    init: Annotated[str, one_of(INITS)] = "ridge"
+    ridge_alphas: Annotated[tuple[Annotated[Number, Field(gt=0)], ...], Field(min_length=1)] = \
+        field(default_factory=lambda: tuple(float(a) for a in np.logspace(-1, 5, 13)))
+    hidden_dim: Annotated[Int, Field(ge=0)] = 0
+    activation: Annotated[str, one_of(ACTIVATIONS)] = "tanh"
+    standardize: Flag = True
+    l2: Annotated[Number, Field(ge=0)] = 0.0
+    fitness: Annotated[str, one_of(FITNESSES)] = "hard"
+    temperature: Annotated[Number, Field(gt=0)] = 0.1
+    cost_lambda: Annotated[Number, Field(ge=0)] = 0.0
+    early_stopping: Flag = True
+    prune_unearned: Flag = True
+    min_delta: Number = 0.0
+    keep_confidence: Annotated[Number, Field(ge=0, lt=1)] = 0.9
+    patience: Int | None = None
+    log_every: Int = 10
+    ship_confidence: Annotated[Number, Field(ge=0, lt=1)] = 0.9
+    ship_gate: Flag = True
     router: str = "auto"
-    select: str = "crossfit"
-    operating_points: str = "crossfit"
-    folds: int = 5
-    fold_seed: int = 0
+    select: Annotated[str, one_of(SELECTIONS)] = "crossfit"
+    operating_points: Annotated[str, one_of(SELECTIONS)] = "crossfit"
+    folds: Annotated[Int, Field(ge=2)] = 5
+    fold_seed: Int = 0
 
     def validate(self) -> None:
-        if self.generations < 0:
-            raise RouterLiteError(f"TrainConfig.generations must be >= 0, got {self.generations}")
-        if not self.sigma0 > 0:
-            raise RouterLiteError(f"TrainConfig.sigma0 must be > 0, got {self.sigma0}")
-        if self.popsize is not None and self.popsize < 2:
-            raise RouterLiteError(f"TrainConfig.popsize must be >= 2 or None, got {self.popsize}")
-        if int(self.seed) < 1:
-            raise RouterLiteError(f"TrainConfig.seed must be >= 1 (pycma reads 0 as 'from the clock'), got {self.seed}")
-        if self.init not in INITS:
-            raise RouterLiteError(f"TrainConfig.init must be one of {INITS}, got {self.init!r}")
-        if self.fitness not in FITNESSES:
-            raise RouterLiteError(f"TrainConfig.fitness must be one of {FITNESSES}, got {self.fitness!r}")
-        if self.activation not in ACTIVATIONS:
-            raise RouterLiteError(f"TrainConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.hidden_dim < 0:
-            raise RouterLiteError(f"TrainConfig.hidden_dim must be >= 0, got {self.hidden_dim}")
-        if self.l2 < 0 or self.cost_lambda < 0 or not self.temperature > 0:
-            raise RouterLiteError("TrainConfig.l2 and cost_lambda must be >= 0 and temperature > 0")
-        if self.select not in SELECTIONS:
-            raise RouterLiteError(f"TrainConfig.select must be one of {SELECTIONS}, got {self.select!r}")
-        if self.operating_points not in SELECTIONS:
-            raise RouterLiteError(f"TrainConfig.operating_points must be one of {SELECTIONS}, got "
-                                  f"{self.operating_points!r}")
-        if int(self.folds) < 2:
-            raise RouterLiteError(f"TrainConfig.folds must be >= 2, got {self.folds}")
-        if not 0.0 <= self.keep_confidence < 1.0:
-            raise RouterLiteError(f"TrainConfig.keep_confidence must be in [0, 1), got {self.keep_confidence}")
-        if not 0.0 <= self.ship_confidence < 1.0:
-            raise RouterLiteError(f"TrainConfig.ship_confidence must be in [0, 1), got {self.ship_confidence}")
-        if not self.ridge_alphas or min(self.ridge_alphas) <= 0:
-            raise RouterLiteError(f"TrainConfig.ridge_alphas must be positive, got {self.ridge_alphas}")
+        """The checks a profile's `train:` gets on reading, for a config built in code (the command line's)."""
+        check_fields(self, "TrainConfig")
 
     def to_dict(self) -> dict:
         return asdict(self)

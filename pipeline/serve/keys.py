@@ -24,7 +24,7 @@ import math
 import re
 from pathlib import Path
 
-from pipeline.core.config import _read_yaml, from_yaml
+from pipeline.core.config import Int, Number, _read_yaml, from_yaml
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import parse_target
 
@@ -43,9 +43,9 @@ class KeyEntry:
     name: str = ""
     sha256: str | None = None
     key: str | None = dataclasses.field(default=None, repr=False)
-    budget_usd: float | None = None
+    budget_usd: Number | None = None
     budget_window: str = DEFAULT_WINDOW
-    rpm: int | None = None
+    rpm: Int | None = None
     targets: tuple[str, ...] = ()
 
 

@@ -12,11 +12,13 @@ Both are pure functions of (tasks, config, seed): the same inputs give the ident
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
+from pipeline.core.config import Int, Number, check_fields, one_of
 from pipeline.core.errors import RouterLiteError
 from pipeline.tasks.sources import DIFFICULTIES, DOMAINS
 
@@ -45,23 +47,20 @@ class TaskPoolConfig:
         The task column ``ood_categories`` are values of.
     """
 
-    size: int = 1110
-    seed: int = 42
+    size: Annotated[Int, Field(gt=0)] = 1110
+    seed: Int = 42
     balance: Literal["domain_difficulty", "category"] = "domain_difficulty"
     stratify_column: str = "category"  # for balance="category"
-    split: dict[str, float] = field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22},
-                                    metadata={"keys": SPLITS})
+    split: dict[Annotated[str, one_of(SPLITS, key=True)], Number] = \
+        field(default_factory=lambda: {"train": 0.58, "validation": 0.20, "test": 0.22})
     # values of `ood_column` kept out of training entirely (split "test", ood=True)
     ood_categories: tuple[str, ...] = ()
     ood_column: str = "category"
 
     def __post_init__(self):
-        if self.size <= 0:
-            raise RouterLiteError(f"task_pool.size must be positive, got {self.size}")
+        check_fields(self, "task_pool")
         if set(self.split) != set(SPLITS) or abs(sum(self.split.values()) - 1) > 1e-6:
             raise RouterLiteError(f"task_pool.split must give {SPLITS} fractions summing to 1, got {self.split}")
-        if self.balance not in ("domain_difficulty", "category"):
-            raise RouterLiteError(f"task_pool.balance must be domain_difficulty or category, got {self.balance!r}")
 
 
 def _even_counts(total: int, caps: list[int]) -> list[int]:
