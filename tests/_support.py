@@ -2,6 +2,7 @@
 of the processes the suite starts, and a temporary DAGSTER_HOME. A helper module, not a test file: tests import it
 (`from _support import ...`) rather than conftest."""
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,3 +65,53 @@ def session_processes(mark: str) -> list[str]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+class AutomationTicks:
+    """Successive ticks of the automation sensor, decided by Dagster's own evaluator (`evaluate_automation_conditions`,
+    what the sensor runs on each tick) with its cursor carried over; a tick returns the asset keys it requests."""
+
+    def __init__(self, defs, instance, cursor=None):
+        self.defs, self.instance, self.cursor = defs, instance, cursor
+
+    def __call__(self) -> set:
+        from dagster import AssetSelection, evaluate_automation_conditions
+
+        res = evaluate_automation_conditions(defs=self.defs, instance=self.instance, cursor=self.cursor,
+                                             asset_selection=AssetSelection.all())
+        self.cursor = res.cursor
+        return {k.to_user_string() for a in self.defs.assets for k in a.keys if res.get_num_requested(k)}
+
+
+@dataclass(frozen=True)
+class SmokeLineage:
+    """The suite's one materialised `smoke` lineage (tests/conftest.py `smoke_lineage`): its ROUTER_LITE_HOME and
+    DAGSTER_HOME, what the automation evaluator requested on the tick before `router-lite run` and on the tick after
+    it, and the evaluator's cursor after them."""
+
+    home: Path
+    dagster_home: Path
+    ticks: tuple[set, set]
+    cursor: object
+
+
+def copy_home(src: Path, dst: Path, drop: tuple[str, ...] = (), symlinks: bool = False) -> Path:
+    """A copy of the ROUTER_LITE_HOME `src` at `dst` without its top-level folders `drop`; `symlinks`: links copied
+    as links (`cp -a`). The backbone cache (170 of the smoke home's 190 MB) is hard-linked, not copied: its files are
+    written once and replaced by rename (pipeline/embed/fast_backbone.py), so a copy that rebuilds one leaves the
+    original alone."""
+    import shutil
+
+    cache = str(Path(src) / "backbones") + os.sep
+
+    def link_cache(s: str, d: str) -> None:
+        if s.startswith(cache):
+            try:
+                return os.link(s, d)
+            except OSError:  # another file system
+                pass
+        shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=symlinks, copy_function=link_cache,
+                    ignore=lambda d, names: [n for n in names if d == str(src) and n in drop])
+    return dst

@@ -9,7 +9,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import uuid  # noqa: E402
 
 import pytest  # noqa: E402
-from _support import REPO, SESSION_MARK, instance_dagster_yaml, repo_instance_files, session_processes  # noqa: E402
+from _support import (  # noqa: E402
+    REPO,
+    SESSION_MARK,
+    AutomationTicks,
+    SmokeLineage,
+    copy_home,
+    instance_dagster_yaml,
+    repo_instance_files,
+    session_processes,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,9 +54,11 @@ def no_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_home(tmp_path_factory):
-    """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once, on a
-    persistent temp Dagster instance. Returns (ROUTER_LITE_HOME, DAGSTER_HOME) as Paths."""
+def smoke_lineage(tmp_path_factory) -> SmokeLineage:
+    """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once for the
+    suite, on a persistent temp Dagster instance, between two ticks of the automation evaluator (what the sensor
+    sees of `router-lite run`: tests/test_automation.py reads them rather than running the lineage once more)."""
+    from dagster import DagsterInstance
 
     root = tmp_path_factory.mktemp("smoke")
     home, dagster_home = root / "home", root / "dagster"
@@ -61,9 +72,23 @@ def smoke_home(tmp_path_factory):
     from assets.definitions import build_definitions
     from cli.run import run_lineage
 
-    run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
-    mp.undo()
-    return home, dagster_home
+    defs = build_definitions(home=str(home), profile="smoke")
+    try:
+        with DagsterInstance.get() as inst:
+            ticks = AutomationTicks(defs, inst)
+            before = ticks()
+            run_lineage(defs, "smoke", log=lambda m: None, instance=inst)
+            after = ticks()
+    finally:
+        mp.undo()
+    return SmokeLineage(home, dagster_home, (before, after), ticks.cursor)
+
+
+@pytest.fixture(scope="session")
+def smoke_home(smoke_lineage):
+    """`smoke_lineage`'s (ROUTER_LITE_HOME, DAGSTER_HOME) as Paths: read only (`smoke_home_copy` for a test that
+    writes)."""
+    return smoke_lineage.home, smoke_lineage.dagster_home
 
 
 # --- operations tests (tests/test_ops.py, test_dask.py, test_postgres.py, test_ui.py) -----------------------------
@@ -71,14 +96,11 @@ def smoke_home(tmp_path_factory):
 @pytest.fixture
 def smoke_home_copy(smoke_home, tmp_path):
     """A private copy of the materialised smoke ROUTER_LITE_HOME (assets, call log, caches) that a test may change;
-    `drop` names top-level folders (e.g. "calls") left out of the copy."""
-    import shutil
+    `drop` names top-level folders (e.g. "calls") left out of the copy. Its backbone cache is hard-linked
+    (tests/_support.py `copy_home`)."""
 
     def make(name: str = "home", drop: tuple[str, ...] = ()):
-        dst = tmp_path / name
-        shutil.copytree(smoke_home[0], dst, ignore=lambda d, names: [n for n in names if d == str(smoke_home[0])
-                                                                        and n in drop])
-        return dst
+        return copy_home(smoke_home[0], tmp_path / name, drop=drop)
 
     return make
 
@@ -114,11 +136,30 @@ TINY_WORDS = ("the a an of to in is what which how write python function list re
 
 @pytest.fixture(scope="session")
 def tiny_distill() -> dict:
-    """Distillation settings of a tiny static backbone (tests/test_static_backbone.py, tests/test_serve_workers.py)."""
+    """Distillation settings of a tiny static backbone (`tiny_static`; tests/test_static_backbone.py)."""
     import re
 
     return {"pca_dims": 16, "token_remove_pattern": r"^(?!(?:" + "|".join(map(re.escape, TINY_WORDS))
             + r"|\[UNK\]|\[PAD\]|\[CLS\]|\[SEP\]|\[MASK\])$)"}
+
+
+@pytest.fixture(scope="session")
+def tiny_static(tmp_path_factory, tiny_distill):
+    """A static model distilled from the bundled MiniLM with the hub unreachable (HF_HUB_OFFLINE=1), under its cache
+    key: once for the suite (a distillation costs seconds of CPU), read only (a test that changes it copies it)."""
+    from pipeline.embed import static_backbone
+    from pipeline.embed.backbone import bundled_model_path
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("static")
+    src = bundled_model_path()
+    try:
+        return static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill),
+                                            **tiny_distill)
+    finally:
+        mp.undo()
 
 
 def _synthetic_cascade(n=3000, seed=0):
@@ -157,21 +198,19 @@ def synthetic_cascade():
 
 
 @pytest.fixture
-def static_head_dir(tmp_path, tiny_distill):
+def static_head_dir(tmp_path, tiny_static):
     """(a registered head over a tiny static backbone and the mmlu_pro replay pool's agents, 12 recorded prompts):
     a `serve` process loads it in seconds (tests/test_serve_workers.py, tests/test_serve_keys.py)."""
     import numpy as np
 
-    from pipeline.embed import static_backbone
-    from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
+    from pipeline.embed.backbone import Backbone, Runtime
     from pipeline.route import registry
     from pipeline.route.head import Head
     from pipeline.route.ood import OODGuard
     from pipeline.tasks.sources import load_source
     from resources.pool import PoolResource
 
-    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
-    bb = Backbone(static, runtime=Runtime(log_every=10**9))
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     pool = PoolResource(kind="replay", pool="mmlu_pro")
     agents, store = pool.agents(), pool.store()
     prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]
