@@ -119,10 +119,10 @@ def quiet_instance_dir(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that takes the materialised lineage (`smoke_home`, `smoke_home_copy`) is `slow` even when its module
-    forgot the mark, so `make test-fast` (`-m "not slow"`) never materialises the lineage."""
+    """A test that takes the materialised lineage (`smoke_lineage`, `smoke_home`, `smoke_home_copy`) is `slow` even
+    when its module forgot the mark, so `make test-fast` (`-m "not slow"`) never materialises the lineage."""
     for item in items:
-        if {"smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
+        if {"smoke_lineage", "smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
