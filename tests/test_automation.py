@@ -60,7 +60,6 @@ def _tags(pk) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_refresh_follows_a_complete_collection_never_router_lite_run(smoke_lineage, smoke_home_copy, tmp_path,
                                                                      monkeypatch):
     # `router-lite run` materialises every stage itself: no refresh on top, neither after the whole lineage (the
