@@ -7,70 +7,18 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-# what a Dagster instance (DAGSTER_HOME) or a router-lite home writes when pointed at the repository's root
-INSTANCE_DIRS = ("history", "storage", "logs", "schedules", ".telemetry", ".router-lite")
-SESSION_MARK = "ROUTER_LITE_TEST_SESSION"  # inherited by every process the suite starts: how leftovers are found
-
-
-def instance_dagster_yaml(root: Path, capture_logs: bool = True) -> Path:
-    """`root` as a DAGSTER_HOME: the repo's dagster.yaml with its relative storage folders made absolute under it.
-    `capture_logs=False`: no compute-log capture (Dagster's local capture mirrors a step's stdout and stderr through
-    two `tail -F` processes per run, which outlive a run that is left waiting)."""
-    import yaml
-
-    cfg = yaml.safe_load((REPO / "dagster.yaml").read_text())
-    if not capture_logs:
-        cfg["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
-                               "class": "NoOpComputeLogManager"}
-    root.mkdir(parents=True, exist_ok=True)
-    if "sqlite" in cfg.get("storage", {}):
-        cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
-    if "base_dir" in cfg.get("compute_logs", {}).get("config", {}):
-        cfg["compute_logs"]["config"]["base_dir"] = str(root / "storage")
-    if "local_artifact_storage" in cfg:
-        cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
-    (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
-    return root
-
-
-def repo_instance_files() -> dict[str, int]:
-    """Every file under the repository's instance folders, with its modification time (ns)."""
-    out = {}
-    for d in INSTANCE_DIRS:
-        for p in (REPO / d).rglob("*") if (REPO / d).exists() else ():
-            if p.is_file():
-                out[str(p.relative_to(REPO))] = p.stat().st_mtime_ns
-    return out
-
-
-# the forkserver (the bounded graders' workers fork from it: pipeline/collect/bounded.py) and the resource tracker
-# of this very process: each reads a pipe only this process holds and exits when it closes, so they cannot outlive it
-_OWN_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
-
-
-def session_processes(mark: str) -> list[str]:
-    """The live processes (not this one) whose environment carries `mark`: the ones the suite started."""
-    needle = f"{SESSION_MARK}={mark}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                ppid = int((proc / "stat").read_text().split(")")[-1].split()[1])
-                if ppid == os.getpid() and any(h in cmd for h in _OWN_HELPERS):
-                    continue  # this process's multiprocessing helpers: they exit on EOF of its pipe, with it
-                if (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":  # a zombie is dead already
-                    found.append(f"{proc.name}: {cmd}")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
+from _support import (  # noqa: E402
+    REPO,
+    SESSION_MARK,
+    AutomationTicks,
+    SmokeLineage,
+    copy_home,
+    instance_dagster_yaml,
+    repo_instance_files,
+    session_processes,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -106,9 +54,11 @@ def no_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_home(tmp_path_factory):
-    """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once, on a
-    persistent temp Dagster instance. Returns (ROUTER_LITE_HOME, DAGSTER_HOME) as Paths."""
+def smoke_lineage(tmp_path_factory) -> SmokeLineage:
+    """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once for the
+    suite, on a persistent temp Dagster instance, between two ticks of the automation evaluator (what the sensor
+    sees of `router-lite run`: tests/test_automation.py reads them rather than running the lineage once more)."""
+    from dagster import DagsterInstance
 
     root = tmp_path_factory.mktemp("smoke")
     home, dagster_home = root / "home", root / "dagster"
@@ -122,9 +72,23 @@ def smoke_home(tmp_path_factory):
     from assets.definitions import build_definitions
     from cli.run import run_lineage
 
-    run_lineage(build_definitions(home=str(home), profile="smoke"), "smoke", log=lambda m: None)
-    mp.undo()
-    return home, dagster_home
+    defs = build_definitions(home=str(home), profile="smoke")
+    try:
+        with DagsterInstance.get() as inst:
+            ticks = AutomationTicks(defs, inst)
+            before = ticks()
+            run_lineage(defs, "smoke", log=lambda m: None, instance=inst)
+            after = ticks()
+    finally:
+        mp.undo()
+    return SmokeLineage(home, dagster_home, (before, after), ticks.cursor)
+
+
+@pytest.fixture(scope="session")
+def smoke_home(smoke_lineage):
+    """`smoke_lineage`'s (ROUTER_LITE_HOME, DAGSTER_HOME) as Paths: read only (`smoke_home_copy` for a test that
+    writes)."""
+    return smoke_lineage.home, smoke_lineage.dagster_home
 
 
 # --- operations tests (tests/test_ops.py, test_dask.py, test_postgres.py, test_ui.py) -----------------------------
@@ -132,14 +96,11 @@ def smoke_home(tmp_path_factory):
 @pytest.fixture
 def smoke_home_copy(smoke_home, tmp_path):
     """A private copy of the materialised smoke ROUTER_LITE_HOME (assets, call log, caches) that a test may change;
-    `drop` names top-level folders (e.g. "calls") left out of the copy."""
-    import shutil
+    `drop` names top-level folders (e.g. "calls") left out of the copy. Its backbone cache is hard-linked
+    (tests/_support.py `copy_home`)."""
 
     def make(name: str = "home", drop: tuple[str, ...] = ()):
-        dst = tmp_path / name
-        shutil.copytree(smoke_home[0], dst, ignore=lambda d, names: [n for n in names if d == str(smoke_home[0])
-                                                                        and n in drop])
-        return dst
+        return copy_home(smoke_home[0], tmp_path / name, drop=drop)
 
     return make
 
@@ -158,10 +119,10 @@ def quiet_instance_dir(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that takes the materialised lineage (`smoke_home`, `smoke_home_copy`) is `slow` even when its module
-    forgot the mark, so `make test-fast` (`-m "not slow"`) never materialises the lineage."""
+    """A test that takes the materialised lineage (`smoke_lineage`, `smoke_home`, `smoke_home_copy`) is `slow` even
+    when its module forgot the mark, so `make test-fast` (`-m "not slow"`) never materialises the lineage."""
     for item in items:
-        if {"smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
+        if {"smoke_lineage", "smoke_home", "smoke_home_copy"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
@@ -175,11 +136,30 @@ TINY_WORDS = ("the a an of to in is what which how write python function list re
 
 @pytest.fixture(scope="session")
 def tiny_distill() -> dict:
-    """Distillation settings of a tiny static backbone (tests/test_static_backbone.py, tests/test_serve_workers.py)."""
+    """Distillation settings of a tiny static backbone (`tiny_static`; tests/test_static_backbone.py)."""
     import re
 
     return {"pca_dims": 16, "token_remove_pattern": r"^(?!(?:" + "|".join(map(re.escape, TINY_WORDS))
             + r"|\[UNK\]|\[PAD\]|\[CLS\]|\[SEP\]|\[MASK\])$)"}
+
+
+@pytest.fixture(scope="session")
+def tiny_static(tmp_path_factory, tiny_distill):
+    """A static model distilled from the bundled MiniLM with the hub unreachable (HF_HUB_OFFLINE=1), under its cache
+    key: once for the suite (a distillation costs seconds of CPU), read only (a test that changes it copies it)."""
+    from pipeline.embed import static_backbone
+    from pipeline.embed.backbone import bundled_model_path
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    root = tmp_path_factory.mktemp("static")
+    src = bundled_model_path()
+    try:
+        return static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill),
+                                            **tiny_distill)
+    finally:
+        mp.undo()
 
 
 def _synthetic_cascade(n=3000, seed=0):
@@ -218,21 +198,19 @@ def synthetic_cascade():
 
 
 @pytest.fixture
-def static_head_dir(tmp_path, tiny_distill):
+def static_head_dir(tmp_path, tiny_static):
     """(a registered head over a tiny static backbone and the mmlu_pro replay pool's agents, 12 recorded prompts):
     a `serve` process loads it in seconds (tests/test_serve_workers.py, tests/test_serve_keys.py)."""
     import numpy as np
 
-    from pipeline.embed import static_backbone
-    from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
+    from pipeline.embed.backbone import Backbone, Runtime
     from pipeline.route import registry
     from pipeline.route.head import Head
     from pipeline.route.ood import OODGuard
     from pipeline.tasks.sources import load_source
     from resources.pool import PoolResource
 
-    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
-    bb = Backbone(static, runtime=Runtime(log_every=10**9))
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     pool = PoolResource(kind="replay", pool="mmlu_pro")
     agents, store = pool.agents(), pool.store()
     prompts = [p for p in load_source("mmlu_pro")["prompt"].iloc[:200]

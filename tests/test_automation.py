@@ -1,15 +1,18 @@
 """Declarative refresh after a collection (assets/automation.py), decided by Dagster's own evaluator
-(`evaluate_automation_conditions`, what the automation sensor runs on each tick) on a real instance."""
+(`evaluate_automation_conditions`, what the automation sensor runs on each tick: tests/_support.py `AutomationTicks`)
+on a real instance."""
+import shutil
+from pathlib import Path
+
 import pytest
+from _support import AutomationTicks
 from dagster import (
     AssetCheckEvaluation,
     AssetKey,
     AssetMaterialization,
-    AssetSelection,
     DagsterInstance,
     DefaultSensorStatus,
     MultiPartitionKey,
-    evaluate_automation_conditions,
 )
 
 from assets.automation import FREE_REFRESH, REFRESH_SENSOR, refresh_keys
@@ -40,17 +43,12 @@ def test_only_assets_computed_from_the_calls_without_a_paid_call_are_automated()
         assert "default_automation_condition_sensor" not in {s.name for s in defs.sensors}
 
 
-class Ticks:
-    """Successive ticks of the automation sensor (its cursor carried over)."""
-
-    def __init__(self, defs, inst):
-        self.defs, self.inst, self.cursor = defs, inst, None
-
-    def __call__(self) -> set:
-        res = evaluate_automation_conditions(defs=self.defs, instance=self.inst, cursor=self.cursor,
-                                             asset_selection=AssetSelection.all())
-        self.cursor = res.cursor
-        return {k.to_user_string() for a in self.defs.assets for k in a.keys if res.get_num_requested(k)}
+def instance_copy(dagster_home: Path, dst: Path) -> Path:
+    """A copy of the Dagster instance at `dagster_home` (its dagster.yaml names its folders by absolute path) at `dst`:
+    the same runs and events, for a test to add its own."""
+    shutil.copytree(dagster_home, dst)
+    (dst / "dagster.yaml").write_text((dst / "dagster.yaml").read_text().replace(str(dagster_home), str(dst)))
+    return dst
 
 
 def _pk(rep: int) -> MultiPartitionKey:
@@ -62,20 +60,19 @@ def _tags(pk) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_refresh_follows_a_complete_collection_never_router_lite_run(smoke_home_copy, temp_instance_dir,
+def test_refresh_follows_a_complete_collection_never_router_lite_run(smoke_lineage, smoke_home_copy, tmp_path,
                                                                      monkeypatch):
+    # `router-lite run` materialises every stage itself: no refresh on top, neither after the whole lineage (the
+    # suite's smoke lineage ran between two ticks: on the empty instance, then after the run) nor between its stages
+    assert smoke_lineage.ticks == (set(), set())
     home = smoke_home_copy()
-    monkeypatch.setenv("DAGSTER_HOME", str(temp_instance_dir))
+    dagster_home = instance_copy(smoke_lineage.dagster_home, tmp_path / "dagster")
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
     defs = build_definitions(home=str(home), profile="smoke")
-    inst = DagsterInstance.from_config(str(temp_instance_dir))
-    tick, want = Ticks(defs, inst), set(refresh_keys("replay"))
+    inst = DagsterInstance.from_config(str(dagster_home))
+    tick, want = AutomationTicks(defs, inst, smoke_lineage.cursor), set(refresh_keys("replay"))
     try:
-        assert tick() == set()
-        # `router-lite run` materialises every stage itself: no refresh on top, neither after the whole lineage nor
-        # between its stages (here stopped right after the collection, the downstream assets now older)
-        run_lineage(defs, "smoke", log=lambda m: None)
-        assert tick() == set()
+        # here stopped right after the collection, the downstream assets now older
         run_lineage(defs, "smoke", upto="graded_calls", log=lambda m: None)
         assert tick() == set(), "a daemon would refresh between router-lite run's stages"
 

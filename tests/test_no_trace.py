@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import INSTANCE_DIRS, REPO, SESSION_MARK, repo_instance_files, session_processes
+import _support
+from _support import INSTANCE_DIRS, REPO, SESSION_MARK, repo_instance_files, session_processes
 
 
 def test_dagster_and_the_home_point_at_temporary_folders():
@@ -27,9 +28,7 @@ def test_a_process_left_running_is_found():
 
 
 def test_a_file_written_under_an_instance_folder_is_found(tmp_path, monkeypatch):
-    import conftest
-
-    monkeypatch.setattr(conftest, "REPO", tmp_path)
+    monkeypatch.setattr(_support, "REPO", tmp_path)
     assert repo_instance_files() == {}
     (tmp_path / INSTANCE_DIRS[0] / "runs").mkdir(parents=True)
     (tmp_path / INSTANCE_DIRS[0] / "runs" / "r.db").write_text("x")

