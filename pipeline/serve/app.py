@@ -19,7 +19,9 @@
   cascade's `usage` sums the tokens of every call it made. A request that names no answer format, served by a cascade
   built with `formats`, takes the format its nearest training prompts have (`_AutoFormatView`). One JSON access-log
   line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
-  `X-Request-Id` naming it.
+  `X-Request-Id` naming it. A request is parsed once, into the `ChatRequest` on `request.state.chat` (by the
+  client-key middleware when there is one); the handler records what it did in `ChatRequest.answer`, which the
+  access log, the metrics and the spend meter read.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
 - `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}` (liveness).
 - `GET /readyz`: 503 until the backbone, the router and the grading worker are warm, then 200, with a JSON body

@@ -3,8 +3,10 @@ so the handlers of app.py stay as they are.
 
 For every path under /v1/ (`/healthz` and any other path stay open) a server with keys wants `Authorization: Bearer
 <key>`: none or an unknown one is a 401 `invalid_api_key`. For `POST /v1/chat/completions` it then reads the body
-(up to the server's `max_body_bytes`, and hands the same bytes on), parses it as the app will (a request the app
-refuses is passed on untouched: it calls no agent), and
+(up to the server's `max_body_bytes`, and hands the same bytes on) and parses it once: the `ChatRequest`
+(pipeline/serve/requests.py) and the router it was priced on go to the app on `request.state` (`chat`, `served`),
+which answers that same request without parsing it again (a request the app refuses is passed on untouched: it calls
+no agent); then it
 
 - checks the operating point the request will run at (`router_target` field, `X-Router-Target` header, else the
   server's default) against the key's `targets` and the server's `allowed_targets`: 403 `target_not_allowed` naming
@@ -12,9 +14,11 @@ refuses is passed on untouched: it calls no agent), and
   key's first target (the header is set for it);
 - with a ledger (resources/ledger.py): reserves the request's worst case (pipeline/serve/spend.py) or answers 429
   `budget_exceeded` / `rate_limit_exceeded` with `Retry-After`; after the response it settles the reservation with
-  what the reply cost: the `X-Router-Cost-Usd` the app sent (= the body's `usage.cost`), or, for a streamed
-  prompt-routed reply, the stream's own `usage` priced as the app prices replies (`reply_usage`). A request whose
-  client left (499) or that failed inside the router is charged its worst case: its calls may have been paid.
+  what the reply cost (metering.py): what the app recorded in `ChatRequest.answer` (= the body's `usage.cost` = the
+  `X-Router-Cost-Usd` header), or, for a streamed prompt-routed reply, the stream's own `usage` priced as the app
+  prices replies (`reply_usage`). A request whose client left (499) or that failed inside the router is charged its
+  worst case: its calls may have been paid. Settlements are recorded in the ledger's thread, those that gather
+  while it is busy in one transaction.
 
 The access log line of a request names its key (`key`); a refused request gets a line of its own. A key is never
 logged: only its name.
