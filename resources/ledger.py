@@ -9,7 +9,8 @@ serving the keys shares, so budgets and rates hold across `serve --workers N` an
   statements, each transaction serialised per key by `pg_advisory_xact_lock`.
 
 A reservation carries an expiry (the longest a request can run): one left by a process that died is ignored after
-it and deleted by the next admission of its key. The budget decision itself is pipeline/serve/spend.py's
+it and deleted by the next settlement of its key (as are the per-second hits older than the minute: an admission,
+which runs on the event loop, only reads and inserts). The budget decision itself is pipeline/serve/spend.py's
 (`decide` below): this module only reads, locks and writes. URLs are shown with the password hidden.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.serve.spend import RPM_WINDOW_S
 from resources.storage import default_home
 
 LEDGER_ENV = "ROUTER_LITE_LEDGER_URL"
@@ -120,12 +122,13 @@ class SpendLedger:
                         raise
                     self._connect()
 
-    def _transaction(self, name: str, work, conn=None):
+    def _transaction(self, name: str | tuple, work, conn=None):
         conn = conn or self._conn
         if self.postgres:
             cur = conn.cursor()
             try:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+                for one in sorted(set(name)) if isinstance(name, tuple) else (name,):  # in order: no deadlock
+                    cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (one,))
                 out = work(lambda sql, params: (cur.execute(_pg_params(sql), params), cur)[1])
                 conn.commit()
                 return out
@@ -170,13 +173,13 @@ class SpendLedger:
     @staticmethod
     def _admission(name: str, need_usd: float, now: float, expires: float, since: tuple[float, float], decide):
         def work(ex):
-            k = {"k": name, "now": now, "hs": int(since[1])}
-            ex("DELETE FROM client_reservations WHERE key_name = :k AND expires <= :now", k)
-            ex("DELETE FROM client_hits WHERE key_name = :k AND second <= :hs", k)
+            k = {"k": name, "now": now, "hs": int(since[1])}  # expired rows are skipped here, deleted by `settle`
             spend = ex("SELECT ends, usd FROM client_spend WHERE key_name = :k AND ends > :since ORDER BY ends",
                        {**k, "since": since[0]}).fetchall()
-            reserved = ex("SELECT COALESCE(SUM(usd), 0) FROM client_reservations WHERE key_name = :k", k).fetchone()
-            hits = ex("SELECT second, n FROM client_hits WHERE key_name = :k ORDER BY second", k).fetchall()
+            reserved = ex("SELECT COALESCE(SUM(usd), 0) FROM client_reservations WHERE key_name = :k AND expires > "
+                          ":now", k).fetchone()
+            hits = ex("SELECT second, n FROM client_hits WHERE key_name = :k AND second > :hs ORDER BY second",
+                      k).fetchall()
             refusal = decide(tuple(map(tuple, spend)), float(reserved[0]), tuple(map(tuple, hits)))
             if refusal is not None:
                 return None, refusal
@@ -191,12 +194,26 @@ class SpendLedger:
     def settle(self, name: str, reservation: str | None, usd: float, bucket_end: int) -> None:
         """The request of `reservation` (None: a key without limits reserves nothing) cost `usd`: its reservation
         goes, the cost joins key `name`'s bucket ending at `bucket_end`."""
-        def work(ex):
-            if reservation is not None:
-                ex("DELETE FROM client_reservations WHERE id = :id", {"id": reservation})
-            ex(_ADD_SPEND, {"k": name, "ends": int(bucket_end), "usd": float(usd)})
+        self.settle_many([(name, reservation, usd, bucket_end)])
 
-        self._run(name, work)
+    def settle_many(self, settled, now: float | None = None) -> None:
+        """`settle` for each (name, reservation, usd, bucket_end) of `settled`, in one transaction; then the keys'
+        reservations expired at `now` and their hits older than the rate's minute are deleted (the admission only
+        skips them)."""
+        now = time.time() if now is None else now
+
+        def work(ex):
+            for name, reservation, usd, bucket_end in settled:
+                if reservation is not None:
+                    ex("DELETE FROM client_reservations WHERE id = :id", {"id": reservation})
+                ex(_ADD_SPEND, {"k": name, "ends": int(bucket_end), "usd": float(usd)})
+            for name in {s[0] for s in settled}:
+                k = {"k": name, "now": now, "hs": int(now - RPM_WINDOW_S)}
+                ex("DELETE FROM client_reservations WHERE key_name = :k AND expires <= :now", k)
+                ex("DELETE FROM client_hits WHERE key_name = :k AND second <= :hs", k)
+
+        if settled:
+            self._run(tuple(s[0] for s in settled), work)
 
     def totals(self) -> dict[str, dict]:
         """{key name: {"usd", "requests"}} over everything the ledger holds (reports, tests)."""

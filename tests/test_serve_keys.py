@@ -494,3 +494,55 @@ def test_an_admission_on_the_event_loop_never_waits_for_the_ledger_lock(tmp_path
     ledger.admit(*args[:5], lambda spend, reserved, hits: seen.append(reserved))  # the thread's path
     assert seen == [pytest.approx(0.25)]  # the first reservation only: the refused try wrote nothing
     ledger.close(), other.close()
+
+
+def _guarded(world, tmp_path, keys, cascade=False):
+    """(the app, behind the client-key middleware with a SQLite ledger, its ledger path) (the app: to reach its
+    state)."""
+    reg, casc, specs, client_for = world
+    app = build_app(casc if cascade else reg, HashBackbone(), specs, client_for, ServeSettings())
+    ledger = tmp_path / f"ledger-{len(list(tmp_path.glob('ledger-*')))}.sqlite"
+    return guard_clients(app, load_keys(keys), SpendLedger(ledger)), ledger
+
+
+def test_a_request_naming_a_retired_router_is_priced_and_charged_like_any(world, tmp_path):
+    """After a swap, clients that pinned the old router's name keep working: their requests are admitted against the
+    key's budget and charged like any (before, the middleware's own parse refused the old name and let the request
+    through unmetered)."""
+    app, ledger = _guarded(world, tmp_path, keys_file(tmp_path, budget_usd=0.02))  # below one worst case (~0.1)
+    app.state.endpoint.retired.add("head-served-before")
+    with serve_in_thread(app) as srv:
+        plain, pinned = ask(srv, KEY_A), ask(srv, KEY_A, model="head-served-before")
+        app2, ledger2 = _guarded(world, tmp_path, keys_file(tmp_path, budget_usd=5.0))
+        app2.state.endpoint.retired.add("head-served-before")
+        with serve_in_thread(app2) as srv2:
+            paid = ask(srv2, KEY_A, model="head-served-before")
+    assert plain.status_code == 429 and pinned.status_code == 429, pinned.text
+    assert pinned.json()["error"]["code"] == "budget_exceeded"
+    recorded = SpendLedger(ledger2).totals()["team-a"]
+    assert paid.status_code == 200 and recorded["requests"] == 1
+    assert abs(recorded["usd"] - paid.json()["usage"]["cost"]) < 1e-12
+
+
+def test_a_keyed_request_is_parsed_once_and_a_cascade_reply_priced_once(world, tmp_path, monkeypatch, caplog):
+    """The middleware's parse is the app's (one `ChatRequest` on request.state); a cascade prices each call once
+    (its summed usage reuses the tokens each call was priced for); the access line and the ledger agree with it."""
+    from pipeline.collect import client as client_mod
+    from pipeline.serve import app as app_mod
+    from pipeline.serve import cascade_calls, requests
+
+    parsed, priced = [], []
+    real_load, real_price = requests.load_json_body, client_mod.reply_usage
+    monkeypatch.setattr(requests, "load_json_body", lambda *a: parsed.append(1) or real_load(*a))
+    for mod in (app_mod, cascade_calls):
+        monkeypatch.setattr(mod, "reply_usage", lambda *a: priced.append(1) or real_price(*a))
+    app, ledger = _guarded(world, tmp_path, keys_file(tmp_path, budget_usd=5.0), cascade=True)
+    with caplog.at_level(logging.INFO, logger="router_lite.access"), serve_in_thread(app) as srv:
+        r = ask(srv, KEY_A, router_grader="integer", router_target="quality>=0.5")
+    assert r.status_code == 200 and r.json()["usage"]["calls"] == 2, r.text
+    assert len(parsed) == 1 and len(priced) == 2  # before: parsed twice, each call priced twice
+    assert r.json()["usage"]["prompt_tokens"] == 40 and r.json()["usage"]["completion_tokens"] == 10
+    line = next(json.loads(x.getMessage()) for x in caplog.records if x.name == "router_lite.access")
+    assert line["cost_usd"] == r.json()["usage"]["cost"] == pytest.approx(COST["m1"] + COST["m2"])
+    assert line["agents_called"] == ["a1", "a2"] and line["grader"] == "integer" and line["key"] == "team-a"
+    assert abs(SpendLedger(ledger).totals()["team-a"]["usd"] - r.json()["usage"]["cost"]) < 1e-12

@@ -19,7 +19,9 @@
   cascade's `usage` sums the tokens of every call it made. A request that names no answer format, served by a cascade
   built with `formats`, takes the format its nearest training prompts have (`_AutoFormatView`). One JSON access-log
   line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
-  `X-Request-Id` naming it.
+  `X-Request-Id` naming it. A request is parsed once, into the `ChatRequest` on `request.state.chat` (by the
+  client-key middleware when there is one); the handler records what it did in `ChatRequest.answer`, which the
+  access log, the metrics and the spend meter read.
 - `GET /v1/models` (and `/v1/models/{id}`): one model, the registered router's name.
 - `GET /healthz`: `{"status": "ok", "head", "agents", "backbone", "device"}` (liveness).
 - `GET /readyz`: 503 until the backbone, the router and the grading worker are warm, then 200, with a JSON body
@@ -96,7 +98,7 @@ from pipeline.serve.relay import (
     upstream_timing,
     whole_reply,
 )
-from pipeline.serve.requests import RequestError, error_response, parse_chat_request, read_body, show
+from pipeline.serve.requests import Answer, RequestError, error_response, parse_chat_request, read_body, show
 from pipeline.serve.served import Endpoint, decision_tag, served_router
 from pipeline.serve.settings import ServeSettings
 
@@ -279,10 +281,11 @@ def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict, info
     data["usage"] = usage
 
 
-def _summed_usage(result, specs, upstream: dict, cost_header: str) -> dict:
-    """A cascade reply's `usage`: the tokens of every call it made, summed, and `cost` = `X-Router-Cost-Usd`."""
-    paid = [reply_usage(specs[r.agent], upstream, r.data, r.text) for r in result.replies if r.data is not None]
-    pt, ct = sum(p["prompt_tokens"] for p in paid), sum(p["completion_tokens"] for p in paid)
+def _summed_usage(result, cost_header: str) -> dict:
+    """A cascade reply's `usage`: the tokens of every call it made (as each was priced), summed, and `cost` =
+    `X-Router-Cost-Usd`."""
+    paid = [r.tokens for r in result.replies if r.data is not None]
+    pt, ct = sum(p for p, _ in paid), sum(c for _, c in paid)
     return {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct, "cost": float(cost_header),
             "calls": len(result.replies)}
 
@@ -290,23 +293,22 @@ def _summed_usage(result, specs, upstream: dict, cost_header: str) -> dict:
 def _log_access(request, resp, rid: str, t_start: float) -> None:
     """One JSON line (logger `router_lite.access`): request id, router, target, answer format, agents called, the
     agent that answered, cost, latency (to the response headers, for a stream), status; the prompt only when the
-    server was started with `log_prompts`."""
+    server was started with `log_prompts`. Read from the request's `ChatRequest` (`request.state.chat`: what the
+    handler did), not from the response's headers."""
     if not access_log.isEnabledFor(logging.INFO):
         return
-    h, state = resp.headers, getattr(request.state, "served", None) or request.app.state.served  # who answered
-    called = h.get("X-Router-Agents-Called") or h.get("X-Router-Agent")
-    cost = h.get("X-Router-Cost-Usd")
-    line = {"request_id": rid, "router": state.router_name, "target": h.get(TARGET_HEADER),
-            "grader": h.get(GRADER_HEADER), "agents_called": called.split(",") if called else [],
-            "agent": h.get("X-Router-Agent"), "cost_usd": float(cost) if cost else None,
+    state = getattr(request.state, "served", None) or request.app.state.served  # who answered
+    chat = getattr(request.state, "chat", None)
+    a = chat.answer if chat is not None else Answer()
+    line = {"request_id": rid, "router": state.router_name, "target": a.target, "grader": a.grader,
+            "agents_called": list(a.agents_called), "agent": a.agent, "cost_usd": a.cost_usd,
             "latency_ms": round((time.perf_counter() - t_start) * 1000.0, 3), "status": resp.status_code,
-            "ood": h.get("X-Router-OOD") == "true" if h.get("X-Router-OOD") else None,
-            "stream": resp.media_type == "text/event-stream"}
+            "ood": a.ood, "stream": resp.media_type == "text/event-stream"}
     key = getattr(request.state, "client_key", None)  # set by the client-key middleware (auth.py)
     if key is not None:
         line["key"] = key
     if state.log_prompts:
-        line["prompt"] = getattr(request.state, "prompt", None)
+        line["prompt"] = chat.text if chat is not None else None
     access_log.info(json.dumps(line, ensure_ascii=False))
 
 
@@ -344,14 +346,17 @@ async def _route(request, state):
     try:
         batcher.arriving += 1  # the micro-batcher may wait a moment for this request
         try:
-            body = await read_body(request, settings.max_body_bytes)
-            t0 = time.perf_counter()
-            req = parse_chat_request(body, state.router_name, settings, state.endpoint.retired)
-            try:
-                target = request_target(request.headers, req.body, settings.default_target)
-            except RouterLiteError as exc:
-                raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
-            request.state.prompt = req.text
+            req = getattr(request.state, "chat", None)  # parsed already by the client-key middleware (auth.py)
+            if req is None:
+                body = await read_body(request, settings.max_body_bytes)
+                t0 = time.perf_counter()
+                req = parse_chat_request(body, state.router_name, settings, state.endpoint.retired)
+                try:
+                    req.target = request_target(request.headers, req.body, settings.default_target)
+                except RouterLiteError as exc:
+                    raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
+                request.state.chat = req
+            target = req.target
             grader = _request_grader(state, request.headers, req.body)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
                 view, point = _cascade_view_for(state, target, grader)
@@ -385,7 +390,8 @@ async def _chat(request):
     meanwhile does not change it), then one JSON line in the access log and the metrics."""
     t_start = time.perf_counter()
     rid = uuid.uuid4().hex
-    served = request.state.served = request.app.state.served
+    # the router the client-key middleware priced the request on, else the one served now
+    served = request.state.served = getattr(request.state, "served", None) or request.app.state.served
     resp = await _answer(request)
     resp.headers["X-Request-Id"] = rid
     if "X-Router-Name" not in resp.headers:
@@ -411,6 +417,9 @@ async def _answer(request):
     spec, client = state.specs[decision.index], state.clients[decision.index]
     overhead_ms = (time.perf_counter() - t0) * 1000.0
     name = state.router_name
+    answer = req.answer
+    answer.agent, answer.agents_called = spec.name, [spec.name]
+    answer.ood, answer.target = decision.ood, point["target"]
     # the shape of a cascade's `router` key: the agents called (one) and their cost (filled once the reply is read;
     # a stream's first chunk goes out before, so there it stays null and `usage.cost` of the stream carries it)
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
@@ -434,6 +443,7 @@ async def _answer(request):
     reply = await unless_disconnected(request, whole_reply(
         resp, spec, client, info, headers, t_up, deadline,
         finish=lambda data, hdrs: _count_paid(data, hdrs, spec, req.upstream, info)))
+    answer.cost_usd = info["cost_usd"]  # = usage.cost (None: the reply was refused)
     if reply is None:
         await resp.aclose()
     return _gone() if reply is None else reply
@@ -462,7 +472,9 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
     if result is None:  # the client left: its stage calls were cancelled and no escalation started
         return _gone()
     names = [state.specs[j].name for j in result.called]
-    request.state.calls = [(state.specs[r.agent].name, r.cost, r.latency_ms / 1000.0) for r in result.replies]
+    answer = req.answer
+    answer.calls = [(state.specs[r.agent].name, r.cost, r.latency_ms / 1000.0) for r in result.replies]
+    answer.agents_called, answer.ood, answer.target, answer.grader = names, decision.ood, point["target"], grader
     name = state.router_name
     headers = {"X-Router-Head": name, "X-Router-Agents-Called": ",".join(names),
                "X-Router-Cost-Usd": f"{result.cost:.8f}", "X-Router-Cascade-Stage": str(result.stage),
@@ -474,6 +486,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
                                 + ", ".join(f"stage{i};dur={w:.1f}" for i, w in enumerate(result.stage_ms))}
     if point.get("guessed"):
         headers["X-Router-Grader-Source"] = "guessed"
+    answer.cost_usd = float(headers["X-Router-Cost-Usd"])  # = usage.cost; a failed cascade's calls were paid too
     invalid = [state.specs[r.agent].name for r in result.replies if r.cost_invalid]
     if invalid:  # their usage.cost was refused (not finite, < 0 or absurd): estimated from prices x tokens instead
         headers["X-Router-Cost-Invalid"] = ",".join(invalid)
@@ -483,13 +496,14 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
         return error_response(upstream_error(spec, state.clients[last.agent], last.error or
                                              ValueError("no usable reply")), headers)
     spec = state.specs[result.accepted.agent]
+    answer.agent = spec.name
     headers.update({"X-Router-Agent": spec.name, "X-Router-Model": spec.model})
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
             "target": point["target"], "grader": grader, "grader_guessed": bool(point.get("guessed")),
             "agents_called": names, "cost_usd": result.cost, "stage": result.stage,
             **({"cost_invalid": invalid} if invalid else {})}
     data = dict(result.accepted.data)
-    data["usage"] = _summed_usage(result, state.specs, req.upstream, headers["X-Router-Cost-Usd"])
+    data["usage"] = _summed_usage(result, headers["X-Router-Cost-Usd"])
     if req.stream:
         return Response(sse_of(data, info), status_code=200, headers={**headers, "Cache-Control": "no-cache"},
                         media_type="text/event-stream")

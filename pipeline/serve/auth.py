@@ -3,8 +3,10 @@ so the handlers of app.py stay as they are.
 
 For every path under /v1/ (`/healthz` and any other path stay open) a server with keys wants `Authorization: Bearer
 <key>`: none or an unknown one is a 401 `invalid_api_key`. For `POST /v1/chat/completions` it then reads the body
-(up to the server's `max_body_bytes`, and hands the same bytes on), parses it as the app will (a request the app
-refuses is passed on untouched: it calls no agent), and
+(up to the server's `max_body_bytes`, and hands the same bytes on) and parses it once: the `ChatRequest`
+(pipeline/serve/requests.py) and the router it was priced on go to the app on `request.state` (`chat`, `served`),
+which answers that same request without parsing it again (a request the app refuses is passed on untouched: it calls
+no agent); then it
 
 - checks the operating point the request will run at (`router_target` field, `X-Router-Target` header, else the
   server's default) against the key's `targets` and the server's `allowed_targets`: 403 `target_not_allowed` naming
@@ -12,9 +14,11 @@ refuses is passed on untouched: it calls no agent), and
   key's first target (the header is set for it);
 - with a ledger (resources/ledger.py): reserves the request's worst case (pipeline/serve/spend.py) or answers 429
   `budget_exceeded` / `rate_limit_exceeded` with `Retry-After`; after the response it settles the reservation with
-  what the reply cost: the `X-Router-Cost-Usd` the app sent (= the body's `usage.cost`), or, for a streamed
-  prompt-routed reply, the stream's own `usage` priced as the app prices replies (`reply_usage`). A request whose
-  client left (499) or that failed inside the router is charged its worst case: its calls may have been paid.
+  what the reply cost (metering.py): what the app recorded in `ChatRequest.answer` (= the body's `usage.cost` = the
+  `X-Router-Cost-Usd` header), or, for a streamed prompt-routed reply, the stream's own `usage` priced as the app
+  prices replies (`reply_usage`). A request whose client left (499) or that failed inside the router is charged its
+  worst case: its calls may have been paid. Settlements are recorded in the ledger's thread, those that gather
+  while it is busy in one transaction.
 
 The access log line of a request names its key (`key`); a refused request gets a line of its own. A key is never
 logged: only its name.
@@ -22,6 +26,7 @@ logged: only its name.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import logging
@@ -66,6 +71,8 @@ class ClientGuard:
         # the ledger's calls block (a transaction, another process's lock): one thread of its own, off the event loop
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-ledger") if ledger else None
         self.bounds: dict = {}
+        self.unsettled: collections.deque = collections.deque()  # (key, reservation, USD, bucket end) to record
+        self.flushing = False  # a flush of `unsettled` is queued in the ledger's thread
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -86,9 +93,11 @@ class ClientGuard:
 
     async def _chat(self, scope, receive, send, key):
         state = scope["app"].state
-        body, receive = await _buffered(scope, receive, state.settings.max_body_bytes)
+        served, settings = state.served, state.settings  # the router now served: read once, handed to the app
+        body, receive = await _buffered(scope, receive, settings.max_body_bytes)
         try:
-            req = parse_chat_request(body, state.served.router_name, state.settings) if body is not None else None
+            req = parse_chat_request(body, served.router_name, settings, state.endpoint.retired) \
+                if body is not None else None
             named = request_target(_Headers(scope), req.body) if req is not None else None
         except (RequestError, RouterLiteError):
             req = None
@@ -97,41 +106,50 @@ class ClientGuard:
         target = self._target(scope, req, named, key, state)
         if isinstance(target, RequestError):
             return await _refuse(scope, receive, send, key, target)
+        # parsed once: the app answers this same request (`request.state.chat`) on this same router
+        scope.setdefault("state", {}).update(chat=req, served=served)
         if key is None:
             return await self.app(scope, receive, send)
-        need = spend.worst_case_usd(self._bounds(state, target), *spend.request_tokens(
-            req.upstream, state.settings.max_tokens_cap))
+        need = spend.worst_case_usd(self._bounds(served, target), *spend.request_tokens(
+            req.upstream, settings.max_tokens_cap))
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
-        meter = ReplyMeter(send, state.served, req.upstream)  # the served router: its agents price the reply
+        meter = ReplyMeter(send, served, req)  # the served router: its agents price a relayed stream
         try:
             await self.app(scope, receive, meter.send)
         finally:
             # settled in the ledger's thread after the reply went out, not awaited: the next request on this
-            # connection does not wait for it. The thread takes the calls in order (this process's next admission
-            # sees it), the reservation holds the worst case until then, and shutdown waits for it.
-            self.pool.submit(self._settle, key, admitted, meter.cost(need))
+            # connection does not wait for it. Settlements that gather meanwhile go in one transaction (`_flush`);
+            # the reservation holds the worst case until it lands, and shutdown waits for it.
+            now = time.time()
+            self.unsettled.append((key.name, admitted, meter.cost(need), spend.bucket_end(now, key.window_s)))
+            if not self.flushing:
+                self.flushing = True
+                self.pool.submit(self._flush)
 
     def _target(self, scope, req, named: str | None, key, state):
         """The canonical target the request runs at, or the 403 to answer; sets the key's default when the request
-        names none and the server's default is not the key's."""
-        server_default = parse_target(state.settings.default_target).name
+        names none and the server's default is not the key's. `req.target`: the target the app runs it at (None:
+        the served router's default point)."""
+        configured = state.settings.default_target
+        server_default = parse_target(configured).name
         allowed = [t for t in (key.targets if key is not None else ()) if not self.allowed or t in self.allowed] \
             or list(self.allowed)
         target = named or server_default
+        req.target = named or (server_default if configured is not None else None)
         if not allowed or target in allowed:
             return target
         if named is None and req.body.get(TARGET_FIELD) is None:  # names none: the key's first target
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != TARGET_HEADER.lower().encode()]
             scope["headers"].append((TARGET_HEADER.lower().encode(), allowed[0].encode()))
+            req.target = allowed[0]
             return allowed[0]
         whose = f"key {key.name!r}" if key is not None and key.targets else "this server"
         return RequestError(403, f"target {target} is not allowed for {whose}; allowed: {', '.join(allowed)}",
                             "target_not_allowed", TARGET_FIELD)
 
-    def _bounds(self, state, target: str):
-        served = state.served  # the router now served (it can be swapped between requests: read it once)
+    def _bounds(self, served, target: str):
         key = (served.router_name, target)  # the router's name too: a server that swaps its router gets new bounds
         hit = self.bounds.get(key)
         if hit is None:
@@ -166,13 +184,18 @@ class ClientGuard:
                             type_="insufficient_quota" if refusal.code == "budget_exceeded" else "rate_limit_error"), \
             {"Retry-After": str(refusal.retry_after_s)}
 
-    def _settle(self, key, reservation, cost: float) -> None:
-        now = time.time()
+    def _flush(self) -> None:
+        """In the ledger's thread: every settlement gathered so far, in one transaction."""
+        self.flushing = False  # first: a settlement added from now on queues another flush
+        batch = []
+        while self.unsettled:
+            batch.append(self.unsettled.popleft())
         try:
-            self.ledger.settle(key.name, reservation, cost, spend.bucket_end(now, key.window_s))
-        except Exception as exc:  # noqa: BLE001 - logged with the figure, so it can be entered by hand
-            log.error("spend ledger: could not record $%.8f for key %s: %s: %s", cost, key.name, type(exc).__name__,
-                      exc)
+            self.ledger.settle_many(batch)
+        except Exception as exc:  # noqa: BLE001 - logged with the figures, so they can be entered by hand
+            for name, _, cost, _ in batch:
+                log.error("spend ledger: could not record $%.8f for key %s: %s: %s", cost, name,
+                          type(exc).__name__, exc)
 
     def _closing(self, send):
         async def closing(message):

@@ -40,6 +40,7 @@ class Reply:
     grading: str = "ok"  # the extraction's status: "ok", "overrun" or "error" (pipeline/collect/bounded.py)
     text: str | None = None  # the reply's text, until it is graded
     cost_invalid: bool = False  # the agent's usage.cost was refused (client.cost_invalid): estimated
+    tokens: tuple[int, int] = (0, 0)  # (prompt, completion) tokens it was priced for (`reply_usage`, once)
 
 
 @dataclasses.dataclass
@@ -86,9 +87,9 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
     invalid = cost_invalid(usage)
     if invalid and isinstance(data.get("usage"), dict):
         data["usage"] = {**usage, "cost": None}  # relayed to the client: never "inf"
-    cost = reply_usage(spec, upstream, data, text)["cost"]
-    return Reply(j, data, None, cost, (time.perf_counter() - t0) * 1000.0, text=text,
-                 cost_invalid=invalid)
+    paid = reply_usage(spec, upstream, data, text)
+    return Reply(j, data, None, paid["cost"], (time.perf_counter() - t0) * 1000.0, text=text,
+                 cost_invalid=invalid, tokens=(paid["prompt_tokens"], paid["completion_tokens"]))
 
 
 def _number_or_text(text: str) -> float | str:

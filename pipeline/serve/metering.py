@@ -1,9 +1,9 @@
-"""What a reply cost, read from the response as it goes out to the client (`ReplyMeter`, for the client keys'
-spend: pipeline/serve/auth.py): the `X-Router-Cost-Usd` header the app sends with every priced reply (= the body's
-`usage.cost`); for a streamed prompt-routed reply, which the app relays byte for byte without that header, the
-stream's own last `usage` and its content priced as the app prices a whole reply (`reply_usage`). A response that
-never started, or whose client left (499), is charged the request's worst case: its calls may have been paid and
-their cost is unknown; any other response without a cost (a 4xx, a failed agent) costs nothing."""
+"""What a reply cost, for the client keys' spend (`ReplyMeter`, pipeline/serve/auth.py): what the app recorded in
+the request's `ChatRequest.answer` (`cost_usd` = the body's `usage.cost` = the header `X-Router-Cost-Usd`) by the
+time the response starts; for a streamed prompt-routed reply, which the app relays byte for byte before its cost is
+known, the stream's own last `usage` and its content priced as the app prices a whole reply (`reply_usage`). A
+response that never started, or whose client left (499), is charged the request's worst case: its calls may have
+been paid and their cost is unknown; any other response without a cost (a 4xx, a failed agent) costs nothing."""
 from __future__ import annotations
 
 import json
@@ -16,20 +16,17 @@ class ReplyMeter:
     """What the reply cost, read from the response as it goes out: `send` wraps the ASGI send; `cost(worst_case)`
     once the response is over."""
 
-    def __init__(self, send, served, upstream: dict):
-        self.send_, self.served, self.upstream = send, served, upstream
-        self.status, self.header_cost, self.stream = None, None, None
+    def __init__(self, send, served, chat):
+        self.send_, self.served, self.chat = send, served, chat  # chat: the request's ChatRequest
+        self.status, self.paid, self.stream = None, None, None
 
     async def send(self, message) -> None:
         if message["type"] == "http.response.start":
-            self.status = message["status"]
-            headers = {k.lower(): v for k, v in message.get("headers", [])}
-            cost = headers.get(b"x-router-cost-usd")
-            self.header_cost = float(cost) if cost else None
-            spec = {s.name: s for s in self.served.specs}.get(headers.get(b"x-router-agent", b"").decode("latin-1"))
-            if self.status == 200 and cost is None and spec is not None and \
-                    headers.get(b"content-type", b"").startswith(b"text/event-stream"):
-                self.stream = StreamCost(spec, self.upstream)
+            self.status, answer = message["status"], self.chat.answer
+            self.paid = answer.cost_usd
+            if self.status == 200 and self.paid is None and answer.agent is not None and self.chat.stream:
+                spec = next(s for s in self.served.specs if s.name == answer.agent)
+                self.stream = StreamCost(spec, self.chat.upstream)  # a relayed stream: priced as it goes
         elif message["type"] == "http.response.body" and self.stream is not None:
             self.stream.feed(message.get("body", b""))
         await self.send_(message)
@@ -37,8 +34,8 @@ class ReplyMeter:
     def cost(self, worst_case: float) -> float:
         if self.stream is not None:
             return self.stream.cost()
-        if self.header_cost is not None:
-            return self.header_cost
+        if self.paid is not None:
+            return self.paid
         return worst_case if self.status in (None, DISCONNECTED) else 0.0
 
 

@@ -2,8 +2,9 @@
 
 Each chat reply is observed once, after it is answered (`ServeMetrics.observe`), from what the client itself gets:
 the status, the router that answered (`X-Router-Name`), the documented `X-Router-*` / `Server-Timing` headers, and for
-a cascade every call it made (`request.state.calls`, set by the cascade handler: agent, USD, seconds). The client
-key's name is `request.state.client_key` ("" when no key names the client): the authentication code sets it.
+a cascade every call it made (`request.state.chat.answer.calls`, set by the cascade handler: agent, USD, seconds).
+The client key's name is `request.state.client_key` ("" when no key names the client): the authentication code sets
+it.
 
 With `serve --workers N` the supervisor points PROMETHEUS_MULTIPROC_DIR at a temporary folder before it starts the
 workers (`multiprocess_dir`): prometheus-client then keeps each process's values in files there, and `/metrics`,
@@ -82,7 +83,8 @@ class ServeMetrics:
         overhead = _number(h.get("X-Router-Overhead-Ms"))
         if overhead is not None:
             self.overhead.labels(router).observe(overhead / 1000.0)
-        calls = getattr(request.state, "calls", None)
+        chat = getattr(request.state, "chat", None)
+        calls = chat.answer.calls if chat is not None else None
         if calls is None:  # prompt-only: one agent, its call timed in Server-Timing
             agent, up = h.get("X-Router-Agent"), _UPSTREAM_DUR.search(h.get("Server-Timing", ""))
             calls = [(agent, _number(h.get("X-Router-Cost-Usd")), float(up.group(1)) / 1000.0 if up else None)] \

@@ -1,11 +1,19 @@
 """Reading and validating an OpenAI chat-completions request: the body within its limits, the JSON, the messages
 and the sampling parameters (`parse_chat_request`, a pure function: the whole 400/404 contract of a chat request
-lives here), and the OpenAI-style error every refusal is answered with (`RequestError`, `error_response`)."""
+lives here; the fields are typed by the pydantic model `ChatBody`), and the OpenAI-style error every refusal is
+answered with (`RequestError`, `error_response`).
+
+A request is parsed once: `ChatRequest` is the one object carried on `request.state.chat` from the client-key
+middleware (auth.py: target, worst-case price) through the handler (app.py, which records what it did in
+`ChatRequest.answer`) to the reply's meter (metering.py), the metrics and the access log."""
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from pipeline.core.text_guard import json_problem
 from pipeline.serve.settings import FORWARDED_PARAMS, SEED_RANGE, ServeSettings
@@ -27,12 +35,119 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class Message(BaseModel):
+    """One message: a string `role`; its other fields (content, name, tool calls...) are forwarded as given."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    role: str
+    content: Any = None
+
+
+def _int_in(lo: int, hi: int | None = None):
+    return Annotated[int | None, Field(ge=lo, le=hi, strict=True)]
+
+
+class ChatBody(BaseModel):
+    """The fields of a chat-completions body the router reads, typed (pydantic, strict: `true` is no number and
+    `1.0` no integer); `model_validate(body, context=Limits(...))` checks the server's own limits too. Any other
+    field is kept as given (`model_extra`). The first error, in field order, is the client's 400 or 404
+    (`_refusal`: the same messages, codes and `param` as the hand-written checks before)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    model: str | None = None
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: _int_in(1) = None
+    max_completion_tokens: _int_in(1) = None
+    seed: _int_in(*SEED_RANGE) = None
+    temperature: Annotated[float | None, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
+    stream: bool | None = None
+    stream_options: dict | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    n: _int_in(1, 1) = None  # one agent answers: `true` and `1.0` equal 1 in Python, not here
+
+    @field_validator("model")
+    @classmethod
+    def _served(cls, v, info: ValidationInfo):
+        lim = info.context
+        if v not in (None, "", lim.router_name) and v not in lim.aliases:
+            raise PydanticCustomError("model_not_found", f"The model {show(v)} does not exist: this router serves "
+                                      f"`{lim.router_name}` (or leave `model` out)")
+        return v
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _few_enough(cls, v, info: ValidationInfo):
+        if isinstance(v, list) and len(v) > info.context.max_messages:
+            raise PydanticCustomError("too_many_messages",
+                                      f"too many messages: {len(v)} > {info.context.max_messages}")
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _has_user_text(cls, v):
+        last_user = next((m for m in reversed(v) if m.role == "user"), None)
+        if last_user is None:
+            raise PydanticCustomError("missing_user_message", "no user message: the router embeds the last message "
+                                      "with role 'user'")
+        text = _content_text(last_user.content)
+        if not text or not text.strip():
+            raise PydanticCustomError("missing_user_message", "the last user message has no text content")
+        return v
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _capped(cls, v, info: ValidationInfo):
+        if v is not None and v > info.context.max_tokens_cap:
+            raise PydanticCustomError("invalid_value", "over the cap")  # worded by _refusal (the field's range)
+        return v
+
+    @property
+    def text(self) -> str:
+        """What is embedded: the text of the last user message."""
+        return _content_text(next(m for m in reversed(self.messages) if m.role == "user").content)
+
+
 @dataclasses.dataclass(frozen=True)
+class Limits:
+    """What a body is validated against besides its types: the router served, its retired names, the server's
+    limits (the validation context of `ChatBody`)."""
+
+    router_name: str
+    aliases: frozenset | tuple | set
+    max_messages: int
+    max_tokens_cap: int
+
+
+@dataclasses.dataclass
+class Answer:
+    """What the handler did with a chat request, as the access log, the metrics and the client-key meter read it:
+    the target and answer format it ran at, the agent that answered, every agent called, what the reply cost (= its
+    `usage.cost`; None: not known when the response started, as for a relayed stream, or nothing was paid) and a
+    cascade's calls (agent, USD, seconds)."""
+
+    target: str | None = None
+    grader: str | None = None
+    agent: str | None = None
+    agents_called: list = dataclasses.field(default_factory=list)
+    cost_usd: float | None = None
+    ood: bool | None = None
+    calls: list | None = None
+
+
+@dataclasses.dataclass
 class ChatRequest:
+    """One chat request, parsed once (by the client-key middleware when the server has one, else by the handler) and
+    carried on `request.state.chat` from parsing to the access log: the typed body, what is embedded and forwarded,
+    the target it runs at (canonical; None until resolved) and what the handler did (`answer`)."""
+
     text: str  # what is embedded: the text of the last user message
     upstream: dict  # what is forwarded, less `model`
     stream: bool
     body: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole validated body (further fields)
+    fields: ChatBody | None = dataclasses.field(default=None, repr=False)
+    target: str | None = None
+    answer: Answer = dataclasses.field(default_factory=Answer)
 
 
 def show(v: Any, limit: int = 80) -> str:
@@ -49,21 +164,6 @@ def _content_text(content: Any) -> str | None:
         parts = [p for p in parts if isinstance(p, str)]
         return "".join(parts) if parts else None
     return None
-
-
-def _number(req: dict, name: str, lo: float, hi: float) -> None:
-    v = req.get(name)
-    if v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise RequestError(400, f"'{name}' must be a number in [{lo:g}, {hi:g}], got {show(v)}", "invalid_value",
-                           name)
-
-
-def _integer(req: dict, name: str, lo: int, hi: int, what: str) -> None:
-    v = req.get(name)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
-        raise RequestError(400, f"'{name}' must be {what}, got {show(v)}", "invalid_value", name)
 
 
 def _not_json(name: str):
@@ -89,62 +189,49 @@ def load_json_body(body: bytes, settings: ServeSettings) -> dict:
     return req
 
 
+def _refusal(exc: ValidationError, cap: int) -> RequestError:
+    """The first error of a `ChatBody` validation as the client's RequestError."""
+    e = exc.errors(include_url=False)[0]
+    loc, v = e["loc"], e.get("input")
+    name = str(loc[0])
+    if e["type"] == "model_not_found":
+        return RequestError(404, e["msg"], "model_not_found", "model")
+    if e["type"] in ("too_many_messages", "missing_user_message"):
+        return RequestError(400, e["msg"], e["type"], "messages")
+    if name == "messages":
+        if len(loc) > 1:
+            return RequestError(400, f"messages[{loc[1]}] must be an object with a string 'role'", "invalid_message",
+                                f"messages[{loc[1]}]")
+        return RequestError(400, "missing required parameter: 'messages' (a non-empty list)", "missing_messages",
+                            "messages")
+    what = {"model": f"a string, got {type(v).__name__}",
+            "max_tokens": f"an integer in [1, {cap}] (this router's cap), got {show(v)}",
+            "seed": f"a 64-bit signed integer, got {show(v)}",
+            "temperature": f"a number in [0, 2], got {show(v)}", "top_p": f"a number in [0, 1], got {show(v)}",
+            "stream": f"a boolean, got {show(v)}", "stream_options": "an object",
+            "stop": "a string or a list of up to 4 strings", "n": "1: the router returns one agent's reply"}
+    what["max_completion_tokens"] = what["max_tokens"]
+    return RequestError(400, f"'{name}' must be {what[name]}", "invalid_value", name)
+
+
 def parse_chat_request(body: bytes, router_name: str, settings: ServeSettings, aliases=()) -> ChatRequest:
     """Validate a chat-completions body (a pure function: the whole 400/404 contract lives here). `model` may be
     `router_name`, one of `aliases` (routers served before a promotion) or absent."""
     req = load_json_body(body, settings)
-    model = req.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError(400, f"'model' must be a string, got {type(model).__name__}", "invalid_value", "model")
-    if model not in (None, "", router_name) and model not in aliases:
-        raise RequestError(404, f"The model {show(model)} does not exist: this router serves `{router_name}` "
-                                "(or leave `model` out)", "model_not_found", "model")
-    messages = req.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "missing required parameter: 'messages' (a non-empty list)", "missing_messages",
-                           "messages")
-    if len(messages) > settings.max_messages:
-        raise RequestError(400, f"too many messages: {len(messages)} > {settings.max_messages}", "too_many_messages",
-                           "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(400, f"messages[{i}] must be an object with a string 'role'", "invalid_message",
-                               f"messages[{i}]")
-    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-    if last_user is None:
-        raise RequestError(400, "no user message: the router embeds the last message with role 'user'",
-                           "missing_user_message", "messages")
-    text = _content_text(last_user.get("content"))
-    if not text or not text.strip():
-        raise RequestError(400, "the last user message has no text content", "missing_user_message", "messages")
     cap = int(settings.max_tokens_cap)
-    for name in ("max_tokens", "max_completion_tokens"):
-        _integer(req, name, 1, cap, f"an integer in [1, {cap}] (this router's cap)")
-    _integer(req, "seed", *SEED_RANGE, "a 64-bit signed integer")
-    _number(req, "temperature", 0.0, 2.0)
-    _number(req, "top_p", 0.0, 1.0)
-    stream = req.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise RequestError(400, f"'stream' must be a boolean, got {show(stream)}", "invalid_value", "stream")
-    so = req.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise RequestError(400, "'stream_options' must be an object", "invalid_value", "stream_options")
-    stop = req.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and len(stop) <= 4
-                                                           and all(isinstance(s, str) for s in stop))):
-        raise RequestError(400, "'stop' must be a string or a list of up to 4 strings", "invalid_value", "stop")
-    n = req.get("n")
-    if n is not None and (type(n) is not int or n != 1):  # `true` and `1.0` equal 1 in Python: not here
-        raise RequestError(400, "'n' must be 1: the router returns one agent's reply", "invalid_value", "n")
-    own_limit = req.get("max_tokens") is not None or req.get("max_completion_tokens") is not None
+    try:
+        fields = ChatBody.model_validate(req, context=Limits(router_name, aliases, settings.max_messages, cap))
+    except ValidationError as exc:
+        raise _refusal(exc, cap) from None
+    own_limit = fields.max_tokens is not None or fields.max_completion_tokens is not None
     upstream = {k: v for k, v in settings.defaults.items()
                 if not (own_limit and k in ("max_tokens", "max_completion_tokens"))}
     upstream.update({k: req[k] for k in FORWARDED_PARAMS if req.get(k) is not None})
-    if not stream:
+    if not fields.stream:
         upstream.pop("stream_options", None)
         upstream.pop("stream", None)
-    upstream["messages"] = messages
-    return ChatRequest(text=text, upstream=upstream, stream=bool(stream), body=req)
+    upstream["messages"] = req["messages"]  # forwarded as given
+    return ChatRequest(text=fields.text, upstream=upstream, stream=bool(fields.stream), body=req, fields=fields)
 
 
 async def read_body(request, limit: int) -> bytes:
