@@ -47,11 +47,12 @@ def test_kmeans_recovers_separated_groups_and_is_deterministic():
 
 
 def test_kmeans_is_scikit_learns_seeded_kmeans():
-    from sklearn.cluster import KMeans
+    from sklearn.cluster import KMeans, kmeans_plusplus
 
     X, _, _, _ = blobs(n=400, noise=0.5)
     C, labels = kmeans(X, 4, seed=7)
-    ref = KMeans(n_clusters=4, n_init=N_INIT, max_iter=MAX_ITER, random_state=7).fit(X)
+    start = kmeans_plusplus(X.astype(np.float32), 4, random_state=7, n_local_trials=1)[0]
+    ref = KMeans(n_clusters=4, init=start, n_init=N_INIT, max_iter=MAX_ITER, random_state=7).fit(X.astype(np.float32))
     assert np.array_equal(labels, ref.labels_) and np.allclose(C, ref.cluster_centers_)
     assert not np.array_equal(kmeans(X, 4, seed=8)[0], C)  # the seed is the random_state
 
