@@ -67,11 +67,11 @@ def fit_kind(kind: str, agents: list[str], train: PromptRows, val: PromptRows | 
 def fit_candidates(kinds: list[str], head: Router, agents: list[str], train: PromptRows,
                    val: PromptRows | None, step=None) -> dict[str, Router]:
     """{kind: fitted router}: the trained head as given, every other kind fitted the way `KnnRouter` is; `step()`
-    (a `PhaseSteps`, or None) after each kind fitted."""
+    (a `PhaseSteps`, or None) after each kind fitted here."""
     out = {}
     for k in kinds:
         out[k] = head if k == "head" else fit_kind(k, agents, train, val)
-        if step is not None:
+        if step is not None and k != "head":  # the trained head is given: no step of this phase
             step()
     return out
 
@@ -187,7 +187,8 @@ def choose_router(cfg, head: Router, arrays, X: np.ndarray):
     kinds = candidate_kinds()
     fitted = kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router]
     routers = fit_candidates(fitted, head, agents, rows.take(train), rows.take_any(val),
-                             PhaseSteps(phase_progress("fitting the prompt router kinds", "kinds", log), len(fitted)))
+                             PhaseSteps(phase_progress("fitting the prompt router kinds", "kinds", log),
+                                        sum(k != "head" for k in fitted)))
     allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
     crossfit = oof = None
     compete = cfg.select == "crossfit" and len(allowed) > 1
