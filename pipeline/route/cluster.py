@@ -125,8 +125,8 @@ class ClusterRouter:
         fold_rows = len(Z) * (self.folds - 1) // self.folds
         grid = sorted({k for k in self.k_grid if k * self.min_cluster <= fold_rows})
         # one thread: the search is hundreds of small k-means fits, and on a few (shared) cores BLAS and OpenMP
-        # threads spin more than they compute (measured on 2,400 MMLU-Pro training rows, 2 loaded cores: 85 s of
-        # CPU with the default threads, 2.7 s on one; bench/select_kinds.py)
+        # threads spin more than they compute (2,434 MMLU-Pro training rows on 2 loaded cores: 16.4 s of CPU with
+        # the default threads, 1.6 s on one, same k; bench/select_kinds.py)
         with threadpool_limits(1):
             if self.k is not None or not grid:
                 self.k_ = min(int(self.k or DEFAULT_K), len(Z))
