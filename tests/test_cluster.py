@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
-from pipeline.route.cluster import ClusterRouter, kmeans
+from pipeline.route.cluster import MAX_ITER, N_INIT, ClusterRouter, kmeans, one_standard_error
 from pipeline.route.fit import fit_router
 from pipeline.route.kinds import router_class
 from pipeline.route.ood import OODGuard
@@ -44,6 +44,48 @@ def test_kmeans_recovers_separated_groups_and_is_deterministic():
     # every true group lands in one cluster
     assert all(len(set(labels[g == j].tolist())) == 1 for j in range(3)) and len(set(labels.tolist())) == 3
     assert np.array_equal(kmeans(X, 3, seed=0)[1], kmeans(X, 3, seed=0)[1])
+
+
+def test_kmeans_is_scikit_learns_seeded_kmeans():
+    from sklearn.cluster import KMeans, kmeans_plusplus
+
+    X, _, _, _ = blobs(n=400, noise=0.5)
+    C, labels = kmeans(X, 4, seed=7)
+    start = kmeans_plusplus(X.astype(np.float32), 4, random_state=7, n_local_trials=1)[0]
+    ref = KMeans(n_clusters=4, init=start, n_init=N_INIT, max_iter=MAX_ITER, random_state=7).fit(X.astype(np.float32))
+    assert np.array_equal(labels, ref.labels_) and np.allclose(C, ref.cluster_centers_)
+    assert not np.array_equal(kmeans(X, 4, seed=8)[0], C)  # the seed is the random_state
+
+
+def test_one_standard_error_takes_the_smallest_k_within_the_paired_noise_of_the_best():
+    rng = np.random.default_rng(0)
+    base = rng.random(400)
+    oof = {2: base - 0.002, 8: base, 64: base - 0.2}
+    assert one_standard_error(oof) == 8  # a gap with no paired noise at all is beyond one standard error
+    noise = rng.standard_normal(400)
+    oof[2] = base + 0.05 * (noise - noise.mean()) - 0.002  # paired SE ~0.0025 covers the 0.002 gap
+    assert one_standard_error(oof) == 2
+    oof[64] = base + 0.01  # a better k moves the bar: 2 and 8 are now too far below it
+    assert one_standard_error(oof) == 64
+
+
+def test_the_k_search_runs_its_kmeans_on_one_thread(monkeypatch):
+    """Hundreds of small k-means fits: on a few shared cores BLAS / OpenMP threads spin more than they compute."""
+    from threadpoolctl import threadpool_info
+
+    import pipeline.route.cluster as cluster
+
+    threads, fit = [], cluster.kmeans
+
+    def counting(*a, **kw):
+        threads.append(max([p["num_threads"] for p in threadpool_info()] or [1]))
+        return fit(*a, **kw)
+
+    monkeypatch.setattr(cluster, "kmeans", counting)
+    X, R, _, split = blobs(n=600)
+    tr = split == "train"
+    ClusterRouter(agents=AGENTS, k_grid=(2, 3)).fit(X[tr], R[tr])
+    assert len(threads) == 2 * 5 + 1 and set(threads) == {1}
 
 
 def test_cluster_router_chooses_k_by_cross_validation_on_train_and_beats_the_best_single_agent():

@@ -128,3 +128,30 @@ def test_a_slow_phase_says_how_far_it_is_every_interval_not_more(phase, monkeypa
     assert len(lines) >= 2, seen
     assert all(b[0] - a[0] >= PHASE_EVERY_S for a, b in zip(lines, lines[1:])), lines
     assert any("ETA" in m for _, m in lines)
+
+
+def test_the_kind_selection_says_how_far_it_is_after_every_kind_fitted_not_every_fold(monkeypatch):
+    """A fold of a 12k-row matrix fits the head, kNN and the cluster router in tens of seconds: the line comes after
+    each kind fitted (folds x kinds steps), so no fold is a silent stretch."""
+    import logging
+    import types
+
+    import numpy as np
+
+    from pipeline.core import progress
+    from pipeline.core.progress import PHASE_EVERY_S
+    from pipeline.route.select import crossfit_picks
+    from pipeline.route.train import PromptRows, Selection
+
+    clock = _SlowClock(PHASE_EVERY_S + 1)  # every step looks slower than the interval: each one may say so
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=clock))
+    seen: list[str] = []
+    logger = logging.getLogger("pipeline.route.select")
+    monkeypatch.setattr(logger, "info", seen.append)
+    rng = np.random.default_rng(0)
+    X, R = rng.normal(size=(300, 4)).astype(np.float32), (rng.random((300, 3)) < 0.5).astype(float)
+    split = np.arange(300) % 3
+    crossfit_picks(["knn", "cluster"], None, ["a", "b", "c"], PromptRows(X, R), split == 0, split == 1,
+                   Selection("crossfit", 3))
+    assert [m.split(", ")[0] for m in seen] == \
+        [f"cross-fitting 2 router kind(s) x 3 folds: {i}/6 fits" for i in range(1, 7)], seen

@@ -8,7 +8,8 @@ the Dagster step log.
 ``phase_progress(what, unit, logger)``: the same for a phase of plain Python code (kind selection, cross-fitting,
 operating points, cascade search, pool report), at most one line every ``PHASE_EVERY_S`` seconds on a ``pipeline.*``
 logger: Dagster's managed loggers (dagster.yaml `python_logs`) carry it into the run log, `router-lite train` and
-`router-lite run` print it on the console.
+`router-lite run` print it on the console. ``PhaseSteps(progress, total)`` counts a phase's steps into it, one call
+per step done, for loops that finish their steps in several places (a fold's kinds, a search's variants).
 """
 from __future__ import annotations
 
@@ -61,3 +62,14 @@ def phase_progress(what: str, unit: str, logger: logging.Logger) -> RateLog:
     progress = RateLog(what, unit, logger.info, every_s=PHASE_EVERY_S)
     progress.final_always = False
     return progress
+
+
+class PhaseSteps:
+    """Counts a phase's steps into its progress line (`phase_progress`): ``step()`` after each step done."""
+
+    def __init__(self, progress: RateLog, total: int):
+        self.progress, self.total, self.done = progress, int(total), 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        self.progress(self.done, self.total)

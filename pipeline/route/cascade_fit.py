@@ -29,7 +29,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pipeline.core.progress import phase_progress
+from pipeline.core.progress import PhaseSteps, phase_progress
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policies
 from pipeline.route.targets import bootstrap_mean_ci
 from pipeline.route.train import Selection
@@ -194,17 +194,6 @@ def fit_cascade(train: Rows, validation: Rows, best: int, agents: list[str],
     plans = fit_plans(train.R, train.C, train.E, train.P, train.graders, order, best)
     path = cascade_path(plans, validation, order, best, agents, guard_z)
     return plans, path, order
-
-
-class _Steps:
-    """Counts a phase's steps into its progress line (`pipeline.core.progress.phase_progress`)."""
-
-    def __init__(self, progress, total: int):
-        self.progress, self.total, self.done = progress, total, 0
-
-    def __call__(self) -> None:
-        self.done += 1
-        self.progress(self.done, self.total)
 
 
 def plan_at(points: np.ndarray, lam: float) -> int:
@@ -376,7 +365,7 @@ def fit_cascades(matrix: Rows, masks: dict, best: int, agents: list[str], target
     out = CascadeFit({}, int(va.sum()), guard_z, selection=selection.as_dict(read.sum()) if cross
                      else Selection().as_dict(va.sum()))
     variants = [v for v in VARIANTS if v != "combined" or P is not None]
-    steps = _Steps(phase_progress("cascade search", "fits", log), len(variants) * (1 + (selection.folds if cross
+    steps = PhaseSteps(phase_progress("cascade search", "fits", log), len(variants) * (1 + (selection.folds if cross
                                                                                      else 0)))
     for variant in variants:
         use_p = variant == "combined"

@@ -4,14 +4,15 @@ Where agents complement each other by *kind* of query (one leads ARC, another MB
 partition of the embedding space carries most of what is routable, and it generalises better than a linear head
 fitted to per-row argmax noise (docs/training.md, "Which prompt router ships"). The router:
 
-* normalises the embeddings to unit length (the backbones' similarity is cosine) and runs k-means (k-means++ start,
-  Lloyd iterations, a few seeded restarts, the lowest inertia kept) for every k of `K_GRID` that leaves at least
-  `min_cluster` training rows per cluster on average;
+* normalises the embeddings to unit length (the backbones' similarity is cosine) and runs scikit-learn's `KMeans`
+  (one seeded k-means++ start, Lloyd iterations) for every k of `K_GRID`
+  that leaves at least `min_cluster` training rows per cluster on average;
 * scores agent j in cluster c by its mean (tie-aware) training reward on the cluster's rows, shrunk toward the
   agent's mean over all training rows by `prior` pseudo-rows (so a cluster of a handful of rows cannot hand a share to
   an agent on noise); the pick is the argmax (ties -> lowest agent index);
-* chooses k by `folds`-fold cross-validation on the **training** rows (the out-of-fold reward of each k's picks,
-  every fold clustered on the rest), with the one-standard-error rule: the smallest k whose out-of-fold reward is
+* chooses k by `folds`-fold cross-validation on the **training** rows (scikit-learn's `KFold`, shuffled with `seed`:
+  the out-of-fold reward of each k's picks, every fold clustered on the rest), with the one-standard-error rule of
+  GridSearchCV's ``refit=callable`` pattern (`one_standard_error`): the smallest k whose out-of-fold reward is
   within one standard error (of its paired per-row difference) of the best k's. The validation rows are left for
   the choice among router kinds (pipeline/route/select.py), so the cluster router's validation figure is a clean
   hold-out. Choosing k by the best of 11 validation rewards over a few hundred rows was the winner's curse: on
@@ -29,6 +30,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from sklearn.cluster import KMeans, kmeans_plusplus
+from sklearn.metrics import pairwise_distances_argmin
+from sklearn.model_selection import KFold
+from threadpoolctl import threadpool_limits
 
 from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
@@ -39,6 +44,8 @@ K_GRID = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_K = 8
 FILE_NAME = "cluster.safetensors"
 FILE_KIND = "router-lite-cluster"
+N_INIT = 1  # one seeded k-means++ start per fit (scikit-learn's "auto" for k-means++)
+MAX_ITER = 50
 
 
 def _normalise(X: np.ndarray) -> np.ndarray:
@@ -46,56 +53,31 @@ def _normalise(X: np.ndarray) -> np.ndarray:
     return X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
 
 
-def _sq_dist(X: np.ndarray, C: np.ndarray, xx: np.ndarray | None = None) -> np.ndarray:
-    """(n, k) squared distances; `xx` = the rows' squared norms when the caller has them (k-means reuses them on
-    every step: recomputing them dominated the k-means++ start)."""
-    xx = (X * X).sum(1) if xx is None else xx
-    return np.maximum(xx[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :], 0.0)
-
-
-def kmeans(X: np.ndarray, k: int, seed: int = 0, n_init: int = 3, iters: int = 50) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids (k, d), labels (n,)) of Lloyd's k-means from k-means++ starts; the restart with the lowest
-    inertia is kept. Deterministic for a given seed. An emptied cluster is re-seeded at the farthest row.
-    float32 throughout (the embeddings' own precision) and every centroid update one matrix product: the k-grid
-    cross-validation runs a few hundred of these per fitted router (docs/training.md, "What a refresh costs")."""
+def kmeans(X: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids (k, d), labels (n,)): scikit-learn's `KMeans` (Lloyd, at most `MAX_ITER` iterations) from one
+    plain k-means++ start (`kmeans_plusplus` with one trial per centroid: scikit-learn's greedy default of
+    2 + log k trials was two thirds of the search's time), both seeded by `seed`. float32 throughout (the
+    embeddings' own precision)."""
     X = np.asarray(X, dtype=np.float32)
-    n = len(X)
-    k = max(1, min(int(k), n))
-    rng = np.random.default_rng(seed)
-    xx = (X * X).sum(1)
-    best = None
-    for _ in range(n_init):
-        C = _kmeans_pp(X, xx, k, rng)
-        labels = np.full(n, -1)
-        for _ in range(iters):
-            D = _sq_dist(X, C, xx)
-            new = D.argmin(axis=1)
-            if np.array_equal(new, labels):
-                break
-            labels = new
-            onehot = np.zeros((n, k), dtype=np.float32)
-            onehot[np.arange(n), labels] = 1.0
-            counts = onehot.sum(0)
-            C = (onehot.T @ X) / np.maximum(counts, 1.0)[:, None]
-            if (counts == 0).any():
-                C[counts == 0] = X[int(D.min(axis=1).argmax())]
-        inertia = float(_sq_dist(X, C, xx)[np.arange(n), labels].sum())
-        if best is None or inertia < best[0]:
-            best = (inertia, C.copy(), labels.copy())
-    return best[1].astype(np.float32), best[2]
+    k = max(1, min(int(k), len(X)))
+    start, _ = kmeans_plusplus(X, k, random_state=seed, n_local_trials=1)
+    km = KMeans(n_clusters=k, init=start, n_init=N_INIT, max_iter=MAX_ITER, random_state=seed).fit(X)
+    return km.cluster_centers_.astype(np.float32), km.labels_.astype(np.int64)
 
 
-def _kmeans_pp(X: np.ndarray, xx: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ start: each next centroid drawn with probability proportional to its squared distance."""
-    n = len(X)
-    C = np.empty((k, X.shape[1]), dtype=np.float32)
-    C[0] = X[rng.integers(n)]
-    d2 = _sq_dist(X, C[:1], xx)[:, 0].astype(np.float64)
-    for c in range(1, k):
-        p = d2 / d2.sum() if d2.sum() > 0 else np.full(n, 1.0 / n)
-        C[c] = X[rng.choice(n, p=p)]
-        d2 = np.minimum(d2, _sq_dist(X, C[c:c + 1], xx)[:, 0])
-    return C
+def nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Index of each row's nearest centroid (Euclidean; on unit rows the same as cosine)."""
+    return pairwise_distances_argmin(np.asarray(X, dtype=np.float32), np.asarray(C, dtype=np.float32))
+
+
+def one_standard_error(oof: dict[int, np.ndarray]) -> int:
+    """The smallest k whose out-of-fold reward is within one standard error of the best k's (GridSearchCV's
+    ``refit=callable`` rule, with the standard error of the paired per-row difference: every k was scored on the same
+    rows, so the pairing removes the rows' own difficulty from the noise)."""
+    means = {k: float(v.mean()) for k, v in oof.items()}
+    top = max(oof, key=lambda k: (means[k], -k))
+    se = {k: float((v - oof[top]).std() / np.sqrt(len(v))) for k, v in oof.items()}
+    return min(k for k in oof if means[k] >= means[top] - se[k])
 
 
 def cluster_scores(labels: np.ndarray, R_eff: np.ndarray, k: int, prior: float) -> np.ndarray:
@@ -142,12 +124,16 @@ class ClusterRouter:
         Z = _normalise(X_train)
         fold_rows = len(Z) * (self.folds - 1) // self.folds
         grid = sorted({k for k in self.k_grid if k * self.min_cluster <= fold_rows})
-        if self.k is not None or not grid:
-            self.k_ = min(int(self.k or DEFAULT_K), len(Z))
-            self.cv_rewards_ = {}
-        else:
-            self.k_, self.cv_rewards_ = self._cross_validate(Z, U, grid)
-        self.centroids, labels = kmeans(Z, self.k_, seed=self.seed)
+        # one thread: the search is hundreds of small k-means fits, and on a few (shared) cores BLAS and OpenMP
+        # threads spin more than they compute (2,434 MMLU-Pro training rows on 2 loaded cores: 16.4 s of CPU with
+        # the default threads, 1.6 s on one, same k; bench/select_kinds.py)
+        with threadpool_limits(1):
+            if self.k is not None or not grid:
+                self.k_ = min(int(self.k or DEFAULT_K), len(Z))
+                self.cv_rewards_ = {}
+            else:
+                self.k_, self.cv_rewards_ = self._cross_validate(Z, U, grid)
+            self.centroids, labels = kmeans(Z, self.k_, seed=self.seed)
         self.S = cluster_scores(labels, U, len(self.centroids), self.prior)
         self.val_reward_ = None
         if X_val is not None and R_val is not None and len(X_val) > 0:
@@ -157,23 +143,19 @@ class ClusterRouter:
         return self
 
     def _cross_validate(self, Z: np.ndarray, U: np.ndarray, grid: list[int]) -> tuple[int, dict[int, float]]:
-        """(k by the one-standard-error rule, {k: out-of-fold reward}) over `folds` seeded folds of the rows."""
-        fold = np.random.default_rng(self.seed).permutation(len(Z)) % self.folds
+        """(k by the one-standard-error rule, {k: out-of-fold reward}) over `folds` seeded folds of the rows
+        (scikit-learn's `KFold`, shuffled with `seed`)."""
         oof = {k: np.empty(len(Z)) for k in grid}
-        for f in range(self.folds):
-            fit, held = fold != f, fold == f
+        for fit, held in KFold(self.folds, shuffle=True, random_state=self.seed).split(Z):
             for k in grid:
                 C, labels = kmeans(Z[fit], k, seed=self.seed)
-                pick = cluster_scores(labels, U[fit], len(C), self.prior)[_sq_dist(Z[held], C).argmin(axis=1)]
-                oof[k][held] = U[held][np.arange(int(held.sum())), pick.argmax(axis=1)]
-        means = {k: float(v.mean()) for k, v in oof.items()}
-        top = max(grid, key=lambda k: (means[k], -k))
-        se = {k: float((oof[k] - oof[top]).std() / np.sqrt(len(Z))) for k in grid}
-        return min(k for k in grid if means[k] >= means[top] - se[k]), means
+                pick = cluster_scores(labels, U[fit], len(C), self.prior)[nearest(Z[held], C)].argmax(axis=1)
+                oof[k][held] = U[held, pick]
+        return one_standard_error(oof), {k: float(v.mean()) for k, v in oof.items()}
 
     def assign(self, X: np.ndarray) -> np.ndarray:
         """Index of each query's nearest centroid."""
-        return _sq_dist(_normalise(X), self.centroids).argmin(axis=1)
+        return nearest(_normalise(X), self.centroids)
 
     def scores(self, X: np.ndarray) -> np.ndarray:
         """(n, K): the (shrunk) mean training reward of each agent in the query's cluster."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.progress import phase_progress
+from pipeline.core.progress import PhaseSteps, phase_progress
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.routers import Router
 from pipeline.route.train import PromptRows, Selection
@@ -65,9 +65,15 @@ def fit_kind(kind: str, agents: list[str], train: PromptRows, val: PromptRows | 
 
 
 def fit_candidates(kinds: list[str], head: Router, agents: list[str], train: PromptRows,
-                   val: PromptRows | None) -> dict[str, Router]:
-    """{kind: fitted router}: the trained head as given, every other kind fitted the way `KnnRouter` is."""
-    return {k: head if k == "head" else fit_kind(k, agents, train, val) for k in kinds}
+                   val: PromptRows | None, step=None) -> dict[str, Router]:
+    """{kind: fitted router}: the trained head as given, every other kind fitted the way `KnnRouter` is; `step()`
+    (a `PhaseSteps`, or None) after each kind fitted here."""
+    out = {}
+    for k in kinds:
+        out[k] = head if k == "head" else fit_kind(k, agents, train, val)
+        if step is not None and k != "head":  # the trained head is given: no step of this phase
+            step()
+    return out
 
 
 def validation_rewards(routers: dict[str, Router], X_val: np.ndarray, U_val: np.ndarray) -> dict[str, float]:
@@ -100,12 +106,14 @@ def dev_folds(train: np.ndarray, val: np.ndarray, folds: int = 5, seed: int = 0)
     (pipeline/route/fit.py) and the cascade's plans (pipeline/route/cascade_fit.py)."""
     if int(folds) < 2:
         raise RouterLiteError(f"cross-fitting needs at least 2 folds, got {folds}")
+    from sklearn.model_selection import PredefinedSplit
+
     dev = np.flatnonzero(train | val)
-    fold = np.random.default_rng(seed).permutation(len(dev)) % int(folds)
     out = []
-    for f in range(int(folds)):
+    # the seeded cut of row i into fold perm[i] % folds, as a scikit-learn splitter (same rows per fold as before)
+    for _, rows in PredefinedSplit(np.random.default_rng(seed).permutation(len(dev)) % int(folds)).split():
         held = np.zeros(len(train), bool)
-        held[dev[fold == f]] = True
+        held[dev[rows]] = True
         out.append((held, train & ~held, val & ~held))
     return out
 
@@ -116,13 +124,18 @@ def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], rows: Pro
     (`selection`'s folds and seed; see the module docstring); -1 on the other rows. `train_head_fn(rows_train,
     rows_val)` returns the head fitted on those row masks (the lineage's trainer and config)."""
     oof = {k: np.full(len(rows.R), -1, np.int64) for k in kinds}
-    progress = phase_progress(f"cross-fitting {len(kinds)} router kind(s)", "folds", log)
-    for f, (held, tr, va) in enumerate(dev_folds(train, val, selection.folds, selection.seed)):
+    # one step per kind and fold (the head's training its own): a fold of a large matrix takes tens of seconds
+    step = PhaseSteps(phase_progress(f"cross-fitting {len(kinds)} router kind(s) x {selection.folds} folds", "fits",
+                                     log), len(kinds) * int(selection.folds))
+    for held, tr, va in dev_folds(train, val, selection.folds, selection.seed):
         head = train_head_fn(tr, va) if "head" in kinds else None
-        routers = fit_candidates(kinds, head, agents, rows.take(tr), rows.take_any(va))
-        for k, r in routers.items():
-            oof[k][held] = np.asarray(r.pick(rows.X[held]))
-        progress(f + 1, int(selection.folds))
+        if head is not None:
+            step()
+        routers = fit_candidates([k for k in kinds if k != "head"], None, agents, rows.take(tr), rows.take_any(va),
+                                 step)
+        for k, r in {"head": head, **routers}.items():
+            if k in kinds:
+                oof[k][held] = np.asarray(r.pick(rows.X[held]))
     return oof
 
 
@@ -172,8 +185,10 @@ def choose_router(cfg, head: Router, arrays, X: np.ndarray):
     has_val = bool(val.any())
     U = effective_rewards(R, B)
     kinds = candidate_kinds()
-    routers = fit_candidates(kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router], head, agents,
-                             rows.take(train), rows.take_any(val))
+    fitted = kinds if cfg.router in (AUTO, *kinds) else [*kinds, cfg.router]
+    routers = fit_candidates(fitted, head, agents, rows.take(train), rows.take_any(val),
+                             PhaseSteps(phase_progress("fitting the prompt router kinds", "kinds", log),
+                                        sum(k != "head" for k in fitted)))
     allowed = {k: r for k, r in routers.items() if cfg.router in (AUTO, k)}
     crossfit = oof = None
     compete = cfg.select == "crossfit" and len(allowed) > 1
