@@ -644,11 +644,10 @@ def _format_guess(reg, profile):
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
     if not want:
         return None
-    defs = lineage.definitions(profile)  # built once for both reads (a few seconds: only a cascade needs it)
-    emb = lineage.load("prompt_embeddings", defs=defs, default=None)
+    emb = lineage.read("prompt_embeddings", profile, default=None)
     if emb is None or frame_version(emb) != want:
         return None
-    pool = lineage.load("task_pool", defs=defs, default=None)
+    pool = lineage.read("task_pool", profile, default=None)
     if pool is None:
         return None
     pool = pool[["task_id", "grader", "split", "ood"]]
