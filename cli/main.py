@@ -676,12 +676,8 @@ def _serve_settings(args, profile, target: str | None = None):
     """The endpoint's ServeSettings from the profile's collection settings and the command's options."""
     from pipeline.serve.settings import ServeSettings
 
-    return ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
-                                         max_messages=args.max_messages, max_batch=args.max_batch,
-                                         batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
-                                         max_idle_per_client=args.max_idle_per_client,
-                                         reserved_connections=args.reserved_connections,
-                                         default_target=target, metrics=not args.no_metrics)
+    return ServeSettings.from_collection(profile.collection, default_target=target, metrics=not args.no_metrics,
+                                         **{name: getattr(args, name) for name in SERVE_OPTIONS})
 
 
 def _serve_workers(args) -> int:
@@ -827,6 +823,11 @@ TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship
                  "router", "operating_points", "folds")
 
 
+# the `ServeSettings` options `router-lite serve` takes: defaults and help are ServeSettings' own (its docstring table)
+SERVE_OPTIONS = ("max_body_bytes", "max_messages", "max_batch", "batch_wait_ms", "max_connections",
+                 "max_idle_per_client", "reserved_connections")
+
+
 # where TrainConfig's meaning names fields the command line does not take, its short form for --help
 CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start's score spread per agent (an absolute "
                          "step when the start is all zeros; docs/training.md, TrainConfig.sigma0).",
@@ -835,18 +836,25 @@ CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start'
 
 
 def _add_train_options(p) -> None:
+    from pipeline.route.train import TrainConfig
+
+    _add_config_options(p, TrainConfig, TRAIN_OPTIONS, CLI_MEANING)
+
+
+def _add_config_options(p, cls, names, short: dict | None = None) -> None:
+    """Options `--name` for the fields `names` of the dataclass `cls`, with the field's default and the meaning its
+    docstring table gives (`short`: a shorter meaning for the command line, by name)."""
     import dataclasses
 
     from pipeline.core.config import option_table
-    from pipeline.route.train import TrainConfig
 
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    meaning = {name: text for name, _, text in option_table(TrainConfig)}
-    for name in TRAIN_OPTIONS:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    meaning = {name: text for name, _, text in option_table(cls)}
+    for name in names:
         f = fields[name]
         kind = {"int": int, "float": float, "int | None": int, "str": str}[str(f.type)]
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
-                       help=CLI_MEANING.get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
+                       help=(short or {}).get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
 
 
 def _add_route_command(sub) -> None:
@@ -906,10 +914,6 @@ def _add_serve_command(sub) -> None:
                    help="backbone dtype: auto (float16 on CUDA; on the CPU bfloat16 where it has bf16 units, else "
                         "float32) | float32 | float16 | bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                   help="largest request body; a larger one gets 400 body_too_large (default: %(default)s)")
-    p.add_argument("--max-messages", type=int, default=64,
-                   help="most messages in one request; more get 400 (default: %(default)s)")
     p.add_argument("--target", default=None, help=TARGET_HELP.replace("max-quality (default)", "max-quality")
                    + " when a request names none (header X-Router-Target or body field router_target; default: the "
                      "profile's serve.target, quality>=0.98 in the shipped profiles)")
@@ -917,20 +921,12 @@ def _add_serve_command(sub) -> None:
                    help="one JSON line per request (request id, router, target, agents called, cost, latency, "
                         "status) to FILE; default: stderr; `off`: none")
     p.add_argument("--log-prompts", action="store_true", help="the access log carries each request's prompt text")
-    p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0,
-                   help="how long a new prompt waits for others to batch with (0: no wait)")
     p.add_argument("--workers", type=int, default=None,
                    help=f"server processes behind the one port, each with its own backbone and batcher (default "
                         f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
-    p.add_argument("--max-connections", type=int, default=1024,
-                   help="connections open at once; beyond, the oldest idle one is answered 429, else 503 with "
-                        "Retry-After (docs/serving.md, Limits)")
-    p.add_argument("--max-idle-per-client", type=int, default=128,
-                   help="connections waiting for a request per client address (raise it behind a proxy: every "
-                        "client then has the proxy's address)")
-    p.add_argument("--reserved-connections", type=int, default=64,
-                   help="slots idle connections never take: kept for requests with a complete head")
+    from pipeline.serve.settings import ServeSettings
+
+    _add_config_options(p, ServeSettings, SERVE_OPTIONS)
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     _add_client_key_options(p)
     p.add_argument("--follow-interval", type=float, default=DEFAULT_FOLLOW_INTERVAL_S, metavar="S",
