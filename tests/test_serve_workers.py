@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _children(pid: int) -> list[int]:
+    """The worker processes of `pid` (uvicorn's supervisor spawns them with multiprocessing, whose resource tracker
+    is a child too)."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
     except OSError:
         return []
 
