@@ -574,8 +574,8 @@ def _guarded(app, args, keyring, allowed):
 def _take_stop_signals() -> None:
     """A server stops on SIGTERM and Ctrl-C whatever it inherited: a signal mask survives exec, so a parent that
     started it with them blocked (a thread inside a multiprocessing helper's spawn, a supervisor) would have a
-    supervisor's SIGTERM held forever; an ignored one (a shell's `&`) is restored. uvicorn, and `_serve_workers`,
-    install their handlers after this."""
+    supervisor's SIGTERM held forever; an ignored one (a shell's `&`) is restored. uvicorn (its server, or its
+    supervisor of --workers N, whose workers inherit the mask) installs its handlers after this."""
     import signal
 
     stop = (signal.SIGTERM, signal.SIGINT)

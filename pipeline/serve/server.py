@@ -1,6 +1,7 @@
 """Running the app: `serve_in_thread(app)` under uvicorn on a loopback port in a daemon thread (tests, benchmarks)
 with the connection limits of the app's `ServeSettings` (`RouterServer`); `router-lite serve` (cli/main.py) runs it
-in the foreground, after `return_big_buffers_to_the_os`."""
+in the foreground, after `return_big_buffers_to_the_os`, and `serve --workers N` in N processes under uvicorn's
+supervisor (`Workers`, `WorkerConfig`), each worker stopped by the kernel with it (`die_with_parent`)."""
 from __future__ import annotations
 
 import errno
