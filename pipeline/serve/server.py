@@ -110,13 +110,15 @@ class Workers(Multiprocess):
         return 1 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
 
     def keep_subprocess_alive(self) -> None:
-        before = {p.pid for p in self.processes}
+        before = list(self.processes)
         super().keep_subprocess_alive()
-        for pid in before - {p.pid for p in self.processes}:
+        for gone in set(before) - set(self.processes):
+            print(f"router-lite serve: worker {gone.pid} exited with {gone.exitcode}; a new worker replaces it",
+                  file=sys.stderr, flush=True)
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # its live gauges would count on (metrics.py)
                 from prometheus_client import multiprocess
 
-                multiprocess.mark_process_dead(pid)
+                multiprocess.mark_process_dead(gone.pid)
         while self.reports.poll():  # every worker reports (a restarted one too): the first is printed
             report = self.reports.recv()
             self.report = self.report or report
