@@ -419,6 +419,8 @@ def _serve_setup(args):
     use_override(args)
     profile = load_profile(args.profile)
     bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
+    if args.workers == 1 or args.worker:  # this process serves: its grading worker starts now, beside the loading
+        bounded.warm_up()
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
     pool.require_key("serve")  # every request calls the pool: a missing key fails first, naming the variable
@@ -433,11 +435,9 @@ def _serve_setup(args):
 
 def _serve_app(args, served, port: int):
     """(the app of `serve`, loaded: backbone, format guess, follower, client keys; its startup lines)."""
-    from pipeline.collect import bounded
     from pipeline.serve.app import build_app
     from pipeline.serve.server import return_big_buffers_to_the_os
 
-    bounded.warm_up()  # the grading worker starts with the process that serves
     if args.threads:
         import torch
 
