@@ -47,6 +47,22 @@ def load(asset: str, profile=None, home: str | None = None, partition: str | Non
         return default
 
 
+def read(asset: str, profile, default=_RAISE):
+    """An unpartitioned asset of the default IO manager (`resources.storage.ParquetIOManager`: task_pool,
+    prompt_embeddings, ...) of `profile` (a loaded Profile) on $ROUTER_LITE_HOME, read as that IO manager reads it
+    but without the Definitions (importing and building them takes seconds: `serve` reads two such assets at start
+    and in each worker); `default` when it has not been materialised, if given."""
+    from pipeline.core.errors import RouterLiteError
+    from resources.storage import home_of, read_asset
+
+    try:
+        return read_asset(home_of(profile), asset)
+    except RouterLiteError:
+        if default is _RAISE:
+            raise
+        return default
+
+
 def store(defs, asset: str, value, partition: str | None = None) -> None:
     """Write `value` as `asset` (one partition of it) through the asset's own IO manager, as a run would."""
     from dagster import AssetKey, build_output_context

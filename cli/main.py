@@ -392,22 +392,34 @@ def cmd_serve(args) -> int:
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import socket
-
-    from pipeline.profile import load_profile
-    from pipeline.serve.app import build_app
-    from pipeline.serve.server import bind_listener, return_big_buffers_to_the_os
-    from resources.pool import PoolResource
+    from pipeline.serve.server import bind_listener
 
     _check_serve_args(args)
-    keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
     _take_stop_signals()
+    served = _serve_setup(args)  # every check: a bad input fails before anything listens or loads
+    # bind before the backbone loads: a taken port is one line at once (--workers N: the workers serve this socket)
+    sock = bind_listener(args.host, args.port)
+    if args.workers > 1:
+        return _serve_workers(args, served.settings, sock)
+    app, lines = _serve_app(args, served, sock.getsockname()[1])
+    print("".join(line + "\n" for line in lines), end="", file=sys.stderr, flush=True)
+    return _run_uvicorn(app, sock, served.settings, args.verbose)
+
+
+def _serve_setup(args):
+    """What `serve` serves, checked (the client keys, the profile, its pool and key, the router, the target, the
+    settings): in `serve` before anything listens, and again in each worker of `--workers N`."""
+    import types
+
+    from pipeline.collect import bounded
+    from pipeline.profile import load_profile
+    from resources.pool import PoolResource
+
+    keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
     use_override(args)
     profile = load_profile(args.profile)
-    from pipeline.collect import bounded
-
     bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
-    if args.workers == 1 or args.fd is not None:  # this process serves: its grading worker starts with it
+    if args.workers == 1 or args.worker:  # this process serves: its grading worker starts now, beside the loading
         bounded.warm_up()
     pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
                         key_hosts=list(profile.pool.key_hosts))
@@ -417,43 +429,61 @@ def cmd_serve(args) -> int:
     pool.check(agents, needed_by="serve")
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
     _check_guard(args, keyring, allowed, target)
-    if args.workers > 1 and args.fd is None:  # the router, target, profile and pool are checked: start the workers
-        return _serve_workers(args)
-    # bind before the backbone loads: a taken port is one line at once (a worker serves its parent's socket)
-    sock = socket.socket(fileno=args.fd) if args.fd is not None else bind_listener(args.host, args.port)
+    return types.SimpleNamespace(profile=profile, pool=pool, reg=reg, stands_for=stands_for, agents=agents,
+                                 wider=wider, settings=settings, keyring=keyring, allowed=allowed)
+
+
+def _serve_app(args, served, port: int):
+    """(the app of `serve`, loaded: backbone, format guess, follower, client keys; its startup lines)."""
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import return_big_buffers_to_the_os
+
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    reg, profile, pool, agents, wider = served.reg, served.profile, served.pool, served.agents, served.wider
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     formats = _format_guess(reg, profile) if reg.needs_grader else None
     follow = _pointer_follower(args, profile)
-    app = build_app(reg, bb, agents, pool.client_for, settings, formats=formats, log_prompts=args.log_prompts,
+    app = build_app(reg, bb, agents, pool.client_for, served.settings, formats=formats, log_prompts=args.log_prompts,
                     follow=follow)
-    app, keys_line = _guarded(app, args, keyring, allowed)
+    app, keys_line = _guarded(app, args, served.keyring, served.allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
-    banner = (f"router-lite serve: {stands_for}; {len(agents) - len(wider)} agents of pool {pool.pool!r} ({pool.kind})"
-              + (f" and {len(wider)} more of its wider pool {profile.pool.wide_name!r}" if wider else "") + " on "
-              f"http://{args.host}:{sock.getsockname()[1]}/v1 (backbone {bb.model_id} on {bb.device})"
+    banner = (f"router-lite serve: {served.stands_for}; {len(agents) - len(wider)} agents of pool {pool.pool!r} "
+              f"({pool.kind})" + (f" and {len(wider)} more of its wider pool {profile.pool.wide_name!r}" if wider
+                                  else "") + f" on http://{args.host}:{port}/v1 (backbone {bb.model_id} on {bb.device})"
               + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
                  f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
               + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""))
-    _announce(args, [*keys_line, banner])
-    return _run_uvicorn(app, sock, settings, args.verbose)
+    return app, [*keys_line, banner]
 
 
-def _announce(args, lines: list[str]) -> None:
-    """The startup lines, once: printed here, or by a worker of `serve --workers N` handed to its supervisor on the
-    pipe it reports ready on (`--ready-fd`), which prints one worker's lines once every worker is ready."""
-    import contextlib
+def serve_worker_app(args, reports):
+    """uvicorn's app factory in each worker process of `serve --workers N` (pipeline/serve/server.py `Workers`): the
+    app of `serve`, set up again from its checked arguments, its startup lines sent on `reports` to the supervisor.
+    A failure is one line (a bug: its traceback) and uvicorn's startup-failure exit, on which the supervisor stops
+    the others instead of restarting it."""
+    import multiprocessing
+    import traceback
 
-    text = "".join(line + "\n" for line in lines)
-    if args.ready_fd is None:
-        print(text, end="", file=sys.stderr, flush=True)
-        return
-    with contextlib.suppress(OSError), os.fdopen(args.ready_fd, "w", encoding="utf-8") as ready:
-        ready.write(text)  # a supervisor already gone: this worker gets its SIGTERM (die_with_parent)
+    from uvicorn.config import STARTUP_FAILURE
+
+    from pipeline.serve.server import die_with_parent
+
+    die_with_parent(multiprocessing.parent_process().pid)  # no orphan on the port, however the supervisor dies
+    _logging(args.verbose)
+    try:
+        app, lines = _serve_app(args, _serve_setup(args), args.port)
+    except Exception as exc:
+        if isinstance(exc, RouterLiteError) and not debug_enabled():
+            print(f"router-lite: error: {one_line(exc)}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
+        sys.exit(STARTUP_FAILURE)
+    reports.send("".join(line + "\n" for line in lines))  # one write under PIPE_BUF: whole
+    return app
 
 
 def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
@@ -504,7 +534,7 @@ def _client_keys(args):
             raise RouterLiteError(f"--host {args.host} is reachable beyond this machine and no client keys are set: "
                                   f"pass --api-keys FILE (or {KEYS_ENV}), or --allow-unauthenticated to let every "
                                   "client spend")
-        if args.fd is None:  # the supervisor of `--workers N` says it, not each worker again
+        if not args.worker:  # `serve` says it, not each worker of --workers N again
             print(f"router-lite serve: warning: binding {args.host} without client keys (--allow-unauthenticated): "
                   "every client may spend", file=sys.stderr)
     if keyring is None and args.ledger:
@@ -526,7 +556,7 @@ def _check_guard(args, keyring, allowed, target) -> None:
     if allowed and parse_target(target).name not in allowed:
         raise RouterLiteError(f"the default target {parse_target(target).name} is not among --allowed-targets "
                               f"({', '.join(allowed)}): pass --target with one of them")
-    if keyring is not None and args.fd is None:
+    if keyring is not None and not args.worker:
         SpendLedger(_ledger_url(args)).close()
 
 
@@ -544,8 +574,8 @@ def _guarded(app, args, keyring, allowed):
 def _take_stop_signals() -> None:
     """A server stops on SIGTERM and Ctrl-C whatever it inherited: a signal mask survives exec, so a parent that
     started it with them blocked (a thread inside a multiprocessing helper's spawn, a supervisor) would have a
-    supervisor's SIGTERM held forever; an ignored one (a shell's `&`) is restored. uvicorn, and `_serve_workers`,
-    install their handlers after this."""
+    supervisor's SIGTERM held forever; an ignored one (a shell's `&`) is restored. uvicorn (its server, or its
+    supervisor of --workers N, whose workers inherit the mask) installs its handlers after this."""
     import signal
 
     stop = (signal.SIGTERM, signal.SIGINT)
@@ -644,11 +674,10 @@ def _format_guess(reg, profile):
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
     if not want:
         return None
-    defs = lineage.definitions(profile)  # built once for both reads (a few seconds: only a cascade needs it)
-    emb = lineage.load("prompt_embeddings", defs=defs, default=None)
+    emb = lineage.read("prompt_embeddings", profile, default=None)
     if emb is None or frame_version(emb) != want:
         return None
-    pool = lineage.load("task_pool", defs=defs, default=None)
+    pool = lineage.read("task_pool", profile, default=None)
     if pool is None:
         return None
     pool = pool[["task_id", "grader", "split", "ood"]]
@@ -677,74 +706,31 @@ def _serve_settings(args, profile, target: str | None = None):
     """The endpoint's ServeSettings from the profile's collection settings and the command's options."""
     from pipeline.serve.settings import ServeSettings
 
-    return ServeSettings.from_collection(profile.collection, max_body_bytes=args.max_body_bytes,
-                                         max_messages=args.max_messages, max_batch=args.max_batch,
-                                         batch_wait_ms=args.batch_wait_ms, max_connections=args.max_connections,
-                                         max_idle_per_client=args.max_idle_per_client,
-                                         reserved_connections=args.reserved_connections,
-                                         default_target=target, metrics=not args.no_metrics)
+    return ServeSettings.from_collection(profile.collection, default_target=target, metrics=not args.no_metrics,
+                                         **{name: getattr(args, name) for name in SERVE_OPTIONS})
 
 
-def _serve_workers(args) -> int:
-    """`serve --workers N`: bind the port once, start N `serve` processes that each load the head and backbone and
-    accept on that one socket (the kernel hands each new connection to one of them), and stop them all when one
-    exits or on SIGTERM / Ctrl-C. Each worker's backend gets cores / N threads unless --threads says otherwise."""
+def _serve_workers(args, settings, sock) -> int:
+    """`serve --workers N`: N processes under uvicorn's supervisor (pipeline/serve/server.py `Workers`) that each
+    build the app (`serve_worker_app`) and accept on the one socket bound here (the kernel hands each new connection
+    to one of them); their metrics in files of one folder, summed by /metrics. Each worker's backend gets cores / N
+    threads unless --threads says otherwise."""
     import contextlib
-    import signal
-    import subprocess
+    import functools
+    import multiprocessing
 
     from pipeline.serve.metrics import multiprocess_dir
-    from pipeline.serve.server import WorkerReports, bind_listener, spawn_worker
+    from pipeline.serve.server import WorkerConfig, Workers
 
-    sock = bind_listener(args.host, args.port)  # taken -> one RouterLiteError line, exit 2
-    metrics_dir = contextlib.ExitStack()  # the workers' metrics in files of one folder, summed by /metrics
-    if not args.no_metrics:
-        metrics_dir.enter_context(multiprocess_dir())
-    sock.set_inheritable(True)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    # the same command; the later --workers / --threads win, --fd hands over the socket
-    cmd = [sys.executable, "-m", "cli.main", *args.argv, "--workers", "1", "--fd", str(sock.fileno()),
-           "--threads", str(threads)]
-    # each worker gets SIGTERM from the kernel when this process dies, even by SIGKILL: no orphans on the port;
-    # each reports its startup lines on a pipe of its own once it is ready, and they are printed once, for all
-    reports = WorkerReports()
-    procs = [reports.started(lambda w: spawn_worker([*cmd, "--ready-fd", str(w)], sock.fileno(), w))
-             for _ in range(args.workers)]
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    rc = 0
-    try:
-        while any(p.poll() is None for p in procs):
-            for p in procs:
-                if p.poll() is not None and not stopping:
-                    rc = p.returncode or 1
-                    print(f"router-lite serve: worker {p.pid} exited with {p.returncode}; stopping the others",
-                          file=sys.stderr, flush=True)
-                    stop()
-            ready = reports.poll(0.2)
-            if ready is not None:
-                print(f"{ready.rstrip()}; {args.workers} worker processes (pids {', '.join(str(p.pid) for p in procs)}"
-                      f", {threads} backend thread(s) each)", file=sys.stderr, flush=True)
-    finally:
-        reports.close()
-        stop()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        sock.close()
-        metrics_dir.close()
-    return 0 if stopping and rc == 0 else rc
+    worker = argparse.Namespace(**{**vars(args), "port": sock.getsockname()[1], "threads": threads, "worker": True})
+    reports, reporter = multiprocessing.Pipe(duplex=False)  # (a Queue would start multiprocessing's resource tracker)
+    config = WorkerConfig(functools.partial(serve_worker_app, worker, reporter), settings, workers=args.workers,
+                          log_level="info" if args.verbose else "warning", access_log=bool(args.verbose))
+    with contextlib.ExitStack() as stack:
+        if not args.no_metrics:
+            stack.enter_context(multiprocess_dir())  # the workers inherit PROMETHEUS_MULTIPROC_DIR
+        return Workers(config, sock, reports, threads).serve()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -828,6 +814,11 @@ TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship
                  "router", "operating_points", "folds")
 
 
+# the `ServeSettings` options `router-lite serve` takes: defaults and help are ServeSettings' own (its docstring table)
+SERVE_OPTIONS = ("max_body_bytes", "max_messages", "max_batch", "batch_wait_ms", "max_connections",
+                 "max_idle_per_client", "reserved_connections")
+
+
 # where TrainConfig's meaning names fields the command line does not take, its short form for --help
 CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start's score spread per agent (an absolute "
                          "step when the start is all zeros; docs/training.md, TrainConfig.sigma0).",
@@ -836,20 +827,27 @@ CLI_MEANING = {"sigma0": "Initial CMA-ES step size, in units of the ridge start'
 
 
 def _add_train_options(p) -> None:
+    from pipeline.route.train import TrainConfig
+
+    _add_config_options(p, TrainConfig, TRAIN_OPTIONS, CLI_MEANING)
+
+
+def _add_config_options(p, cls, names, short: dict | None = None) -> None:
+    """Options `--name` for the fields `names` of the dataclass `cls`, with the field's default and the meaning its
+    docstring table gives (`short`: a shorter meaning for the command line, by name)."""
     import dataclasses
     import typing
 
     from pipeline.core.config import option_table
-    from pipeline.route.train import TrainConfig
 
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    hints = typing.get_type_hints(TrainConfig)  # the plain types under the YAML ones (`Int` is an int, ...)
-    meaning = {name: text for name, _, text in option_table(TrainConfig)}
-    for name in TRAIN_OPTIONS:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)  # the plain types under the YAML ones (`Int` is an int, ...)
+    meaning = {name: text for name, _, text in option_table(cls)}
+    for name in names:
         f = fields[name]
         kind = next(t for t in (int, float, str) if t in (hints[name], *typing.get_args(hints[name])))
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=f.default,
-                       help=CLI_MEANING.get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
+                       help=(short or {}).get(name, meaning[name]).replace("%", "%%") + " (default: %(default)s)")
 
 
 def _add_route_command(sub) -> None:
@@ -909,10 +907,6 @@ def _add_serve_command(sub) -> None:
                    help="backbone dtype: auto (float16 on CUDA; on the CPU bfloat16 where it has bf16 units, else "
                         "float32) | float32 | float16 | bfloat16")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for embedding (0: torch's default)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                   help="largest request body; a larger one gets 400 body_too_large (default: %(default)s)")
-    p.add_argument("--max-messages", type=int, default=64,
-                   help="most messages in one request; more get 400 (default: %(default)s)")
     p.add_argument("--target", default=None, help=TARGET_HELP.replace("max-quality (default)", "max-quality")
                    + " when a request names none (header X-Router-Target or body field router_target; default: the "
                      "profile's serve.target, quality>=0.98 in the shipped profiles)")
@@ -920,29 +914,19 @@ def _add_serve_command(sub) -> None:
                    help="one JSON line per request (request id, router, target, agents called, cost, latency, "
                         "status) to FILE; default: stderr; `off`: none")
     p.add_argument("--log-prompts", action="store_true", help="the access log carries each request's prompt text")
-    p.add_argument("--max-batch", type=int, default=32, help="prompts per embedding batch (1: no batching)")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0,
-                   help="how long a new prompt waits for others to batch with (0: no wait)")
     p.add_argument("--workers", type=int, default=None,
                    help=f"server processes behind the one port, each with its own backbone and batcher (default "
                         f"{DEFAULT_WORKERS}, at most the core count; docs/serving.md has the measurement)")
-    p.add_argument("--max-connections", type=int, default=1024,
-                   help="connections open at once; beyond, the oldest idle one is answered 429, else 503 with "
-                        "Retry-After (docs/serving.md, Limits)")
-    p.add_argument("--max-idle-per-client", type=int, default=128,
-                   help="connections waiting for a request per client address (raise it behind a proxy: every "
-                        "client then has the proxy's address)")
-    p.add_argument("--reserved-connections", type=int, default=64,
-                   help="slots idle connections never take: kept for requests with a complete head")
+    from pipeline.serve.settings import ServeSettings
+
+    _add_config_options(p, ServeSettings, SERVE_OPTIONS)
     p.add_argument("--grading-budget-ms", type=float, default=None, help=GRADING_BUDGET_HELP)
     _add_client_key_options(p)
     p.add_argument("--follow-interval", type=float, default=DEFAULT_FOLLOW_INTERVAL_S, metavar="S",
                    help="without --head: check registry/latest.json every S seconds and swap in the router it "
                         "names without a restart (default %(default)g; 0: do not follow)")
     p.add_argument("--no-metrics", action="store_true", help="no GET /metrics (and no series recorded)")
-    p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited listening socket
-    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # where a worker says it is ready
-    p.set_defaults(fn=cmd_serve)
+    p.set_defaults(fn=cmd_serve, worker=False)  # worker: in a worker process of --workers N
 
 
 def _add_promotion_commands(sub) -> None:
@@ -959,17 +943,20 @@ def _add_promotion_commands(sub) -> None:
         p.set_defaults(fn=fn)
 
 
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers N` starts N of the same command
     # the console shows our progress lines (rate, ETA); transformers' per-load weight bars are noise there
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # --debug is read deeper down (cli/run.py, one_line), for this command only
     flags = {"ROUTER_LITE_DEBUG": "1"} if args.debug else {}
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "openai", "httpcore", "alembic"):  # one line per HTTP request is noise at INFO
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    _logging(args.verbose)
     with environ(**flags):
         try:
             return args.fn(args)

@@ -89,6 +89,19 @@ def asset_path(home: str | Path, asset: str, partition: str | None = None, suffi
     return Path(home).resolve() / "assets" / asset / f"{part}{suffix}"
 
 
+def read_asset(home: str | Path, asset: str, partition: str | None = None) -> Any:
+    """What `ParquetIOManager` stored as `asset` (one partition of it) in `home`: a DataFrame, or the JSON value; one
+    error naming the asset when it has not been materialised. A read without Dagster's Definitions."""
+    pq, js = asset_path(home, asset, partition), asset_path(home, asset, partition, ".json")
+    if pq.exists():
+        return pd.read_parquet(pq)
+    if js.exists():
+        return json.loads(js.read_text())
+    where = f" partition {partition!r}" if partition else ""
+    raise RouterLiteError(f"asset {asset!r}{where} has not been materialised yet ({pq} missing): materialise it "
+                          f"first (`router-lite run` or the Dagster UI)")
+
+
 class StorageResource(ConfigurableResource):
     """Paths of everything the pipeline writes: the profile's lineage under `home` (`profile_home`: the root of
     `ROUTER_LITE_HOME`, default ./.router-lite, or its profiles/<name>), the shared caches (`SHARED`) under `shared`
@@ -138,14 +151,7 @@ class ParquetIOManager(ConfigurableIOManager):
             atomic_write_json(obj, self._file(key, partition, ".json"))
 
     def _read(self, asset_key: list[str], partition: str | None) -> Any:
-        pq, js = self._file(asset_key, partition, ".parquet"), self._file(asset_key, partition, ".json")
-        if pq.exists():
-            return pd.read_parquet(pq)
-        if js.exists():
-            return json.loads(js.read_text())
-        where = f" partition {partition!r}" if partition else ""
-        raise RouterLiteError(f"asset {'/'.join(asset_key)!r}{where} has not been materialised yet ({pq} missing): "
-                              f"materialise it first (`router-lite run` or the Dagster UI)")
+        return read_asset(self.home, "/".join(asset_key), partition)
 
     def load_input(self, context: InputContext) -> Any:
         key = context.asset_key.path

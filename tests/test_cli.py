@@ -125,3 +125,27 @@ def test_every_option_of_every_command_has_help():
     walk(build_parser(), "router-lite")
     assert not missing, missing
     assert not dangling, dangling
+
+
+def test_serve_takes_its_defaults_and_help_from_serve_settings(capsys):
+    """`router-lite serve` repeats no ServeSettings default: the parser's defaults are the dataclass fields', its
+    help the docstring table's meaning, and the table's written defaults are the fields'."""
+    import ast
+    import dataclasses
+
+    from cli.main import SERVE_OPTIONS, build_parser
+    from pipeline.core.config import option_table
+    from pipeline.serve.settings import ServeSettings
+
+    args = build_parser().parse_args(["serve"])
+    fields = {f.name: f.default for f in dataclasses.fields(ServeSettings)}
+    assert {name: getattr(args, name) for name in SERVE_OPTIONS} == {name: fields[name] for name in SERVE_OPTIONS}
+    assert ServeSettings(**{name: getattr(args, name) for name in SERVE_OPTIONS}) == ServeSettings()
+    table = {name: (written, meaning) for name, written, meaning in option_table(ServeSettings)}
+    assert set(SERVE_OPTIONS) <= set(table)
+    assert all(ast.literal_eval(written) == fields[name] for name, (written, _) in table.items())
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name in SERVE_OPTIONS:
+        assert "--" + name.replace("_", "-") in help_text and " ".join(table[name][1].split()[:6]) in help_text

@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _children(pid: int) -> list[int]:
+    """The worker processes of `pid` (uvicorn's supervisor spawns them with multiprocessing, whose resource tracker
+    is a child too)."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
     except OSError:
         return []
 
@@ -169,3 +172,37 @@ def test_ctrl_c_stops_serve_without_a_traceback(tmp_path, workers, static_head_d
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_dead_worker_is_replaced_and_a_second_server_on_the_port_is_one_line(tmp_path, static_head_dir):
+    """uvicorn's supervisor starts a new worker in place of one that dies (before: the others were stopped and serve
+    exited); the port stays served, and a second `serve` on it is one error line, exit code 2."""
+    head_dir, prompts = static_head_dir
+    proc, port, lines = _start(head_dir, tmp_path)
+    try:
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and (len(_children(proc.pid)) < 2 or workers[0] in _children(proc.pid)):
+            assert proc.poll() is None, "".join(lines)
+            time.sleep(0.3)
+        now = _children(proc.pid)
+        assert len(now) == 2 and workers[1] in now and workers[0] not in now, "".join(lines)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": prompts[0]}]}, timeout=60)
+        assert r.status_code == 200, r.text
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
+        second = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
+                                 "mmlu_pro", "--port", str(port), "--workers", "2"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and second.stdout == "", second.stderr
+        assert second.stderr.splitlines() == [f"router-lite: error: cannot listen on 127.0.0.1:{port}: the port is in "
+                                              "use (another server, or workers of one that was killed?)"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert sum("router-lite serve: head " in ln for ln in lines) == 1, "".join(lines)  # not again for the new one

@@ -1,6 +1,7 @@
 """Running the app: `serve_in_thread(app)` under uvicorn on a loopback port in a daemon thread (tests, benchmarks)
 with the connection limits of the app's `ServeSettings` (`RouterServer`); `router-lite serve` (cli/main.py) runs it
-in the foreground, after `return_big_buffers_to_the_os`."""
+in the foreground, after `return_big_buffers_to_the_os`, and `serve --workers N` in N processes under uvicorn's
+supervisor (`Workers`, `WorkerConfig`), each worker stopped by the kernel with it (`die_with_parent`)."""
 from __future__ import annotations
 
 import errno
@@ -8,11 +9,15 @@ import os
 import socket
 import sys
 
+import uvicorn
+from uvicorn.supervisors.multiprocess import Multiprocess
+
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.http_server import LoopbackServer
 from pipeline.serve.settings import ServeSettings
 
 PR_SET_PDEATHSIG = 1
+WORKER_TIMEOUT_S = 60
 
 
 def return_big_buffers_to_the_os(threshold_bytes: int = 256 * 1024) -> bool:
@@ -50,82 +55,80 @@ def bind_listener(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
-def die_with_parent(sig: int = 15) -> None:
-    """In a child process (Popen's preexec_fn): have the kernel send it `sig` (SIGTERM) when its parent dies, so
-    `serve --workers N` leaves no orphan worker holding the port after the parent is killed (SIGKILL included).
-    Linux (prctl PR_SET_PDEATHSIG); elsewhere nothing. A parent that died already: the child stops at once."""
+def die_with_parent(parent: int, sig: int = 15) -> None:
+    """In a worker process of `serve --workers N`: have the kernel send it `sig` (SIGTERM) when its parent, the
+    supervisor of pid `parent`, dies, so no orphan worker holds the port after the supervisor is killed (SIGKILL
+    included: uvicorn's supervisor does not see to it). Linux (prctl PR_SET_PDEATHSIG); elsewhere nothing. A parent
+    that died already: the worker stops at once."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    parent = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent died between fork and prctl
+    if os.getppid() != parent:  # the parent died before prctl
         os.kill(os.getpid(), sig)
 
 
-def spawn_worker(cmd: list[str], *fds: int):
-    """A `serve --workers N` worker process running `cmd`, inheriting `fds` (the listening socket, the pipe it reports
-    ready on), that the kernel stops (SIGTERM) when this process dies, however it dies (`die_with_parent`)."""
-    import subprocess
+class WorkerConfig(uvicorn.Config):
+    """uvicorn's Config of `serve --workers N`: the app factory `app`, with the connection limits of `settings`.
+    It is pickled into each worker, where its guarded protocol class (made at run time, one per process: it holds
+    the idle-connection table) is made again."""
 
-    return subprocess.Popen(cmd, pass_fds=fds, preexec_fn=die_with_parent)
+    def __init__(self, app, settings: ServeSettings, **kw):
+        self.settings = settings
+        # a worker that answers no health ping for this long is replaced; SIGHUP's rolling restart waits as long
+        # for each new worker to load (seconds on a loaded CPU)
+        super().__init__(app, factory=True, timeout_worker_healthcheck=WORKER_TIMEOUT_S, **kw,
+                         **settings.uvicorn_options())
+
+    def __getstate__(self) -> dict:
+        return {**vars(self), "http": None}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self.http = self.settings.uvicorn_options()["http"]
 
 
-class WorkerReports:
-    """The supervisor's side of what each worker of `serve --workers N` reports once it is ready to serve (its
-    startup lines, on a pipe of its own that it then closes): `poll` hands back one worker's report once every worker
-    has reported, so the startup line is printed once, and when the whole server is ready."""
+class Workers(Multiprocess):
+    """uvicorn's supervisor of `serve --workers N` on the bound socket `sock`: it starts the workers, replaces one
+    that dies after it started, stops them all on SIGTERM / Ctrl-C (and when one fails to start), replaces them one
+    by one on SIGHUP. Added here: the startup lines (the first worker's report on the pipe `reports`) printed once,
+    when every worker is ready; a dead worker's metrics files retired."""
 
-    def __init__(self):
-        self.pending: dict[int, list[bytes]] = {}  # read end -> what came so far, until the worker closes it
-        self.reports: list[str] = []
-        self.expected = 0
-        self.told = False
+    def __init__(self, config: WorkerConfig, sock: socket.socket, reports, threads: int):
+        super().__init__(config, [sock])
+        self.reports, self.threads, self.report, self.told = reports, threads, None, False
 
-    def started(self, spawn):
-        """`spawn(write_fd)` -> the worker process, started with the write end of a new pipe (closed here after)."""
-        r, w = os.pipe()
-        try:
-            proc = spawn(w)
-        except BaseException:
-            os.close(r)
-            raise
-        finally:
-            os.close(w)
-        self.pending[r], self.expected = [], self.expected + 1
-        return proc
+    def serve(self) -> int:
+        """Run until stopped: 0, or 1 when a worker failed to start (its error line is printed)."""
+        from uvicorn.config import STARTUP_FAILURE
 
-    def poll(self, timeout_s: float) -> str | None:
-        """Read what the workers wrote within `timeout_s`; the first report once all are in (once), else None. A
-        worker that exits before it reports closes its pipe with nothing on it: no report, and none is printed."""
-        import select
-        import time
+        self.run()
+        return 1 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
 
-        if not self.pending:
-            time.sleep(timeout_s)
-        else:
-            for r in select.select(list(self.pending), [], [], timeout_s)[0]:
-                chunk = os.read(r, 65536)
-                if chunk:
-                    self.pending[r].append(chunk)
-                    continue
-                text = b"".join(self.pending.pop(r)).decode("utf-8", "replace")
-                os.close(r)
-                if text:
-                    self.reports.append(text)
-        if self.told or len(self.reports) < self.expected:
-            return None
+    def keep_subprocess_alive(self) -> None:
+        before = list(self.processes)
+        super().keep_subprocess_alive()
+        for gone in set(before) - set(self.processes):
+            print(f"router-lite serve: worker {gone.pid} exited with {gone.exitcode}; a new worker replaces it",
+                  file=sys.stderr, flush=True)
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # its live gauges would count on (metrics.py)
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(gone.pid)
+        while self.reports.poll():  # every worker reports (a restarted one too): the first is printed
+            report = self.reports.recv()
+            self.report = self.report or report
+        if self.told or self.report is None or self.should_exit.is_set() or \
+                not all(p.is_ready(timeout=1) for p in self.processes):
+            return
         self.told = True
-        return self.reports[0]
-
-    def close(self) -> None:
-        for r in self.pending:
-            os.close(r)
-        self.pending.clear()
+        print(f"{self.report.rstrip()}; {len(self.processes)} worker processes (pids "
+              f"{', '.join(str(p.pid) for p in self.processes)}, {self.threads} backend thread(s) each)",
+              file=sys.stderr, flush=True)
 
 
 class RouterServer(LoopbackServer):

@@ -14,20 +14,41 @@ SEED_RANGE = (-(1 << 63), (1 << 63) - 1)  # a signed 64-bit integer, as provider
 
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
-    max_body_bytes: int = 1 << 20  # 1 MiB
+    """The endpoint's settings; the options `router-lite serve` takes (their defaults and help come from here; pycma
+    style: option = default, meaning):
+
+    max_body_bytes = 1048576
+        Largest request body in bytes (1 MiB); a larger one gets 400 body_too_large.
+    max_messages = 64
+        Most messages in one request; more get 400.
+    max_batch = 32
+        Prompts per embedding batch (1: every prompt embedded alone, no batching).
+    batch_wait_ms = 2.0
+        How long a new prompt waits for others to batch with, in ms (0: no wait).
+    max_connections = 1024
+        Connections open at once; beyond, the oldest idle one is answered 429, else 503 with Retry-After
+        (docs/serving.md, Limits).
+    max_idle_per_client = 128
+        Connections waiting for a request per client address (raise it behind a proxy: every client then has the
+        proxy's address).
+    reserved_connections = 64
+        Slots idle connections never take: kept for requests with a complete head.
+    """
+
+    max_body_bytes: int = 1 << 20
     max_messages: int = 64
     max_json_depth: int = 32  # nesting of the request body (messages with content parts need 5)
     max_tokens_cap: int = 32768  # the largest max_tokens / max_completion_tokens forwarded (the CLI: the profile's)
     embed_cache_size: int = 1024  # prompts whose routing decision is kept (0 = no cache)
-    max_batch: int = 32  # prompts per embedding batch (1 = every request embedded alone: the unbatched path)
-    batch_wait_ms: float = 2.0  # how long the first request of a batch waits for others (0 = no wait)
+    max_batch: int = 32
+    batch_wait_ms: float = 2.0
     upstream_timeout_s: float = 180.0
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this (slowloris)
     body_timeout_s: float = 30.0  # ... and its body within this of the head
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # connections open at once; beyond: the oldest idle one is answered 429, else 503
-    max_idle_per_client: int = 128  # connections waiting for a request head per client address (oldest: 429)
-    reserved_connections: int = 64  # slots idle connections never take: kept for requests with a complete head
+    max_connections: int = 1024
+    max_idle_per_client: int = 128
+    reserved_connections: int = 64
     max_head_bytes: int = 16 * 1024  # request line + headers; more -> 431
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
     default_target: str | None = None  # operating point when a request names none (pipeline/route/targets.py)
