@@ -473,6 +473,14 @@ def serve_worker_app(args, reports):
     from pipeline.serve.server import die_with_parent
 
     die_with_parent(multiprocessing.parent_process().pid)  # no orphan on the port, however the supervisor dies
+    # tqdm (sentence-transformers' batch loop, disabled or not) would make a named multiprocessing lock, registered
+    # with the supervisor's resource tracker and never released at the worker's exit: "leaked semaphore objects" at
+    # every stop. A worker's bars never cross processes: a thread lock does.
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     _logging(args.verbose)
     try:
         app, lines = _serve_app(args, _serve_setup(args), args.port)

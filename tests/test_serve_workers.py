@@ -168,6 +168,7 @@ def test_ctrl_c_stops_serve_without_a_traceback(tmp_path, workers, static_head_d
         assert proc.wait(60) in (0, 130), "".join(lines)
         time.sleep(1.0)  # the reader thread takes the last lines
         assert not any("Traceback" in ln or "KeyboardInterrupt" in ln for ln in lines), "".join(lines)
+        assert not any("leaked semaphore" in ln for ln in lines), "".join(lines)  # a worker's tqdm lock, unreleased
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
