@@ -103,11 +103,12 @@ class Workers(Multiprocess):
         self.reports, self.threads, self.report, self.told = reports, threads, None, False
 
     def serve(self) -> int:
-        """Run until stopped: 0, or 1 when a worker failed to start (its error line is printed)."""
+        """Run until stopped: 0, or 2 when a worker failed to start: its one `router-lite: error:` line is printed,
+        and 2 is what that line means everywhere else in the CLI (one process, `serve --workers 1`, says the same)."""
         from uvicorn.config import STARTUP_FAILURE
 
         self.run()
-        return 1 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
+        return 2 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
 
     def keep_subprocess_alive(self) -> None:
         before = list(self.processes)
