@@ -115,3 +115,34 @@ def copy_home(src: Path, dst: Path, drop: tuple[str, ...] = (), symlinks: bool =
     shutil.copytree(src, dst, symlinks=symlinks, copy_function=link_cache,
                     ignore=lambda d, names: [n for n in names if d == str(src) and n in drop])
     return dst
+
+
+def two_cluster_head(registry_dir: Path, n: int):
+    """A registered synthetic head over two clusters of queries: on cluster A only the expensive agent is right, on
+    cluster B both are, the cheap one at 1/20 of the cost. (fit, registered path, X, cluster)."""
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.route import registry
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
+
+    rng = np.random.default_rng(1)
+    d = 8
+    cluster = rng.random(n) < 0.5
+    centres = np.zeros((2, d))
+    centres[0, 0], centres[1, 1] = 3, 3
+    X = (centres[cluster.astype(int)] + rng.normal(0, 0.3, (n, d))).astype(np.float32)
+    R = np.column_stack([np.ones(n), (~cluster).astype(float)])  # cluster True = A: cheap agent wrong
+    C = np.tile([0.02, 0.001], (n, 1))
+    names = ["expensive", "cheap"]
+    rewards = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "agent_order": [names] * n,
+                            "mean_reward": list(R), "mean_cost": list(C)})
+    split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
+    fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
+    path = registry.register(registry_dir, fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
+                                                                        fit.cost_scorer, fit.operating_points),
+                             backbone={"id": "synthetic", "key": "synthetic", "dim": d},
+                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
+                             metrics=fit.metrics)
+    return fit, path, X, cluster

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from _support import two_cluster_head
 from fault_server import FaultServer
 
 from pipeline.core.environ import environ as env
@@ -86,31 +87,9 @@ def one_line(rc: int, err: str, *must: str, max_len: int = 600) -> str:
 def world_files() -> Path:
     """A registered synthetic head with operating points (two clusters, an expensive and a cheap agent)."""
     import numpy as np
-    import pandas as pd
-
-    from pipeline.route import registry
-    from pipeline.route.fit import fit_router
-    from pipeline.route.train import TrainConfig
 
     root = Path(tempfile.mkdtemp(prefix="attack-world-"))
-    rng = np.random.default_rng(1)
-    n, d = 300, 8
-    cluster = rng.random(n) < 0.5
-    centres = np.zeros((2, d))
-    centres[0, 0], centres[1, 1] = 3, 3
-    X = (centres[cluster.astype(int)] + rng.normal(0, 0.3, (n, d))).astype(np.float32)
-    R = np.column_stack([np.ones(n), (~cluster).astype(float)])
-    C = np.tile([0.02, 0.001], (n, 1))
-    names = ["expensive", "cheap"]
-    rewards = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "agent_order": [names] * n,
-                            "mean_reward": list(R), "mean_cost": list(C)})
-    split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
-    fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
-    path = registry.register(root / "registry", fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
-                                                                             fit.cost_scorer, fit.operating_points),
-                             backbone={"id": "synthetic", "key": "synthetic", "dim": d},
-                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics)
+    _fit, path, X, _cluster = two_cluster_head(root / "registry", 300)
     np.save(root / "X.npy", X)
     return path
 

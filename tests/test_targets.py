@@ -3,12 +3,11 @@ and targets through the registry."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
+from _support import two_cluster_head
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.route import registry
-from pipeline.route.fit import fit_router
 from pipeline.route.ood import OODGuard
 from pipeline.route.targets import (
     PathRows,
@@ -19,7 +18,6 @@ from pipeline.route.targets import (
     request_target,
     resolve,
 )
-from pipeline.route.train import TrainConfig
 from pipeline.route.value import routellm_metrics
 
 
@@ -107,27 +105,9 @@ def test_routellm_metrics_perfect_and_random_predictor():
 
 
 def _matrix_world(tmp_path):
-    """Two clusters of queries: on cluster A only the expensive agent is right, on cluster B both are; the cheap
-    agent costs 1/20. So max-quality must pick the expensive agent on A (it is best single), and a cost target
-    must send cluster B to the cheap agent."""
-    rng = np.random.default_rng(1)
-    n, d = 600, 8
-    cluster = rng.random(n) < 0.5
-    centres = np.zeros((2, d))
-    centres[0, 0], centres[1, 1] = 3, 3
-    X = (centres[cluster.astype(int)] + rng.normal(0, 0.3, (n, d))).astype(np.float32)
-    R = np.column_stack([np.ones(n), (~cluster).astype(float)])  # cluster True = A: cheap agent wrong
-    C = np.tile([0.02, 0.001], (n, 1))
-    names = ["expensive", "cheap"]
-    rewards = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "agent_order": [names] * n,
-                            "mean_reward": list(R), "mean_cost": list(C)})
-    split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
-    fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
-    path = registry.register(tmp_path, fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
-                                                                    fit.cost_scorer, fit.operating_points),
-                             backbone={"id": "synthetic", "key": "synthetic", "dim": d},
-                             agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
-                             metrics=fit.metrics)
+    """Two clusters of queries (`two_cluster_head`): max-quality must pick the expensive agent on A (it is best
+    single), and a cost target must send cluster B to the cheap agent."""
+    fit, path, X, cluster = two_cluster_head(tmp_path, 600)
     return fit, registry.load(path), X, cluster
 
 
