@@ -174,16 +174,24 @@ def test_bind_error_one_line() -> None:
     print(err[:120])
 
 
-def test_workers_die_with_parent() -> None:
+def test_workers_die_with_parent(tmp_path) -> None:
     """serve --workers: a worker dies with its parent (SIGKILL of the parent: no orphan on the port)"""
     import signal
 
-    script = ("import sys, time\n"
-              "from pipeline.serve.server import spawn_worker\n"  # what `serve --workers N` starts its workers with
-              "p = spawn_worker([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-              "print(p.pid, flush=True)\n"
-              "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True,
+    # what a worker of `serve --workers N` does first (cli/main.py serve_worker_app), in a process started as
+    # uvicorn's supervisor starts its workers (multiprocessing, spawn)
+    script = ("import multiprocessing, time\n"
+              "from pipeline.serve.server import die_with_parent\n"
+              "def worker():\n"
+              "    die_with_parent(multiprocessing.parent_process().pid)\n"
+              "    time.sleep(60)\n"
+              "if __name__ == '__main__':\n"
+              "    p = multiprocessing.get_context('spawn').Process(target=worker)\n"
+              "    p.start()\n"
+              "    print(p.pid, flush=True)\n"
+              "    time.sleep(60)\n")
+    (tmp_path / "supervisor.py").write_text(script)  # a file: spawn imports `worker` from the parent's main module
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "supervisor.py")], cwd=REPO, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         child = int(parent.stdout.readline())
