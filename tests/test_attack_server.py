@@ -191,8 +191,8 @@ def test_workers_die_with_parent(tmp_path) -> None:
               "    print(p.pid, flush=True)\n"
               "    time.sleep(60)\n")
     (tmp_path / "supervisor.py").write_text(script)  # a file: spawn imports `worker` from the parent's main module
-    parent = subprocess.Popen([sys.executable, str(tmp_path / "supervisor.py")], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "supervisor.py")], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         child = int(parent.stdout.readline())
         parent.send_signal(signal.SIGKILL)
