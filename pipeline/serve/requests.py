@@ -138,14 +138,13 @@ class Answer:
 @dataclasses.dataclass
 class ChatRequest:
     """One chat request, parsed once (by the client-key middleware when the server has one, else by the handler) and
-    carried on `request.state.chat` from parsing to the access log: the typed body, what is embedded and forwarded,
+    carried on `request.state.chat` from parsing to the access log: the validated body, what is embedded and forwarded,
     the target it runs at (canonical; None until resolved) and what the handler did (`answer`)."""
 
     text: str  # what is embedded: the text of the last user message
     upstream: dict  # what is forwarded, less `model`
     stream: bool
     body: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole validated body (further fields)
-    fields: ChatBody | None = dataclasses.field(default=None, repr=False)
     target: str | None = None
     answer: Answer = dataclasses.field(default_factory=Answer)
 
@@ -231,7 +230,7 @@ def parse_chat_request(body: bytes, router_name: str, settings: ServeSettings, a
         upstream.pop("stream_options", None)
         upstream.pop("stream", None)
     upstream["messages"] = req["messages"]  # forwarded as given
-    return ChatRequest(text=fields.text, upstream=upstream, stream=bool(fields.stream), body=req, fields=fields)
+    return ChatRequest(text=fields.text, upstream=upstream, stream=bool(fields.stream), body=req)
 
 
 async def read_body(request, limit: int) -> bytes:
