@@ -131,11 +131,8 @@ def crossfit_picks(kinds: list[str], train_head_fn, agents: list[str], rows: Pro
         head = train_head_fn(tr, va) if "head" in kinds else None
         if head is not None:
             step()
-        routers = fit_candidates([k for k in kinds if k != "head"], None, agents, rows.take(tr), rows.take_any(va),
-                                 step)
-        for k, r in {"head": head, **routers}.items():
-            if k in kinds:
-                oof[k][held] = np.asarray(r.pick(rows.X[held]))
+        for k, r in fit_candidates(kinds, head, agents, rows.take(tr), rows.take_any(va), step).items():
+            oof[k][held] = np.asarray(r.pick(rows.X[held]))
     return oof
 
 
