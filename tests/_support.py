@@ -1,7 +1,9 @@
 """What tests/conftest.py and the tests share that is no fixture: the repository's instance folders, the session mark
 of the processes the suite starts, and a temporary DAGSTER_HOME. A helper module, not a test file: tests import it
 (`from _support import ...`) rather than conftest."""
+import contextlib
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,3 +148,17 @@ def two_cluster_head(registry_dir: Path, n: int):
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
                              metrics=fit.metrics)
     return fit, path, X, cluster
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm(proc, timeout_s: float = 30.0):
+    """Run the body with the server process `proc` up; after it, SIGTERM must stop `proc` with exit code 0 within
+    `timeout_s`. Whatever happens, no process is left behind: one still running is killed."""
+    try:
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout_s) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

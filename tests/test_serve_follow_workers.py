@@ -4,7 +4,6 @@ sums the series of both workers. The two heads read a tiny static backbone (dist
 and the home are bench/serve_swap.py's."""
 import asyncio
 import glob
-import signal
 import sys
 import tempfile
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _support import stopped_by_sigterm
 
 from pipeline.embed.backbone import Backbone, Runtime, bundled_model_path
 from pipeline.profile import load_profile
@@ -35,7 +35,7 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     a, b = register_pair(root, bb, prompts[:24])
     metric_dirs = set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*")))
     proc, url, lines = start(home, "mmlu_pro", 2, ("--follow-interval", "0.5"))
-    try:
+    with stopped_by_sigterm(proc):
         assert len(set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) - metric_dirs) == 1
         runs = []
         for k, (src, dst) in enumerate(((a, b), (b, a)), start=1):
@@ -55,12 +55,6 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
         assert metric_value(text, "router_lite_requests_total") == sent  # both workers' requests, summed
         served = {s_labels: v for s_labels, v in _samples(text, "router_lite_router_served")}
         assert served == {a.name: 1.0, b.name: 0.0}
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     out = "".join(lines)
     assert out.count(f"now serving head {b.name}") == 2 and out.count(f"now serving head {a.name}") == 2, out[-3000:]
     assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _support import stopped_by_sigterm
 
 from pipeline.embed.backbone import bundled_model_path
 
@@ -53,7 +54,7 @@ def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexe
 def test_two_workers_behind_one_port(tmp_path, static_head_dir):
     head_dir, prompts = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path)
-    try:
+    with stopped_by_sigterm(proc):
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
         workers = _children(proc.pid)
         assert len(workers) == 2
@@ -63,15 +64,9 @@ def test_two_workers_behind_one_port(tmp_path, static_head_dir):
             assert r.status_code == 200, r.text
             assert r.json()["router"]["agent"] == r.headers["x-router-agent"]
             assert re.fullmatch(r"router;dur=[0-9.]+, upstream;dur=[0-9.]+", r.headers["server-timing"])
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        time.sleep(0.5)
-        assert not any(Path(f"/proc/{w}").exists() and "zombie" not in
-                       Path(f"/proc/{w}/status").read_text().lower() for w in workers)  # both stopped with it
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    time.sleep(0.5)
+    assert not any(Path(f"/proc/{w}").exists() and "zombie" not in
+                   Path(f"/proc/{w}/status").read_text().lower() for w in workers)  # both stopped with it
     out = "".join(lines)
     banners = [ln for ln in lines if "router-lite serve: head " in ln]  # once, not once per worker
     assert len(banners) == 1 and f"on http://127.0.0.1:{port}/v1 " in banners[0], out
@@ -84,16 +79,10 @@ def test_the_startup_line_is_printed_once_and_names_the_port_the_kernel_picked(t
     URL is the port bound (before: each worker printed its own line, naming port 0)."""
     head_dir, _ = static_head_dir
     proc, _, lines = _start(head_dir, tmp_path, port=0)
-    try:
+    with stopped_by_sigterm(proc):
         banners = [ln for ln in lines if "router-lite serve: head " in ln]
         url = re.search(r"on (http://127\.0\.0\.1:[0-9]+)/v1 ", banners[0]).group(1)
         assert httpx.get(url + "/healthz", timeout=30).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     assert not url.endswith(":0") and sum("router-lite serve: head " in ln for ln in lines) == 1, "".join(lines)
     assert "2 worker processes (pids " in banners[0], "".join(lines)
 
@@ -180,7 +169,7 @@ def test_a_dead_worker_is_replaced_and_a_second_server_on_the_port_is_one_line(t
     exited); the port stays served, and a second `serve` on it is one error line, exit code 2."""
     head_dir, prompts = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path)
-    try:
+    with stopped_by_sigterm(proc):
         workers = _children(proc.pid)
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
@@ -200,10 +189,4 @@ def test_a_dead_worker_is_replaced_and_a_second_server_on_the_port_is_one_line(t
         assert second.returncode == 2 and second.stdout == "", second.stderr
         assert second.stderr.splitlines() == [f"router-lite: error: cannot listen on 127.0.0.1:{port}: the port is in "
                                               "use (another server, or workers of one that was killed?)"]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     assert sum("router-lite serve: head " in ln for ln in lines) == 1, "".join(lines)  # not again for the new one
