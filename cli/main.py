@@ -92,7 +92,15 @@ def print_stage_times(times: dict, home: str) -> None:
 
 
 def cmd_train(args) -> int:
-    """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md)."""
+    """Train + register a head from a user's own reward matrix and tasks (contracts in docs/architecture.md); never
+    silent for more than a few seconds (`heartbeat`)."""
+    from pipeline.core.progress import heartbeat
+
+    with heartbeat("router-lite train", logging.getLogger("pipeline.train")):
+        return _train(args)
+
+
+def _train(args) -> int:
     from pathlib import Path
 
     from pipeline.embed.backbone import Backbone, EmbeddingCache

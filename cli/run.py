@@ -13,6 +13,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from assets.automation import IN_PROCESS_TAG, OPT_IN_TAG
 from pipeline.core.errors import RouterLiteError, debug_enabled
+from pipeline.core.progress import heartbeat
 from pipeline.profile import Profile, as_profile
 
 Stage = tuple[str, list[str], object]  # (name, asset keys, partitions definition or None)
@@ -248,10 +249,11 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
         t0 = time.time()
         for pk in _partition_keys(partitions_def):
             try:
+                with heartbeat(f"[{stage}]" + (f" partition {pk}" if pk is not None else ""), log):
                     result = materialize(all_assets + checks, selection=[AssetKey(k) for k in keys], instance=instance,
-                                     resources=resources, partition_key=str(pk) if pk is not None else None,
-                                     raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),
-                                     tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
+                                         resources=resources, partition_key=str(pk) if pk is not None else None,
+                                         raise_on_error=False, run_config=_with_config(run_config, asset_config, keys),
+                                         tags={IN_PROCESS_TAG: "true"})  # no trigger for the refresh automation
             except KeyboardInterrupt:  # between Dagster's own interrupt handling (e.g. while a run starts)
                 raise Interrupted(stage) from None
             _step_seconds(instance, result.run_id, times["steps"])

@@ -71,6 +71,18 @@ def test_progress_lines_only_for_work_of_several_batches(minilm, caplog):
         == ["embedded 5/5 prompts"]
 
 
+def test_the_cache_says_how_far_it_is_on_the_console_logger_once(minilm, caplog, tmp_path):
+    """The embedding cache's rate line (what `router-lite run` prints and the step log shows) replaces the backbone's
+    batch lines, which would say the same thing twice."""
+    from pipeline.embed.backbone import EmbeddingCache
+
+    with caplog.at_level(logging.INFO, logger="pipeline.embed.backbone"):
+        EmbeddingCache(tmp_path).get_or_compute(PROMPTS, minilm)
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if m.startswith("embedding (") and m.split(": ")[1].startswith("5/5 prompts")]
+    assert not [m for m in said if "embedded" in m]
+
+
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(RouterLiteError, match="no-such-org/no-such-model"):
         Backbone("no-such-org/no-such-model")

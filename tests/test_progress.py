@@ -159,3 +159,60 @@ def test_the_kind_selection_says_how_far_it_is_after_every_kind_fitted_not_every
                    Selection("crossfit", 3))
     assert [m.split(", ")[0] for m in seen] == \
         [f"cross-fitting 2 router kind(s) x 3 folds: {i}/6 fits" for i in range(1, 7)], seen
+
+
+def _beat_lines(monkeypatch, every_s: float = 0.2):
+    from pipeline.core import progress
+
+    monkeypatch.setattr(progress._BEAT, "every_s", every_s)
+    return progress
+
+
+def test_a_silent_block_gets_a_heartbeat_line_naming_it_and_none_after_it_ends(monkeypatch):
+    import time
+
+    progress = _beat_lines(monkeypatch)
+    lines: list[str] = []
+    with progress.heartbeat("router head", lines.append):
+        time.sleep(1.0)
+    n = len(lines)
+    time.sleep(0.5)
+    assert n >= 2 and len(lines) == n  # the thread stops with the block
+    assert lines[0].startswith("router head: still working, ")
+
+
+def test_the_heartbeat_names_the_inner_step_and_its_running_phase(monkeypatch):
+    import logging
+    import time
+
+    progress = _beat_lines(monkeypatch)
+    outer: list[str] = []
+    inner: list[str] = []
+    log = logging.getLogger("pipeline.test_heartbeat")
+    with progress.heartbeat("stage router", outer.append), progress.heartbeat("cascade search", inner.append):
+        steps = progress.PhaseSteps(progress.phase_progress("cascade search", "fits", log), 4)
+        steps()
+        time.sleep(0.8)
+    assert not outer  # the innermost block takes the line
+    assert inner and inner[-1].startswith("stage router > cascade search: still working, ")
+    assert inner[-1].endswith("; cascade search: 1/4 fits")  # the phase's count (rate and ETA after 1 s)
+
+
+def test_lines_from_the_pipeline_loggers_keep_the_heartbeat_quiet(monkeypatch):
+    import logging
+    import time
+
+    progress = _beat_lines(monkeypatch, every_s=0.5)
+    lines: list[str] = []
+    log = logging.getLogger("pipeline.test_heartbeat")
+    old = log.level
+    log.setLevel(logging.INFO)
+    try:
+        with progress.heartbeat("train", lines.append):
+            for _ in range(25):
+                log.info("a line")
+                time.sleep(0.04)
+            time.sleep(1.0)
+    finally:
+        log.setLevel(old)
+    assert len(lines) in (1, 2)  # only after the lines stopped

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.core.progress import RateLog
 from pipeline.core.prompts import prompt_hash
 from pipeline.core.text_guard import bad_text, cut_for_tokens
 from pipeline.embed.model_files import bundled_model_path, file_fingerprint
@@ -384,8 +385,9 @@ class Backbone:
             if (b + 1) % self.log_every == 0 or b + 1 == n_batches:
                 dt = time.perf_counter() - t0
                 rate = done / dt if dt > 0 else float("inf")
-                # progress is for work of several batches (a lineage's prompts); one batch is a served request's
-                log.log(logging.INFO if n_batches > 1 else logging.DEBUG,
+                # progress is for work of several batches (a lineage's prompts); one batch is a served request's;
+                # a caller's `progress` (the embedding cache's rate line) already says it
+                log.log(logging.INFO if n_batches > 1 and progress is None else logging.DEBUG,
                         "backbone %s: embedded %d/%d prompts (%.1f prompts/s, ETA %.0f s)", self.model_id, done, n,
                         rate, (n - done) / rate if rate > 0 else 0.0)
         return out
@@ -528,7 +530,9 @@ class EmbeddingCache:
         os.replace(tmp, meta)
 
     def get_or_compute(self, prompts: Sequence[str], backbone, progress: Progress | None = None) -> np.ndarray:
-        """Rows for ``prompts`` in their order; only prompts whose hash is not cached go through the backbone."""
+        """Rows for ``prompts`` in their order; only prompts whose hash is not cached go through the backbone.
+        ``progress``: default a rate line with ETA every 5 s on this module's logger (the console of `router-lite run`
+        and `train`, and the step's log in the UI)."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
@@ -545,9 +549,12 @@ class EmbeddingCache:
             self._write_meta(d, backbone)
             todo = list(missing.items())
             total = len(todo)
+            if progress is None:
+                progress = RateLog(f"embedding ({getattr(backbone, 'backend', '?')} "
+                                   f"{getattr(backbone, 'precision', '?')})", "prompts", log.info)
             for start in range(0, total, self.shard_size):
                 chunk = todo[start:start + self.shard_size]
-                cb = None if progress is None else (lambda k, _n, s=start: progress(s + k, total))
+                cb = (lambda k, _n, s=start: progress(s + k, total))
                 emb = np.asarray(backbone.encode([p for _, p in chunk], progress=cb), dtype=np.float32)
                 if emb.shape != (len(chunk), backbone.dim):
                     raise RouterLiteError(f"backbone {backbone.key} returned {emb.shape} for {len(chunk)} prompts")

@@ -30,7 +30,7 @@ from pipeline.collect.quality import quarantine_markdown
 from pipeline.collect.rewards import cost_per_1k_label
 from pipeline.core.bootstrap import bootstrap_means
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.progress import phase_progress
+from pipeline.core.progress import heartbeat, phase_progress
 from pipeline.route.value import label_router_picks
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ def routable_headroom(X: np.ndarray | None, R: np.ndarray, groups: np.ndarray, f
     return out
 
 
+@heartbeat("pool report", log)
 def pool_report(R: np.ndarray, C: np.ndarray, agents: list[str], domains: np.ndarray, split: np.ndarray,
                 X: np.ndarray | None = None, difficulty: np.ndarray | None = None,
                 domain_name: str | None = None) -> dict:

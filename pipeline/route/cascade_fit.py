@@ -29,7 +29,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pipeline.core.progress import PhaseSteps, phase_progress
+from pipeline.core.progress import PhaseSteps, heartbeat, phase_progress
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage, run_plan, run_policies
 from pipeline.route.targets import bootstrap_mean_ci
 from pipeline.route.train import Selection
@@ -404,6 +404,7 @@ def selection_of(train_config: dict | None) -> Selection:
     return Selection(tc.get("operating_points", "validation"), int(tc.get("folds", 5)), int(tc.get("fold_seed", 0)))
 
 
+@heartbeat("cascade router fit", log)
 def fit_cascade_router(arrays, agreement, X: np.ndarray, fallback, scorer, best: int, targets=None,
                        selection: Selection | None = None) -> tuple[CascadeRouter, CascadeFit]:
     """The cascade router of a reward matrix (`arrays`: pipeline.route.fit.RewardArrays) from the agreement of the

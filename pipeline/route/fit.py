@@ -17,7 +17,7 @@ import pandas as pd
 
 from pipeline.collect.rewards import costs_are_estimated, effective_rewards, to_arrays
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.progress import phase_progress
+from pipeline.core.progress import heartbeat, phase_progress
 from pipeline.route.evaluate import held_out_metrics, paired_gain_ci, routing_report
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.head import Head
@@ -182,6 +182,7 @@ def constant_head(like: Router, best: int) -> Head:
     return Head(np.zeros((like.d, like.K), np.float32), b1, agents=like.agents)
 
 
+@heartbeat("prompt router fit", log)
 def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: TrainConfig | None = None,
                held_out: str = "test", cost_lambda: float = 0.0, labels=None, frontier: bool = False) -> RouterFit:
     """X[i] embeds the task of reward row i; `split[i]` is its split (train / validation / test ...); `labels[i]`
@@ -201,7 +202,8 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     best = best_single_agent(R[tr], B[tr])
     trained = head
     # every prompt kind fitted and reported, one shipped (pipeline/route/select.py); the head sets the operating points
-    routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, arrays, X)
+    with heartbeat("router kinds", log):
+        routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, arrays, X)
     head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
@@ -235,10 +237,12 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                         "validation": gate.get("head_validation") if gate["shipped"] == "head"
                         else gate.get("best_single_validation"), "test": metrics["head"]}
     shipped = Shipped(trained, head, guard, best, (oof or {}).get(chosen) if gate["shipped"] == "head" else None)
-    value = operating_points(arrays, X, shipped, labels, picks, knn_picks, cfg)
+    with heartbeat("operating points", log):
+        value = operating_points(arrays, X, shipped, labels, picks, knn_picks, cfg)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
-        extra["head_sweep"] = head_sweep(arrays, X, cfg, score_head=head)
+        with heartbeat("the head's λ frontier", log):
+            extra["head_sweep"] = head_sweep(arrays, X, cfg, score_head=head)
     return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, value.pop("scorer"),
                      value.pop("cost_scorer"), value.pop("path"), value, knn=knn, kinds=dict(routers))
 
