@@ -119,9 +119,6 @@ class StorageResource(ConfigurableResource):
         p.mkdir(parents=True, exist_ok=True)
         return p
 
-    def asset_file(self, asset: str, partition: str | None = None, suffix: str = ".parquet") -> Path:
-        return asset_path(self.home, asset, partition, suffix)
-
     def calls_dir(self, pool: str, source: str, repetition: int) -> Path:
         return self.path("calls", pool, source, f"rep{repetition}")
 

@@ -408,12 +408,6 @@ def grade(text: str | None, gold: str, grader: str, budget: Budget | None = None
     return extracted, correct, "ok"
 
 
-def grade_pair(text: str | None, gold: str, grader: str, budget: Budget | None = None) -> tuple[str | None, bool]:
-    """`grade` without the status: the (extracted, correct) of grading.grade (the collection's grade_fn)."""
-    extracted, correct, _ = grade(text, gold, grader, budget)
-    return extracted, correct
-
-
 def agree_outcome(a: str | None, b: str | None, grader: str, budget: Budget | None = None) -> Outcome:
     """Whether two extracted answers are equivalent (GraderSpec.agree), bounded: an overrun or an error disagrees.
     Identical answers are compared too: a degenerate answer (grading.py) agrees with nothing, itself included."""
@@ -425,17 +419,10 @@ def agree(a: str | None, b: str | None, grader: str, budget: Budget | None = Non
     return bool(agree_outcome(a, b, grader, budget).value)
 
 
-def agree_table(answers: Iterable[str | None], grader: str,
-                budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed)."""
-    budget = budget or _default
-    return _drive(_table_steps(grader_spec(grader), answers, budget), budget)
-
-
 def grade_stage(texts: dict[Any, str | None], known: dict[Any, str | None], grader: str, budget: Budget | None = None
                 ) -> tuple[dict[Any, Outcome], dict[tuple[str, str], bool], int]:
     """One cascade stage's grading at once: the new replies' `texts` extracted (key -> Outcome), then the table of
-    `agree_table` over those answers and the `known` ones; the count of extractions and comparisons without a
+    `agree_table_async` over those answers and the `known` ones; the count of extractions and comparisons without a
     verdict."""
     budget = budget or _default
     return _drive(_stage_steps(grader_spec(grader), texts, known, budget), budget)
@@ -450,7 +437,8 @@ async def extract_async(text: str | None, grader: str, budget: Budget | None = N
 
 async def agree_table_async(answers: Iterable[str | None], grader: str,
                             budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """`agree_table` off the event loop (serve's cascade: its agreement rule then reads the table)."""
+    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed), off
+    the event loop (serve's cascade: its agreement rule then reads the table)."""
     budget = budget or _default
     return await _drive_async(_table_steps(grader_spec(grader), list(answers), budget), grader, budget)
 
