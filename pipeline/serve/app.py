@@ -105,9 +105,7 @@ from pipeline.serve.settings import ServeSettings
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("router_lite.access")  # one JSON line per chat request (`_log_access`)
 
-MAX_TARGETS = 16  # target names whose router view is kept (LRU; the server's default is never evicted)
 GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
-MAX_CASCADE_VIEWS = 64  # (target, grader) views of a cascade kept; more are made per request, not cached
 
 
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
@@ -153,20 +151,13 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
 
 
 def _view_for(state, target: str | None):
-    """(router view, point) of operating point `target` (None: the default), made on first use and kept in an LRU
-    of MAX_TARGETS names: every target resolves, however many distinct ones clients send (a view is a resolved
-    point of the router's stored path, cheap to make again)."""
-    default = state.default_point["target"]
-    name = default if target is None else target
-    views = state.views
-    if name in views:
-        views.move_to_end(name)
-        return views[name]
-    view = state.registered.at(name)
-    views[name] = (view, view.point)
-    while len(views) > MAX_TARGETS:
-        del views[next(k for k in views if k != default)]
-    return views[name]
+    """(router view, point) of operating point `target` (None: the default), from the router's view cache."""
+    def make():
+        view = state.registered.at(name)
+        return view, view.point
+
+    name = state.default_point["target"] if target is None else target
+    return state.views.get(name, make)
 
 
 def _request_grader(state, headers, body: dict) -> str | None:
@@ -198,19 +189,15 @@ def _request_grader(state, headers, body: dict) -> str | None:
 
 
 def _cascade_view_for(state, target: str | None, grader: str):
-    """(cascade view, point) for (target, grader), kept for the first MAX_CASCADE_VIEWS pairs, then made per
-    request (a client cannot fill a table that named targets need)."""
-    key = (target, grader)
-    hit = state.cascade_views.get(key)
-    if hit is None:
+    """(cascade view, point) for (target, grader), from the router's view cache."""
+    def make():
         try:
             view = state.registered.cascade_at(target, grader)
         except RouterLiteError as exc:
             raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
-        hit = (view, view.point)
-        if len(state.cascade_views) < MAX_CASCADE_VIEWS:
-            state.cascade_views[key] = hit
-    return hit
+        return view, view.point
+
+    return state.cascade_views.get((target, grader), make)
 
 
 class _AutoFormatView:
@@ -252,16 +239,13 @@ class _AutoFormatView:
 
 
 def _auto_view_for(state, target: str | None) -> _AutoFormatView:
-    key = target or state.default_point["target"]
-    view = state.auto_views.get(key)
-    if view is None:
+    def make():
         try:
-            view = _AutoFormatView(state, target)
+            return _AutoFormatView(state, target)
         except RouterLiteError as exc:
             raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
-        if len(state.auto_views) < MAX_TARGETS:
-            state.auto_views[key] = view
-    return view
+
+    return state.auto_views.get(target or state.default_point["target"], make)
 
 
 def _count_paid(data: dict, headers: dict, spec: AgentSpec, upstream: dict, info: dict) -> None:

@@ -78,13 +78,41 @@ class Endpoint:
         return [self.clients[s.name] for s in specs]
 
 
+MAX_TARGETS = 16  # target names whose router view (and format-guessing view) is kept
+MAX_CASCADE_VIEWS = 64  # (target, answer format) views of a cascade kept
+
+
+class ViewCache:
+    """Views of one router made on first use and kept in an LRU of `limit` keys; the `pinned` ones (the server's
+    default target) are never dropped. Every key resolves however many distinct ones clients send: a view is a
+    resolved point of the router's stored path, cheap to make again; a `make` that raises caches nothing."""
+
+    def __init__(self, limit: int, pinned: dict | None = None):
+        self.limit, self.items, self.pinned = limit, collections.OrderedDict(pinned or {}), set(pinned or {})
+
+    def get(self, key, make: Callable[[], Any]):
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key]
+        value = self.items[key] = make()
+        while len(self.items) > self.limit:
+            del self.items[next(k for k in self.items if k not in self.pinned)]
+        return value
+
+    def __getitem__(self, key):
+        return self.items[key]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 @dataclasses.dataclass
 class RouterCaches:
-    """A router's views, made on first use: by target name (an LRU), by (target, answer format), and the
-    format-guessing views by target. They belong to one router: a swapped-in router starts with its own."""
-    views: collections.OrderedDict
-    cascade_views: dict = dataclasses.field(default_factory=dict)
-    auto_views: dict = dataclasses.field(default_factory=dict)
+    """A router's views, made on first use: by target name, by (target, answer format), and the format-guessing
+    views by target. They belong to one router: a swapped-in router starts with its own."""
+    views: ViewCache
+    cascade_views: ViewCache = dataclasses.field(default_factory=lambda: ViewCache(MAX_CASCADE_VIEWS))
+    auto_views: ViewCache = dataclasses.field(default_factory=lambda: ViewCache(MAX_TARGETS))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,15 +141,15 @@ class ServedRouter:
         return self.caches.views[self.default_point["target"]][0]
 
     @property
-    def views(self):
+    def views(self) -> ViewCache:
         return self.caches.views
 
     @property
-    def cascade_views(self) -> dict:
+    def cascade_views(self) -> ViewCache:
         return self.caches.cascade_views
 
     @property
-    def auto_views(self) -> dict:
+    def auto_views(self) -> ViewCache:
         return self.caches.auto_views
 
     @property
@@ -167,7 +195,7 @@ def served_router(registered, endpoint: Endpoint, formats=None, origin: dict | N
     if not (is_cascade and formats is not None and formats.d == int(registered.manifest.get("dim",
                                                                                             registered.router.d))):
         formats = None
-    caches = RouterCaches(collections.OrderedDict({default_point["target"]: (default_view, default_point)}))
+    caches = RouterCaches(ViewCache(MAX_TARGETS, {default_point["target"]: (default_view, default_point)}))
     return ServedRouter(registered, endpoint, specs, endpoint.clients_for(specs), default_point, formats,
                         origin or origin_of(None, getattr(registered, "path", None)), caches)
 
