@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -203,8 +202,9 @@ def _cascade_view_for(state, target: str | None, grader: str):
 class _AutoFormatView:
     """A cascade's view at one target for requests that name no answer format: per prompt, the format the nearest
     training prompts have (`FormatGuess`) selects that format's cascade view; a prompt without a guess is routed
-    prompt-only (the head's view). One embedding serves the guess and the pick: `route` encodes (format, pick) in
-    one index, `resolved` decodes it into the (decision, point) the handler runs."""
+    prompt-only (the head's view). One embedding serves the guess and the pick: `route` returns each prompt's guessed
+    format beside its pick (the batcher keeps it on the `Decision`), `resolved` turns the decision into the
+    (decision, view, point) the handler runs."""
 
     def __init__(self, state, target: str | None):
         self.cascades = [_cascade_view_for(state, target, g) for g in state.formats.graders]
@@ -212,29 +212,26 @@ class _AutoFormatView:
             self.head_view, self.point = _view_for(state, target)
         except RouterLiteError:  # a fallback head without operating points: its max-quality pick
             self.head_view, self.point = _view_for(state, "max-quality")
-        self.formats, self.K = state.formats, len(state.specs)
+        self.formats = state.formats
         self.name, self.tag = state.router_name, f"auto|{self.cascades[0][1]['target']}"
 
     def route(self, X):
         import numpy as np
 
-        guessed = self.formats.predict(X)
+        guessed = np.asarray(self.formats.predict(X), dtype=np.int64)  # -1: no guess
         picks, fired = self.head_view.route(X)
-        code, fired = np.asarray(picks, dtype=np.int64) + 1, np.asarray(fired, dtype=bool).copy()
+        picks, fired = np.asarray(picks, dtype=np.int64).copy(), np.asarray(fired, dtype=bool).copy()
         for g, (view, _) in enumerate(self.cascades):
             rows = guessed == g
             if rows.any():
-                p, f = view.route(X[rows])
-                code[rows], fired[rows] = (g + 1) * (self.K + 1) + np.asarray(p) + 1, f
-        return code, fired
+                picks[rows], fired[rows] = view.route(X[rows])
+        return picks, fired, guessed
 
     def resolved(self, decision):
-        """(decision, view, point) the handler runs: a guessed format's cascade view, else the head's view."""
-        g, pick = decision.index // (self.K + 1) - 1, decision.index % (self.K + 1) - 1
-        decision = dataclasses.replace(decision, index=pick)
-        if g < 0:
+        """(decision, view, point) the handler runs: the guessed format's cascade view, else the head's view."""
+        if decision.format < 0:
             return decision, self.head_view, self.point
-        view, point = self.cascades[g]
+        view, point = self.cascades[decision.format]
         return decision, view, {**point, "guessed": True}
 
 

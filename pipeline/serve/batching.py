@@ -29,6 +29,7 @@ class Decision:
     index: int  # into the router's agent order
     ood: bool
     cached: bool
+    format: int = -1  # a format-guessing view's guess (index into its formats), -1: none or not guessed
 
 
 class DecisionBatcher:
@@ -47,7 +48,7 @@ class DecisionBatcher:
 
     def __init__(self, registered, backbone, settings: ServeSettings):
         self.registered, self.backbone, self.settings = registered, backbone, settings
-        self._cache: collections.OrderedDict[bytes, tuple[int, bool]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[bytes, tuple[int, bool, int]] = collections.OrderedDict()
         self._pending: list[tuple[bytes, str, Any, asyncio.Future]] = []
         self._worker: asyncio.Task | None = None
         self._joined: asyncio.Event | None = None  # set whenever a prompt is queued
@@ -72,11 +73,12 @@ class DecisionBatcher:
                 out[t] = exc
         return out
 
-    def route_isolated(self, asks: Sequence[tuple[str, Any]]) -> list[tuple[int, bool] | Exception]:
-        """Blocking: one outcome per (text, router view): distinct texts embedded once, each view picks (after its
-        OOD guard) for the rows that asked it."""
+    def route_isolated(self, asks: Sequence[tuple[str, Any]]) -> list[tuple[int, bool, int] | Exception]:
+        """Blocking: one outcome (pick, OOD fired, guessed format) per (text, router view): distinct texts embedded
+        once, each view picks (after its OOD guard) for the rows that asked it. A view's `route(X)` returns
+        (picks, fired) or, guessing answer formats, (picks, fired, formats)."""
         rows = self.embed_isolated(list(dict.fromkeys(t for t, _ in asks)))
-        out: list[tuple[int, bool] | Exception] = [rows[t] if isinstance(rows[t], Exception) else None for t, _ in asks]
+        out: list = [rows[t] if isinstance(rows[t], Exception) else None for t, _ in asks]
         by_view: dict[int, list[int]] = {}
         for i, (_, view) in enumerate(asks):
             if out[i] is None:
@@ -84,9 +86,10 @@ class DecisionBatcher:
         for idx in by_view.values():
             view = asks[idx[0]][1]
             try:
-                picks, fired = view.route(np.stack([rows[asks[i][0]] for i in idx]))
-                for i, p, f in zip(idx, picks, fired, strict=True):
-                    out[i] = (int(p), bool(f))
+                picks, fired, *guessed = view.route(np.stack([rows[asks[i][0]] for i in idx]))
+                formats = guessed[0] if guessed else [-1] * len(idx)
+                for i, p, f, g in zip(idx, picks, fired, formats, strict=True):
+                    out[i] = (int(p), bool(f), int(g))
             except Exception as exc:  # noqa: BLE001 - this view's failure, not the other targets'
                 for i in idx:
                     out[i] = exc
@@ -100,7 +103,7 @@ class DecisionBatcher:
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
-            return Decision(hit[0], hit[1], True)
+            return Decision(hit[0], hit[1], True, hit[2])
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((key, text, view, fut))
         if self._joined is None:
@@ -108,8 +111,8 @@ class DecisionBatcher:
         self._joined.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
-        idx, ood = await fut
-        return Decision(idx, ood, False)
+        idx, ood, fmt = await fut
+        return Decision(idx, ood, False, fmt)
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -141,7 +144,7 @@ class DecisionBatcher:
                     self._remember(key, out)
                     fut.set_result(out)
 
-    def _remember(self, key: bytes, value: tuple[int, bool]) -> None:
+    def _remember(self, key: bytes, value: tuple[int, bool, int]) -> None:
         size = self.settings.embed_cache_size
         if size <= 0:
             return
