@@ -216,3 +216,22 @@ def test_lines_from_the_pipeline_loggers_keep_the_heartbeat_quiet(monkeypatch):
     finally:
         log.setLevel(old)
     assert len(lines) in (1, 2)  # only after the lines stopped
+
+
+@pytest.mark.slow
+def test_each_run_stage_beats_on_the_console_while_it_runs(tmp_path, monkeypatch):
+    """`router-lite run`'s stages run under a heartbeat named after the stage (and partition)."""
+    from dagster import DagsterInstance
+
+    from assets.definitions import build_definitions
+    from cli.run import run_lineage
+
+    _beat_lines(monkeypatch, every_s=0.3)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
+    lines: list[str] = []
+    with DagsterInstance.ephemeral() as instance:
+        run_lineage(build_definitions(home=str(tmp_path / "home"), profile="smoke"), "smoke", upto="task_pool",
+                    log=lines.append, instance=instance)
+    beats = [m for m in lines if ": still working, " in m]
+    assert beats and all(m.startswith(("[source tasks] partition ", "[task pool]")) for m in beats), lines
