@@ -108,7 +108,7 @@ def test_the_lineage_summary_is_the_profiles_suites_only(smoke_home_copy):
 def test_the_benchmark_report_fits_no_knn_router(smoke_home_copy, monkeypatch):
     """The benchmark report's kNN row is the upstream router_head's kNN baseline on the test rows."""
     from assets.definitions import build_definitions
-    from pipeline.route.fit import KNN_ROLE, reward_embeddings, training_split
+    from pipeline.route.fit import reward_embeddings, training_split
     from pipeline.route.fitted import FittedRouter
 
     home = smoke_home_copy()
@@ -117,6 +117,7 @@ def test_the_benchmark_report_fits_no_knn_router(smoke_home_copy, monkeypatch):
     result = materialize(list(defs.assets), selection=[AssetKey("benchmark_report")], resources=defs.resources,
                          instance=DagsterInstance.ephemeral())
     assert result.success
+    from pipeline.route.fit import KNN_ROLE  # the companion router_head stores the kNN baseline under
     rewards = read_asset(home, "reward_matrix")
     te = (training_split(rewards, read_asset(home, "task_pool")) == "test").to_numpy()
     X = reward_embeddings(read_asset(home, "prompt_embeddings"), rewards)
