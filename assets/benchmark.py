@@ -1,12 +1,20 @@
-"""Lineage stage 4: the benchmark report (routed benchmark with real replies + cost–quality frontier) and the
-RouterBench-style replication per suite."""
+"""Lineage stage 4: the benchmark report (routed benchmark with real replies + cost–quality frontier), the
+RouterBench-style replication per suite and its summary over every suite."""
 import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from dagster import AssetExecutionContext, Config, MetadataValue, Output, StaticPartitionsDefinition, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    Config,
+    MetadataValue,
+    Output,
+    StaticPartitionsDefinition,
+    asset,
+)
 from pydantic import Field
 
 from assets.collection import passed_agents, pool_of
@@ -48,7 +56,7 @@ from pipeline.report.frontier import (
     policy_table,
     router_policies,
 )
-from pipeline.report.replication import replicate, table_markdown
+from pipeline.report.replication import replicate, summary_markdown, table_markdown
 from pipeline.report.suites import build_suite
 from pipeline.report.value import (
     ROUTER_LABELS,
@@ -62,14 +70,13 @@ from pipeline.report.value import (
 )
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
-from pipeline.route.fit import reward_embeddings, training_split
+from pipeline.route.fit import fitted_knn, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
-from pipeline.route.knn import KnnRouter
 from pipeline.route.targets import parse_target
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
-from resources.storage import StorageResource
+from resources.storage import BY_PARTITION, StorageResource
 
 SUITES = list(BENCHMARK_SUITES)  # the last two: the active profile's own matrix
 
@@ -95,16 +102,17 @@ def _variants(prof, tasks: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn_k: int,
+def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn,
               cascade: dict | None = None, sweep: dict | None = None):
-    """The frontier table on the held-out test split and each policy's points (plotted once the ★ is known)."""
+    """The frontier table on the held-out test split and each policy's points (plotted once the ★ is known); `knn`:
+    the kNN baseline `router_head` fitted (on the train rows, k chosen on validation), not fitted again here."""
     agents, R, _, C = to_arrays(rewards)
     tr, te = (split == "train").to_numpy(), (split == "test").to_numpy()
     policies = baseline_policies(R[te], C[te], R[tr], agents)
     # the head's own frontier, two ways (docs/training.md): its scores λ-swept, or one sep-CMA-ES head per λ
     # (pipeline.route.train.lambda_sweep); "trained head" is the one better on validation, the other is shown too
     lam_kept = bool(sweep) and sweep.get("kept", "lambda-trained") == "lambda-trained"
-    policies.update(router_policies({KNN: KnnRouter(k=knn_k, agents=agents).fit(X[tr], R[tr]),
+    policies.update(router_policies({KNN: knn,
                                      HEAD_SCORE_SWEEP if lam_kept else HEAD: reg.router}, X[te]))
     if sweep:
         policies[HEAD if lam_kept else HEAD_LAMBDA] = PointSet(np.array(sweep["points_test"]))
@@ -249,7 +257,7 @@ def _router_value(prof, fits: _Fits, reg, verdict: str, routed: _Routed, bb, png
     rewards, router_head = fits.rewards, fits.router_head
     split = training_split(rewards, fits.task_pool)
     table, points = _frontier(rewards, split, reward_embeddings(fits.prompt_embeddings, rewards), reg,
-                              router_head["knn_k"], fits.cascade, router_head["extra"].get("head_sweep"))
+                              fitted_knn(router_head), fits.cascade, router_head["extra"].get("head_sweep"))
     aiq = dict(zip(table["policy"], table["aiq"]))
     sel = router_head["operating_points"].get("selection") or {}
     head = HeadFigures(router_head["value"], head_validation_aiq(router_head, rewards, split), sel or None,
@@ -356,9 +364,6 @@ def _routerbench_replication(context: AssetExecutionContext, reward_matrix: pd.D
     table.to_csv(reports / f"replication_{suite}.csv", index=False)
     atomic_write_json({"suite": suite, "table": table.to_dict("records"), **table.attrs},
                       reports / f"replication_{suite}.json")
-    combined = sorted(reports.glob("replication_*.md"))
-    atomic_write_text("## RouterBench-style replication\n\n" + "\n".join(f.read_text() for f in combined),
-                      reports / "routerbench_replication.md")
     context.log.info("\n" + md)
     aiq = dict(zip(table["policy"], table["aiq"]))
     return Output(table, metadata={"table": MetadataValue.md(md), "frontier_plot": _png_markdown(png),
@@ -372,5 +377,23 @@ def routerbench_replication_asset(partitions_def: StaticPartitionsDefinition):
     return asset(name="routerbench_replication", partitions_def=partitions_def, group_name="report",
                  io_manager_key="io_manager",
                  description="Seed-002 replication per suite: a head trained on the suite's train split; policy, "
-                             "quality, cost per example and AIQ on its test split, with a frontier plot."
+                             "quality, cost per example and AIQ on its test split, with a frontier plot "
+                             "(reports/replication_<suite>.*; `routerbench_summary` combines the suites)."
                  )(_routerbench_replication)
+
+
+@asset(group_name="report", io_manager_key="io_manager",
+       ins={"replications": AssetIn("routerbench_replication", metadata={BY_PARTITION: True})},
+       description="The RouterBench-style replication in one report: every suite partition's table of "
+                   "`routerbench_replication` (the profile's suites, in its order), written to "
+                   "reports/routerbench_replication.md; the trained head's AIQ per suite.")
+def routerbench_summary(context: AssetExecutionContext, replications: dict[str, pd.DataFrame],
+                        storage: StorageResource) -> Output[dict]:
+    text = summary_markdown(replications)
+    path = atomic_write_text(text, storage.path("reports") / "routerbench_replication.md")
+    aiq = {suite: float(t.set_index("policy").loc["trained head", "aiq"]) for suite, t in replications.items()}
+    context.log.info("\n" + text)
+    return Output({"suites": list(replications), "aiq_trained_head": aiq, "path": str(path)},
+                  metadata=rounded({"table": MetadataValue.md(text), "suites": len(replications),
+                                    **{f"aiq_trained_head_{suite}": v for suite, v in aiq.items()},
+                                    "path": MetadataValue.path(str(path))}))

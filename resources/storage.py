@@ -123,9 +123,16 @@ class StorageResource(ConfigurableResource):
         return self.path("calls", pool, source, f"rep{repetition}")
 
 
+# input metadata (`AssetIn(metadata={BY_PARTITION: True})`): a partitioned input loads as {partition key: value}
+# rather than one concatenated frame, for an asset that reads each partition apart (e.g. one table per suite)
+BY_PARTITION = "by_partition"
+
+
 class ParquetIOManager(ConfigurableIOManager):
-    """DataFrames as zstd Parquet (atomic), dicts/lists as JSON; one file per asset partition. `owner`: the profile
-    whose lineage this is, when it lives at the home's root: its first write there names it in `OWNER_FILE`."""
+    """DataFrames as zstd Parquet (atomic), dicts/lists as JSON; one file per asset partition. A partitioned input
+    loads as one frame (the partitions' frames concatenated, in definition order) or, with `BY_PARTITION` in its
+    metadata, as {partition key: value}. `owner`: the profile whose lineage this is, when it lives at the home's root:
+    its first write there names it in `OWNER_FILE`."""
 
     home: str = DEFAULT_HOME
     owner: str = ""
@@ -155,6 +162,8 @@ class ParquetIOManager(ConfigurableIOManager):
         if context.has_asset_partitions:  # every partition the input maps to (the profile's), in definition order
             wanted = {str(k) for k in context.asset_partition_keys}
             keys = [k for k in map(str, context.asset_partitions_def.get_partition_keys()) if k in wanted]
+            if (context.definition_metadata or {}).get(BY_PARTITION):  # each partition's value under its key
+                return {k: self._read(key, k) for k in keys}
             parts = [self._read(key, k) for k in keys]
             if all(isinstance(p, pd.DataFrame) for p in parts):
                 return pd.concat(parts, ignore_index=True)

@@ -119,15 +119,11 @@ def copy_home(src: Path, dst: Path, drop: tuple[str, ...] = (), symlinks: bool =
     return dst
 
 
-def two_cluster_head(registry_dir: Path, n: int):
-    """A registered synthetic head over two clusters of queries: on cluster A only the expensive agent is right, on
-    cluster B both are, the cheap one at 1/20 of the cost. (fit, registered path, X, cluster)."""
+def two_cluster_rewards(n: int):
+    """Synthetic reward rows over two clusters of queries: on cluster A only the expensive agent is right, on cluster
+    B both are, the cheap one at 1/20 of the cost. (X, reward frame, split per row, cluster)."""
     import numpy as np
     import pandas as pd
-
-    from pipeline.route import registry
-    from pipeline.route.fit import fit_router
-    from pipeline.route.train import TrainConfig
 
     rng = np.random.default_rng(1)
     d = 8
@@ -141,10 +137,23 @@ def two_cluster_head(registry_dir: Path, n: int):
     rewards = pd.DataFrame({"task_id": [f"t{i}" for i in range(n)], "agent_order": [names] * n,
                             "mean_reward": list(R), "mean_cost": list(C)})
     split = pd.Series(np.array(["train", "validation", "test"])[np.arange(n) % 5 % 3])
+    return X, rewards, split, cluster
+
+
+def two_cluster_head(registry_dir: Path, n: int):
+    """A registered synthetic head over `two_cluster_rewards(n)`. (fit, registered path, X, cluster)."""
+    import numpy as np
+
+    from pipeline.route import registry
+    from pipeline.route.fit import fit_router
+    from pipeline.route.train import TrainConfig
+
+    X, rewards, split, cluster = two_cluster_rewards(n)
+    names = list(rewards["agent_order"].iloc[0])
     fit = fit_router(X, rewards, split, TrainConfig(generations=2, log_every=0), labels=np.where(cluster, "A", "B"))
     path = registry.register(registry_dir, fit.head, registry.PromptFit(fit.guard, fit.best_single, fit.scorer,
                                                                         fit.cost_scorer, fit.operating_points),
-                             backbone={"id": "synthetic", "key": "synthetic", "dim": d},
+                             backbone={"id": "synthetic", "key": "synthetic", "dim": int(X.shape[1])},
                              agents=[{"name": a, "model": a} for a in names], training={}, data_hashes={},
                              metrics=fit.metrics)
     return fit, path, X, cluster

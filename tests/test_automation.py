@@ -23,7 +23,7 @@ from cli.run import run_lineage
 pytestmark = pytest.mark.slow  # the smoke_home lineage (make test-fast leaves it out)
 
 NEVER = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "prompt_embeddings", "hub_release",
-         "routerbench_replication"}
+         "routerbench_replication", "routerbench_summary"}
 
 
 def automated(defs) -> set:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # a Dagster webserver on the smoke_home lineage (
 REPO = Path(__file__).resolve().parents[1]
 LINEAGE = {"source_tasks", "task_pool", "agent_pool", "preflight", "graded_calls", "reward_matrix", "baselines",
            "prompt_embeddings", "pool_report", "router_head", "registered_head", "benchmark_report",
-           "routerbench_replication"}
+           "routerbench_replication", "routerbench_summary"}
 
 ASSET_GRAPH = "{ assetNodes { assetKey { path } dependencyKeys { path } pools } }"
 REPORT = """{ assetOrError(assetKey: {path: ["benchmark_report"]}) {
@@ -104,6 +104,7 @@ def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smok
     assert LINEAGE <= keys
     deps = {"/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]} for n in nodes}
     assert {"task_pool", "preflight"} <= deps["graded_calls"] and "graded_calls" in deps["reward_matrix"]
+    assert deps["routerbench_summary"] == {"routerbench_replication"}
     pools = {"/".join(n["assetKey"]["path"]): n["pools"] for n in nodes}
     assert pools["graded_calls"] == ["provider:replay"]
 

@@ -1,5 +1,6 @@
 """RouterBench-style replication on a suite profile: train a head on its train split, report the seed-002 table
-(policy, quality, cost per example, AIQ) on its test split against every baseline."""
+(policy, quality, cost per example, AIQ) on its test split against every baseline; `summary_markdown` puts the suites'
+tables into one report."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,3 +79,12 @@ def table_markdown(name: str, table: pd.DataFrame) -> str:
     return (f"### {name} (test n={table.attrs.get('n_test')}, train n={table.attrs.get('n_train')}, "
             f"cost span ${cmin:.3g}–${cmax:.3g} per example)\n\n"
             + table.to_markdown(index=False, floatfmt=".4f") + "\n")
+
+
+SUMMARY_TITLE = "## RouterBench-style replication"
+
+
+def summary_markdown(tables: dict[str, pd.DataFrame]) -> str:
+    """The combined replication report: each suite's table (`table_markdown`), in the order of `tables` (suite ->
+    its replication table)."""
+    return SUMMARY_TITLE + "\n\n" + "\n".join(table_markdown(suite, t) for suite, t in tables.items())

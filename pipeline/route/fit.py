@@ -41,11 +41,24 @@ from pipeline.route.train import (
 
 log = logging.getLogger(__name__)
 KIND_ROLE = "kind_"  # a FittedRouter companion "kind_<kind>": a prompt-only kind as fitted, for the report
+# the FittedRouter companion holding the kNN baseline as fitted (`RouterFit.knn`: raw rewards of the train rows, k
+# chosen on validation): the frontier reads it rather than fitting one again. Not the "kind_knn" candidate, which is
+# fitted on tie-aware rewards
+KNN_ROLE = "knn"
 
 
 def fitted_kinds(companions: dict) -> dict[str, Router]:
     """{kind: router} of the prompt-only kinds a FittedRouter carries (`RouterFit.kinds`)."""
     return {role[len(KIND_ROLE):]: r for role, r in companions.items() if role.startswith(KIND_ROLE)}
+
+
+def fitted_knn(fitted: FittedRouter) -> Router:
+    """The kNN baseline a prompt router's fit carries (`KNN_ROLE`); one error when it was stored without one."""
+    knn = fitted.companions.get(KNN_ROLE)
+    if knn is None:
+        raise RouterLiteError("router_head carries no fitted kNN baseline (stored by an older version): materialise "
+                              "router_head again")
+    return knn
 
 
 @dataclass
@@ -73,6 +86,7 @@ class RouterFit:
         summary.setdefault("operating_points", self.operating_points)
         companions = {"scorer": self.scorer, **({"cost_scorer": self.cost_scorer} if self.cost_scorer is not None
                                                  else {}),
+                      **({KNN_ROLE: self.knn} if self.knn is not None else {}),  # the frontier's kNN row
                       **{KIND_ROLE + k: r for k, r in self.kinds.items()}}  # RouterArena's measures re-run them
         return FittedRouter(self.head, summary, companions, self.guard)
 

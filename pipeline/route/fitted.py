@@ -1,5 +1,6 @@
 """A fitted router as it travels along the lineage: the router (any registered kind), the routers fitted with it
-(the value and cost scorers behind its operating points), its OOD guard and the JSON summary of the fit.
+(the value and cost scorers behind its operating points, the kNN baseline and the other prompt kinds the reports
+measure), its OOD guard and the JSON summary of the fit.
 
 `save` writes it into one directory through each router's own `save_files` and `load` reads it back through the
 router table's `from_files`, so every kind the table knows passes from asset to asset alike (the storage layer's IO
@@ -25,7 +26,7 @@ GUARD_FILE = "guard.npz"
 class FittedRouter:
     router: Router  # what the lineage ships and registers
     summary: dict  # JSON-able: metrics, operating points, curves (what the UI and the reports show)
-    companions: dict[str, Router] = field(default_factory=dict)  # e.g. "scorer", "cost_scorer"
+    companions: dict[str, Router] = field(default_factory=dict)  # e.g. "scorer", "cost_scorer", "knn"
     guard: OODGuard | None = None
 
     def __getitem__(self, key):  # the summary's fields, as the assets read them
