@@ -3,9 +3,12 @@
 tables into one report."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 
+from pipeline.core.progress import heartbeat
 from pipeline.report.frontier import (
     PointSet,
     aiq,
@@ -22,7 +25,10 @@ from pipeline.route.fit import validation_slice
 from pipeline.route.knn import KnnRouter
 from pipeline.route.train import PromptRows, TrainConfig, lambda_sweep, sweep_points, train_head
 
+log = logging.getLogger(__name__)
 
+
+@heartbeat("replication", log)
 def replicate(profile: Profile, X: np.ndarray, cfg: TrainConfig | None = None) -> tuple[pd.DataFrame, dict]:
     """(table, frontier points) on the test split. X[i] embeds profile.query_text[i]."""
     train, test = profile.split == "train", profile.split == "test"

@@ -216,8 +216,7 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
     best = best_single_agent(R[tr], B[tr])
     trained = head
     # every prompt kind fitted and reported, one shipped (pipeline/route/select.py); the head sets the operating points
-    with heartbeat("router kinds", log):
-        routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, arrays, X)
+    routers, chosen, val_rewards, crossfit, oof = choose_router(cfg, head, arrays, X)
     head = routers[chosen]
     gate = (ship_gate(head, best, X[va], R[va], B[va], confidence=cfg.ship_confidence) if has_val
             else {"shipped": "head"})
@@ -251,16 +250,15 @@ def fit_router(X: np.ndarray, rewards: pd.DataFrame, split: pd.Series, cfg: Trai
                         "validation": gate.get("head_validation") if gate["shipped"] == "head"
                         else gate.get("best_single_validation"), "test": metrics["head"]}
     shipped = Shipped(trained, head, guard, best, (oof or {}).get(chosen) if gate["shipped"] == "head" else None)
-    with heartbeat("operating points", log):
-        value = operating_points(arrays, X, shipped, labels, picks, knn_picks, cfg)
+    value = operating_points(arrays, X, shipped, labels, picks, knn_picks, cfg)
     value["costs_estimated"] = costs_are_estimated(rewards)  # labels the cost column only
     if frontier and np.any(C[tr] > 0):  # the head's own frontier: one λ-trained head per point (train.lambda_sweep)
-        with heartbeat("the head's λ frontier", log):
-            extra["head_sweep"] = head_sweep(arrays, X, cfg, score_head=head)
+        extra["head_sweep"] = head_sweep(arrays, X, cfg, score_head=head)
     return RouterFit(agents, head, guard, best, int(knn.k_), curve, metrics, extra, value.pop("scorer"),
                      value.pop("cost_scorer"), value.pop("path"), value, knn=knn, kinds=dict(routers))
 
 
+@heartbeat("the head's λ frontier", log)
 def head_sweep(arrays: RewardArrays, X: np.ndarray, cfg: TrainConfig, score_head: Router | None = None) -> dict:
     """λ-trained heads' (cost, quality) points on validation and held-out rows, with their AIQ over each split's
     individual cost span (pipeline/route/frontier.py); with `score_head`, also the validation AIQ of that head's
@@ -287,6 +285,7 @@ def head_sweep(arrays: RewardArrays, X: np.ndarray, cfg: TrainConfig, score_head
     return out
 
 
+@heartbeat("operating points", log)
 def operating_points(arrays: RewardArrays, X: np.ndarray, shipped: Shipped, labels, picks_te, knn_picks_te,
                      cfg: TrainConfig | None = None) -> dict:
     """The value scorer, the λ path the targets resolve on (on validation, or cross-fitted: `choice_rows`) and the

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.collect.rewards import effective_rewards
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.progress import PhaseSteps, phase_progress
+from pipeline.core.progress import PhaseSteps, heartbeat, phase_progress
 from pipeline.route.kinds import router_class, router_kinds
 from pipeline.route.routers import Router
 from pipeline.route.train import PromptRows, Selection
@@ -167,6 +167,7 @@ def kind_figures(routers: dict[str, Router], val: dict[str, float], guard, best:
     return out
 
 
+@heartbeat("router kinds", log)
 def choose_router(cfg, head: Router, arrays, X: np.ndarray):
     """(every candidate kind fitted {kind: router}, the chosen kind, {kind: validation reward}, {kind: cross-fitted
     reward} or None, {kind: out-of-fold picks} or None): what `fit_router` ships before its ship gate, from the
