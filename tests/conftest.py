@@ -27,7 +27,8 @@ def no_trace(tmp_path_factory):
     """Tests leave no trace: the whole suite runs Dagster in a temporary instance (DAGSTER_HOME, whatever the caller,
     e.g. the Makefile, set) with a temporary ROUTER_LITE_HOME; after the last test it fails (an error in the
     session's teardown) when a file under the repository's instance folders was written, or when a process the suite
-    started is still alive."""
+    started is still alive. Under pytest-xdist each worker is a session with a mark of its own: it checks the
+    processes it started, never another worker's."""
     mp = pytest.MonkeyPatch()
     root = tmp_path_factory.mktemp("instance")
     mp.setenv("DAGSTER_HOME", str(instance_dagster_yaml(root / "dagster_home")))
