@@ -8,6 +8,10 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# the tests run on one pytest-xdist worker per core (`auto`); a module's tests stay on one worker (`loadscope`), so a
+# module-scoped fixture (a trained cascade, a served world) is built once. PYTEST_WORKERS=0 runs them in one process
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope
 
 .PHONY: install run test test-fast test-docs docs docs-check bench ui standin clean
 
@@ -24,14 +28,15 @@ run: install
 
 # the tests never use the DAGSTER_HOME / ROUTER_LITE_HOME above: tests/conftest.py (`no_trace`) runs them on a temporary
 # instance and home, and fails the suite when it wrote under the repository's instance folders or left a process
+# (each xdist worker checks the processes it started itself)
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_PARALLEL)
 
 # the fast lane: everything but the tests marked slow (backbone, servers, lineage materialisations, smoke_home)
 test-fast: install
 	$(BIN)/ruff check .
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow"
 
 # every fenced shell block of README.md and docs/ run as written on a scratch demo home (tests/test_docs_commands.py;
 # opt-in: the whole lineage from scratch, then every page: 14 min 45 s on 2 idle cores (2026-12-02), not in CI's budget).

@@ -97,6 +97,28 @@ class SmokeLineage:
     cursor: object
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """What `build(root)` returns for a session fixture, built once for the whole run: under pytest-xdist every
+    worker is a session of its own, so the first worker to take the lock builds under a folder all workers share
+    (the parent of their temp roots) and the others load its pickled result (pytest-xdist's "Making session-scoped
+    fixtures execute only once"). A failed build leaves no result: the next worker tries again on a fresh folder.
+    Without xdist it is `build` on a fresh temp folder."""
+    import pickle
+    import tempfile
+
+    from filelock import FileLock
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent
+    done = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.is_file():
+            result = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+            done.write_bytes(pickle.dumps(result))
+        return pickle.loads(done.read_bytes())
+
+
 def copy_home(src: Path, dst: Path, drop: tuple[str, ...] = (), symlinks: bool = False) -> Path:
     """A copy of the ROUTER_LITE_HOME `src` at `dst` without its top-level folders `drop`; `symlinks`: links copied
     as links (`cp -a`). The backbone cache (170 of the smoke home's 190 MB) is hard-linked, not copied: its files are

@@ -14,6 +14,7 @@ from _support import (  # noqa: E402
     SESSION_MARK,
     AutomationTicks,
     SmokeLineage,
+    built_once,
     copy_home,
     instance_dagster_yaml,
     repo_instance_files,
@@ -26,7 +27,8 @@ def no_trace(tmp_path_factory):
     """Tests leave no trace: the whole suite runs Dagster in a temporary instance (DAGSTER_HOME, whatever the caller,
     e.g. the Makefile, set) with a temporary ROUTER_LITE_HOME; after the last test it fails (an error in the
     session's teardown) when a file under the repository's instance folders was written, or when a process the suite
-    started is still alive."""
+    started is still alive. Under pytest-xdist each worker is a session with a mark of its own: it checks the
+    processes it started, never another worker's."""
     mp = pytest.MonkeyPatch()
     root = tmp_path_factory.mktemp("instance")
     mp.setenv("DAGSTER_HOME", str(instance_dagster_yaml(root / "dagster_home")))
@@ -56,11 +58,15 @@ def no_trace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke_lineage(tmp_path_factory) -> SmokeLineage:
     """The whole lineage of the `smoke` profile (300 MMLU-Pro tasks, replay pool, MiniLM) materialised once for the
-    suite, on a persistent temp Dagster instance, between two ticks of the automation evaluator (what the sensor
-    sees of `router-lite run`: tests/test_automation.py reads them rather than running the lineage once more)."""
+    run (once for all pytest-xdist workers: `built_once`), on a persistent temp Dagster instance, between two ticks
+    of the automation evaluator (what the sensor sees of `router-lite run`: tests/test_automation.py reads them
+    rather than running the lineage once more)."""
+    return built_once(tmp_path_factory, "smoke", _materialise_smoke)
+
+
+def _materialise_smoke(root) -> SmokeLineage:
     from dagster import DagsterInstance
 
-    root = tmp_path_factory.mktemp("smoke")
     home, dagster_home = root / "home", root / "dagster"
     dagster_home.mkdir()
     # the repo's dagster.yaml with its relative dirs made absolute under this temp root
@@ -146,20 +152,23 @@ def tiny_distill() -> dict:
 @pytest.fixture(scope="session")
 def tiny_static(tmp_path_factory, tiny_distill):
     """A static model distilled from the bundled MiniLM with the hub unreachable (HF_HUB_OFFLINE=1), under its cache
-    key: once for the suite (a distillation costs seconds of CPU), read only (a test that changes it copies it)."""
+    key: once for the run (a distillation costs seconds of CPU; once for all pytest-xdist workers: `built_once`), read
+    only (a test that changes it copies it)."""
     from pipeline.embed import static_backbone
     from pipeline.embed.backbone import bundled_model_path
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("HF_HUB_OFFLINE", "1")
-    mp.setenv("TRANSFORMERS_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("static")
-    src = bundled_model_path()
-    try:
-        return static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill),
-                                            **tiny_distill)
-    finally:
-        mp.undo()
+    def distill(root):
+        mp = pytest.MonkeyPatch()
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        src = bundled_model_path()
+        try:
+            return static_backbone.build_static(src, root / static_backbone.distill_key(src, **tiny_distill),
+                                                **tiny_distill)
+        finally:
+            mp.undo()
+
+    return built_once(tmp_path_factory, "static", distill)
 
 
 def _synthetic_cascade(n=3000, seed=0):
