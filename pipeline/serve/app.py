@@ -151,11 +151,12 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
 
 def _view_for(state, target: str | None):
     """(router view, point) of operating point `target` (None: the default), from the router's view cache."""
+    name = state.default_point["target"] if target is None else target
+
     def make():
         view = state.registered.at(name)
         return view, view.point
 
-    name = state.default_point["target"] if target is None else target
     return state.views.get(name, make)
 
 
