@@ -6,6 +6,8 @@ replay recordings must be rebuilt (`python data/build/build_replay.py`).
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Sequence
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -34,3 +36,33 @@ def math_prompt(problem: str) -> str:
 def prompt_hash(prompt: str) -> str:
     """Stable key of a prompt (sha256 of its UTF-8 text, 16 hex chars)."""
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+# --- What a router embeds: the text a user sends, never a benchmark's answer-format scaffolding ---------------------
+# Agents are sent a benchmark's exact prompt (its answer-format instruction included, so rewards are measured as the
+# benchmark defines them); a router learns from, and serve embeds, the question as a person types it. Both go through
+# `user_text`, so a user who pastes a known template lands on the very text training saw.
+_ZEROEVAL_RE = re.compile(r"^\s*## Question:\s*(?P<q>.*?)\s*## Instruction\s*\n\s*Please answer this question by first "
+                          r"reasoning and then providing your answer\..*$", re.S)
+_SUFFIXES = (MCQ_INSTRUCTION, MATH_INSTRUCTION)
+
+
+def user_text(text: str) -> str:
+    """One user turn as a router sees it: a known benchmark template (ZeroEval's "## Question: ... ## Instruction"
+    wrapper, this project's own MCQ / math instructions) removed, surrounding whitespace trimmed. Idempotent."""
+    m = _ZEROEVAL_RE.match(text)
+    if m:
+        text = m.group("q")
+    text = text.strip()
+    for suffix in _SUFFIXES:
+        if text.endswith(suffix):
+            text = text[: -len(suffix)].rstrip()
+    return text
+
+
+def routed_text(user_turns: Sequence[str]) -> str:
+    """What a router embeds for a conversation, given its user turns in order: training calls it with one turn (the
+    task's user text), serve with the request's user turns."""
+    if not user_turns:
+        raise ValueError("a conversation without a user turn has nothing to route on")
+    return user_text(user_turns[-1])
