@@ -9,6 +9,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.metadata import rounded
 from pipeline.collect.answers import Agreement, answers_matrix
+from pipeline.core.prompts import task_texts
 from pipeline.report import arena
 from pipeline.report.value import arena_markdown
 from pipeline.route.decisions import CascadeRows, PromptParts, all_decisions, cascade_plans, decision_ms
@@ -37,8 +38,8 @@ def router_arena(context: AssetExecutionContext, reward_matrix: pd.DataFrame, ta
     te, agents = arrays.masks["held_out"], arrays.agents
     U, C = arrays.R_eff[te], arrays.C[te]
     X = reward_embeddings(prompt_embeddings, rewards)[te]
-    t = rewards[["task_id"]].merge(task_pool[["task_id", "prompt", "grader"]], on="task_id", how="left")[te]
-    prompts, graders = t["prompt"].tolist(), t["grader"].to_numpy(dtype=object)
+    t = rewards[["task_id"]].merge(task_pool, on="task_id", how="left")[te]
+    prompts, graders = task_texts(t), t["grader"].to_numpy(dtype=object)  # what serve embeds for each test row
     answers = ([a for a, keep in zip(answers_matrix(agent_answers, rewards["task_id"], agents), te) if keep],
                graders.tolist())
     rows = CascadeRows(U, C, Agreement(*answers), graders)

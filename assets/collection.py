@@ -413,10 +413,11 @@ def _completed(rows: pd.DataFrame, task_pool: pd.DataFrame, sampled: list[str], 
     existing agents' rewards, the source and the prompt embedding (the shared embedding cache: `prompt_embeddings`
     embeds the same prompts once)."""
     from pipeline.collect.sampling import embedding_features
+    from pipeline.core.prompts import task_texts
     from pipeline.embed.backbone import EmbeddingCache
 
-    t = rows[["task_id"]].merge(task_pool[["task_id", "source", "prompt"]], on="task_id", how="left")
-    emb = EmbeddingCache(storage.path("embeddings")).get_or_compute(t["prompt"].tolist(), backbone.get_backbone())
+    t = rows[["task_id"]].merge(task_pool, on="task_id", how="left")
+    emb = EmbeddingCache(storage.path("embeddings")).get_or_compute(task_texts(t), backbone.get_backbone())
     return complete_matrix(rows, t["source"].to_numpy(), sampled, prof.collection.new_agent_sample,
                            embedding_features(emb), pool_name)
 

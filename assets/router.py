@@ -11,6 +11,7 @@ from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
 from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.core.io import frame_version
+from pipeline.core.prompts import task_texts
 from pipeline.embed.backbone import EmbeddingCache
 from pipeline.report.pool_report import domain_column, labels_of
 from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
@@ -27,7 +28,9 @@ from resources.storage import StorageResource
 
 
 @asset(group_name="router", io_manager_key="io_manager",
-       description="Embeddings of every pool task's prompt by the frozen backbone, cached by (backbone, prompt hash).")
+       description="Embeddings of every pool task's user text (the question as a person types it, never the "
+                   "benchmark's answer-format template: pipeline.core.prompts.task_texts, what serve embeds too) by "
+                   "the frozen backbone, cached by (backbone, text hash).")
 def prompt_embeddings(task_pool: pd.DataFrame, backbone: BackboneResource,
                       storage: StorageResource) -> Output[pd.DataFrame]:
     tasks = task_pool
@@ -35,7 +38,7 @@ def prompt_embeddings(task_pool: pd.DataFrame, backbone: BackboneResource,
     cache = EmbeddingCache(storage.path("embeddings"))
     before = len(cache.load(bb))
     t0 = time.perf_counter()
-    X = cache.get_or_compute(tasks["prompt"].tolist(), bb)  # its rate lines: pipeline.embed.backbone
+    X = cache.get_or_compute(task_texts(tasks), bb)  # its rate lines: pipeline.embed.backbone
     new = len(cache.load(bb)) - before
     df = pd.DataFrame({"task_id": tasks["task_id"], "embedding": list(X)})
     return Output(df, metadata={"rows": len(df), "dim": int(X.shape[1]), "newly_embedded": new,

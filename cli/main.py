@@ -103,6 +103,7 @@ def cmd_train(args) -> int:
 def _train(args) -> int:
     from pathlib import Path
 
+    from pipeline.core.prompts import task_texts
     from pipeline.embed.backbone import Backbone, EmbeddingCache
     from pipeline.route import registry
     from pipeline.route.fit import fit_router
@@ -118,7 +119,7 @@ def _train(args) -> int:
     cfg.validate()  # a bad setting fails before minutes of embedding
     bb = Backbone(args.backbone, pooling=args.pooling, device=resolve_device(args.device),
                   max_seq_length=args.max_seq_length)
-    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(joined["prompt"].tolist(), bb)
+    X = EmbeddingCache(Path(default_home()) / "embeddings").get_or_compute(task_texts(joined), bb)
     from pipeline.collect.rewards import costs_are_estimated, to_arrays
     from pipeline.report.pool_report import domain_column, labels_of, pool_report, report_markdown
     from pipeline.report.value import prompt_routers_markdown, targets_markdown, value_line
@@ -678,14 +679,12 @@ def _pointer_follower(args, profile):
 
 
 def _format_guess(reg, profile):
-    """A cascade's answer-format guess for requests that name none (pipeline/serve/formats.py): the training prompts
+    """A cascade's answer-format guess for requests that name none (pipeline/route/formats.py): the training prompts
     of the profile's task pool with their graders, embedded as the router was trained (the manifest's
     prompt_embeddings version must match the lineage's); None when the lineage does not hold them."""
-    import numpy as np
-
     from cli import lineage
     from pipeline.core.io import frame_version
-    from pipeline.serve.formats import FormatGuess
+    from pipeline.route.formats import format_guess
 
     want = (reg.manifest.get("data_hashes") or {}).get("prompt_embeddings")
     if not want:
@@ -694,11 +693,7 @@ def _format_guess(reg, profile):
     if emb is None or frame_version(emb) != want:
         return None
     pool = lineage.read("task_pool", profile, default=None)
-    if pool is None:
-        return None
-    pool = pool[["task_id", "grader", "split", "ood"]]
-    train = pool[(pool["split"] == "train") & ~pool["ood"].astype(bool)].merge(emb, on="task_id")
-    return FormatGuess(np.stack(train["embedding"].to_numpy()), train["grader"].tolist()) if len(train) else None
+    return None if pool is None else format_guess(pool, emb)
 
 
 def _serve_logging(args) -> None:

@@ -49,15 +49,15 @@ _SUFFIXES = (MCQ_INSTRUCTION, MATH_INSTRUCTION)
 
 def user_text(text: str) -> str:
     """One user turn as a router sees it: a known benchmark template (ZeroEval's "## Question: ... ## Instruction"
-    wrapper, this project's own MCQ / math instructions) removed, surrounding whitespace trimmed. Idempotent."""
+    wrapper, this project's own MCQ / math instructions) removed, surrounding whitespace trimmed; a text that is
+    nothing but a template stays as it is. Idempotent."""
+    whole = text.strip()
     m = _ZEROEVAL_RE.match(text)
-    if m:
-        text = m.group("q")
-    text = text.strip()
+    text = (m.group("q") if m else text).strip()
     for suffix in _SUFFIXES:
         if text.endswith(suffix):
             text = text[: -len(suffix)].rstrip()
-    return text
+    return text or whole
 
 
 def routed_text(user_turns: Sequence[str]) -> str:
@@ -66,3 +66,10 @@ def routed_text(user_turns: Sequence[str]) -> str:
     if not user_turns:
         raise ValueError("a conversation without a user turn has nothing to route on")
     return user_text(user_turns[-1])
+
+
+def task_texts(tasks) -> list[str]:
+    """What a router embeds for each row of a task table: `routed_text` of its `user_text` where the table has one
+    (the question as a person types it), else of its `prompt` (a user's own tasks file; known templates stripped)."""
+    col = "user_text" if "user_text" in tasks.columns else "prompt"
+    return [routed_text([str(t)]) for t in tasks[col].tolist()]

@@ -22,7 +22,8 @@ from pipeline.report.datasets import dataset_card
 SOURCE_LICENSE_IDS = {"math500": "mit", "gsm8k": "mit", "mmlu": "mit", "mmlu_pro": "apache-2.0",
                       "arc_challenge": "cc-by-sa-4.0"}
 # columns that would carry a prompt or a reply: never in the rewards dataset
-TEXT_COLUMNS = {"prompt", "question", "problem", "messages", "completion", "response", "answer_text", "choices"}
+TEXT_COLUMNS = {"prompt", "user_text", "question", "problem", "messages", "completion", "response", "answer_text",
+                "choices"}
 HEAD_FILES = ("manifest.json", "head.safetensors", "guard.npz", "scorer.safetensors", "cost_scorer.safetensors",
               "reference.py")
 

@@ -243,7 +243,7 @@ def train_inputs(rewards_path, tasks_path, held_out: str = "test"):
     rewards = check_rewards(read_rows(rewards_path, "rewards"), rewards_path)
     tasks = check_tasks(read_rows(tasks_path, "tasks"), tasks_path)
     # the tasks file is authoritative for what it holds (a published rewards dataset carries split and source too)
-    cols = ["task_id", "prompt", "split", *[c for c in (*LABEL_COLUMNS, "grader") if c in tasks]]
+    cols = ["task_id", "prompt", "split", *[c for c in (*LABEL_COLUMNS, "grader", "user_text") if c in tasks]]
     joined = rewards.drop(columns=[c for c in cols[1:] if c in rewards]).merge(tasks[cols], on="task_id", how="left")
     if joined["prompt"].isna().any():
         i = int(joined["prompt"].isna().to_numpy().argmax())

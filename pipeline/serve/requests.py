@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from pipeline.core.prompts import routed_text
 from pipeline.core.text_guard import json_problem
 from pipeline.serve.settings import FORWARDED_PARAMS, SEED_RANGE, ServeSettings
 
@@ -104,8 +105,9 @@ class ChatBody(BaseModel):
 
     @property
     def text(self) -> str:
-        """What is embedded: the text of the last user message."""
-        return _content_text(next(m for m in reversed(self.messages) if m.role == "user").content)
+        """What is embedded: the last user message as a router sees it (pipeline.core.prompts.routed_text, the
+        function training embeds each task's user text with: a pasted benchmark template is stripped)."""
+        return routed_text([_content_text(next(m for m in reversed(self.messages) if m.role == "user").content)])
 
 
 @dataclasses.dataclass(frozen=True)

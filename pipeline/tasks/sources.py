@@ -18,12 +18,12 @@ import pandas as pd
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.paths import data_dir
-from pipeline.core.prompts import LETTERS, math_prompt, mcq_prompt
+from pipeline.core.prompts import LETTERS, math_prompt, mcq_prompt, user_text
 from pipeline.core.tables import Table
 
 TASK_COLUMNS = [
     "task_id", "source", "prompt", "gold", "grader", "domain", "difficulty",
-    "source_split", "question_id", "category", "choices",
+    "source_split", "question_id", "category", "choices", "user_text",
 ]
 DOMAINS = ("math", "knowledge", "reasoning")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -122,13 +122,14 @@ class TaskRow:
     question_id: object
     category: str = ""
     choices: int = 0
+    user_text: str = ""  # the question as a person types it (default: the prompt less a known template)
 
     def row(self) -> dict:
         return {
             "task_id": f"{self.source}/{self.split}/{self.index:06d}", "source": self.source, "prompt": self.prompt,
             "gold": self.gold, "grader": self.grader, "domain": self.domain, "difficulty": self.difficulty,
             "source_split": self.split, "question_id": str(self.question_id), "category": self.category,
-            "choices": int(self.choices),
+            "choices": int(self.choices), "user_text": user_text(self.user_text or self.prompt),
         }
 
 
@@ -347,7 +348,7 @@ def norm_zeroeval_gsm8k(rows: Iterable[dict], where: str) -> list[dict]:
         steps = int(steps)  # the rule of the `gsm8k` source: reference-solution steps
         difficulty = "easy" if steps <= 2 else "medium" if steps <= 4 else "hard"
         out.append(TaskRow("zeroeval_gsm8k", "test", i, _need(r, "prompt", w), gold, "integer", "math", difficulty,
-                         r["qid"], "word_problem").row())
+                         r["qid"], "word_problem", user_text=_need(r, "question", w)).row())
     return out
 
 
@@ -356,7 +357,8 @@ def norm_zeroeval_math_l5(rows: Iterable[dict], where: str) -> list[dict]:
     for i, r, w in _zeroeval(rows, where, "math-l5"):
         category = "geometry" if _FIGURE_RE.search(_need(r, "question", w)) else "other"
         out.append(TaskRow("zeroeval_math_l5", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
-                         "math_expression", "math", "hard", r["qid"], category).row())  # MATH level 5 = hard
+                         "math_expression", "math", "hard", r["qid"], category,  # MATH level 5 = hard
+                           user_text=r["question"]).row())
     return out
 
 
@@ -370,7 +372,8 @@ def norm_zeroeval_crux(rows: Iterable[dict], where: str) -> list[dict]:
         # code length: the corpus terciles of function lines (def line included) are 5 and 6
         difficulty = "easy" if lines <= 4 else "medium" if lines <= 6 else "hard"
         out.append(TaskRow("zeroeval_crux", "test", i, _need(r, "prompt", w), _need(r, "gold", w).strip(),
-                         "python_literal", "reasoning", difficulty, r["qid"], "code_output").row())
+                         "python_literal", "reasoning", difficulty, r["qid"], "code_output",
+                           user_text=r["question"]).row())
     return out
 
 
