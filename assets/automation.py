@@ -38,7 +38,7 @@ REFRESH_SENSOR = "refresh_after_collection"
 
 # computed from the graded calls without any API call
 FREE_REFRESH = ("reward_matrix", "agent_answers", "baselines", "pool_report", "router_head", "registered_head",
-                "cascade_router", "registered_cascade", "router_arena")
+                "cascade_router", "registered_cascade", "served_decisions", "phrasings", "router_arena")
 # calls the routed agents through the pool: automated only where that costs nothing (a free pool kind: replay)
 BENCHMARK = "benchmark_report"
 # the gated promotion reads the benchmark report's evidence: refreshed after it, so a re-collection's retrained ★ is

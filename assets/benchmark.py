@@ -26,6 +26,7 @@ from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
 from pipeline.collect.sampling import imputed_cells
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.core.prompts import task_texts
 from pipeline.embed.backbone import EmbeddingCache
 from pipeline.profile import BENCHMARK_SUITES
 from pipeline.report.benchmark import (
@@ -56,6 +57,7 @@ from pipeline.report.frontier import (
     policy_table,
     router_policies,
 )
+from pipeline.report.phrasing import phrasing_markdown
 from pipeline.report.replication import replicate, summary_markdown, table_markdown
 from pipeline.report.suites import build_suite
 from pipeline.report.value import (
@@ -67,11 +69,13 @@ from pipeline.report.value import (
     report_headline,
     router_value,
     targets_markdown,
+    with_served,
 )
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
-from pipeline.route.fit import fitted_knn, reward_embeddings, training_split
+from pipeline.route.fit import fitted_knn, reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
+from pipeline.route.served import served_table
 from pipeline.route.targets import parse_target
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
@@ -176,7 +180,7 @@ def _routed(prof, task_pool: pd.DataFrame, routers: _UnderTest, specs: list, poo
                                           for t in (target, *CASCADE_TARGETS, prof.serve.target)]))
     out = _Routed()
     for variant, bench in _variants(prof, task_pool).items():
-        X = cache.get_or_compute(bench["prompt"].tolist(), bb)
+        X = cache.get_or_compute(task_texts(bench), bb)  # the user text, as serve embeds it
         picks, fired = reg.route(X, target)
         log = CallLog(storage.path("calls", pool.kind, "benchmark", variant))
         calls = run_collect(bench.rename(columns={"id": "task_id"}), specs, 0, log, pool.client_for, prof.collection)
@@ -275,11 +279,29 @@ def arena_lines(rv: dict) -> list[str]:
     return ["### RouterArena's measures (held-out test)", "", arena_markdown(a), ""] if a else []
 
 
+def phrasing_lines(rv: dict) -> list[str]:
+    """The report's section on how users phrase a question, for the ★ router (none when not measured)."""
+    ph = (rv.get("phrasings") or {}).get("routers", {}).get(rv["best_router"])
+    if not ph:
+        return []
+    label = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])
+    return ["### How users phrase a question (the ★, as served)", "",
+            phrasing_markdown({**rv["phrasings"], **ph}, f"{label}, "), ""]
+
+
 def imputed_lines(rv: dict) -> list[str]:
     """The report's note on imputed reward cells (none for a fully collected matrix)."""
     n = rv.get("imputed_cells") or 0
     return [f"Trained on a partly imputed reward matrix: {n:,} cells of new agents asked on a sample were estimated "
             "(reward_matrix column `imputed`, reports/new_agents.json).", ""] if n else []
+
+
+def _served(rewards: pd.DataFrame, task_pool: pd.DataFrame, router_head: FittedRouter, decisions: pd.DataFrame):
+    """{router: {target: figures}} of what each router serves on the held-out rows (`served_decisions`)."""
+    arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
+    te, best = arrays.masks["held_out"], int(router_head["best_single"])
+    return served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
+                        rewards["task_id"][te].tolist())
 
 
 STAR_NOTE = ("★ = the router kind with the best validation AIQ (`best_router` of reports/router_value.json), at the "
@@ -298,8 +320,9 @@ STAR_NOTE = ("★ = the router kind with the best validation AIQ (`best_router` 
 def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, reward_matrix: pd.DataFrame,
                      task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, router_head: FittedRouter,
                      preflight: pd.DataFrame, pool_report: dict, registered_head: dict, cascade_router: FittedRouter,
-                     registered_cascade: dict, router_arena: dict, profile: ProfileResource, pool: PoolResource,
-                     backbone: BackboneResource, storage: StorageResource) -> Output[pd.DataFrame]:
+                     registered_cascade: dict, router_arena: dict, served_decisions: pd.DataFrame, phrasings: dict,
+                     profile: ProfileResource, pool: PoolResource, backbone: BackboneResource,
+                     storage: StorageResource) -> Output[pd.DataFrame]:
     prof = profile.get()
     reg = registry.load(entry_dir(storage, registered_head))
     regc = registry.load(entry_dir(storage, registered_cascade))
@@ -314,6 +337,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     fits = _Fits(reward_matrix, task_pool, prompt_embeddings, router_head, cascade_router.summary)
     table, png, aiq, rv = _router_value(prof, fits, reg, verdict, routed, backbone.get_backbone(),
                                         reports / f"frontier_{prof.name}.png", router_arena)
+    rv = with_served(rv, _served(reward_matrix, task_pool, router_head, served_decisions), phrasings)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
     serving = parse_target(prof.serve.target).name
@@ -324,7 +348,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
          f"{'; costs estimated' if routed.estimated else ''})", "", f"**{headline}**", "", STAR_NOTE, "",
          f"Pool verdict: {verdict}", "", "### Router kinds side by side (prompt-only / cascade / combined)", "",
          ablation_markdown(rv), "", "### The prompt-only head's operating points", "", targets_markdown(value), "",
-         *imputed_lines(rv), *arena_lines(rv)],
+         *imputed_lines(rv), *phrasing_lines(rv), *arena_lines(rv)],
         ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = the ★ router's named "
          "targets)", "", table_markdown(prof.name, table), f"Frontier plot: `{png}` (in the Dagster UI: this "
          "asset's `frontier_plot` entry).", ""])

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from pipeline.collect.rewards import to_arrays
     from pipeline.route import registry
     from pipeline.route.fit import reward_embeddings
-    from pipeline.serve.formats import FormatGuess
+    from pipeline.route.formats import FormatGuess
     from resources.storage import default_home
 
     ap = argparse.ArgumentParser()

@@ -167,7 +167,7 @@ def test_a_prompt_only_reply_carries_its_cost_too(world):
 
 
 def test_a_request_without_format_takes_the_guessed_one(world):
-    from pipeline.serve.formats import FormatGuess
+    from pipeline.route.formats import FormatGuess
 
     reg, bb, agents, pool, (strong, c1, c2), agree, _ = world
     X = bb.encode([agree, "Write a haiku about the sea."])

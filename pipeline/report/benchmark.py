@@ -53,9 +53,12 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
 
 def benchmark_from_tasks(tasks: pd.DataFrame) -> pd.DataFrame:
     """The demo benchmark: pool tasks (already in prompt form, with their grader) as benchmark rows."""
-    return pd.DataFrame({"id": tasks["task_id"], "prompt": tasks["prompt"], "gold": tasks["gold"],
-                         "group": tasks["category"].where(tasks["category"] != "", tasks["difficulty"]),
-                         "grader": tasks["grader"]})
+    out = pd.DataFrame({"id": tasks["task_id"], "prompt": tasks["prompt"], "gold": tasks["gold"],
+                        "group": tasks["category"].where(tasks["category"] != "", tasks["difficulty"]),
+                        "grader": tasks["grader"]})
+    if "user_text" in tasks:  # what a router embeds (pipeline.core.prompts.task_texts); agents get the prompt
+        out["user_text"] = tasks["user_text"]
+    return out
 
 
 def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.DataFrame,

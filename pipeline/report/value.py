@@ -55,7 +55,7 @@ def targets_markdown(value: dict) -> str:
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
                      "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone",
-                     "prompt_routers", "shipped_prompt_router", "imputed_cells", "router_arena")
+                     "prompt_routers", "shipped_prompt_router", "imputed_cells", "router_arena", "served", "phrasings")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -305,3 +305,32 @@ def report_headline(rv: dict, target: str, models: dict | None = None) -> str:
         f"; routed benchmark (real calls) {rb['accuracy']:.3f} at {100 * rb['cost_ratio']:.0f} %"
     return (head + value_line({"targets": r["targets"], "best_single": rv["best_single"]}, target, models, share)
             + routed + aiq)
+
+
+SERVED_NOTE = ("held-out figures are what `router-lite serve` decides on each test row (table `served_decisions`): "
+               "the user text embedded, the OOD guard, the prompt shortcuts and a cascade's answer-format guess "
+               "included; each agent's reward and cost as recorded for that question")
+
+
+def with_served(rv: dict, served: dict, phrasings: dict | None = None) -> dict:
+    """reports/router_value.json with every router's held-out targets replaced by what it serves (`served`:
+    {router: {target: pipeline.route.served.served_figures}}), the fit's plan and λ kept; the prompt router's
+    top-level `targets` / `max_quality` too; and how the served routers fare on each phrasing of the held-out
+    questions (`phrasings`: the `phrasings` asset)."""
+    out = {**rv, "routers": {k: dict(v) for k, v in rv["routers"].items()}, "served": SERVED_NOTE,
+           "phrasings": phrasings}
+    for router, by_target in served.items():
+        if router not in out["routers"]:
+            continue
+        fitted = out["routers"][router].get("targets", {})
+        out["routers"][router]["targets"] = {
+            t: {**{k: fitted.get(t, {}).get(k) for k in ("lambda", "plan") if k in fitted.get(t, {})}, **fig}
+            for t, fig in by_target.items()}
+    head = served.get("head")
+    if head:
+        out["targets"] = {t: {k: f.get(k, rv["targets"].get(t, {}).get(k)) for k in (*TARGET_KEYS, "guard_rate")}
+                          for t, f in head.items()}
+        mq = head.get("max-quality")
+        if mq:
+            out["max_quality"] = {k: mq[k] for k in ("quality", "ci_low", "ci_high", "gain", "cost_per_1k")}
+    return out

@@ -366,6 +366,21 @@ def execute(policies: list[Policy], direct: np.ndarray, order, ask, agree) -> Ou
     return Outcome(reward, cost, by, np.array([len(g) for g in got], dtype=np.int64), stage_of)
 
 
+# What a cascade does with a prompt its OOD guard finds unfamiliar (path["guard_action"]; docs/training.md, "The
+# guard"): send it to the best single agent, run the plan anyway (the cheap agents' agreement is evidence whatever
+# the prompt looked like; the request is still flagged), or ignore the guard.
+GUARD_BEST_SINGLE, GUARD_PLAN, GUARD_OFF = "best_single", "plan", "off"
+GUARD_ACTIONS = (GUARD_BEST_SINGLE, GUARD_PLAN, GUARD_OFF)
+
+
+def guard_action(path: dict) -> str:
+    """A cascade path's guard action (a path saved before the choice existed: the best single agent)."""
+    action = path.get("guard_action") or GUARD_BEST_SINGLE
+    if action not in GUARD_ACTIONS:
+        raise RouterLiteError(f"cascade guard_action {action!r} is not one of {', '.join(GUARD_ACTIONS)}")
+    return action
+
+
 @dataclass
 class CascadeView:
     """A registered cascade at one operating point for requests of one answer format (`CascadeRouter.view`):
@@ -393,8 +408,12 @@ class CascadeView:
         if len(pol.stages) == 1:  # a single agent: asked alone
             picks[:] = pol.final
         fired = reg.guard.fires(X)
-        picks[fired] = reg.best_single
-        return picks, fired
+        action = guard_action(reg.router.path)
+        if action == GUARD_BEST_SINGLE:
+            picks[fired] = reg.best_single
+        elif action == GUARD_OFF:
+            fired = np.zeros_like(fired)
+        return picks, fired  # GUARD_PLAN: flagged (X-Router-OOD), but the plan runs: answers are evidence anyway
 
 
 # ---------------------------------------------------------------------------------------------------- router kind

@@ -102,6 +102,8 @@ def _check_path_numbers(path: dict, bad) -> None:
     bs = path.get("best_single_validation")
     if not isinstance(bs, dict) or not _finite(bs.get("quality")):
         bad("path.best_single_validation.quality", "must be a finite number (the best single agent's quality)")
+    if path.get("guard_action") not in (None, "best_single", "plan", "off"):
+        bad("path.guard_action", f"must be best_single, plan or off, got {_cut(path['guard_action'])}")
     if path.get("guard_z") is not None and not (_finite(path["guard_z"]) and path["guard_z"] >= 0):
         bad("path.guard_z", f"must be null or a finite number >= 0, got {_cut(path['guard_z'])}")
 

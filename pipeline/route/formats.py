@@ -40,3 +40,11 @@ class FormatGuess:
 
     def guess(self, Q: np.ndarray) -> list[str | None]:
         return [self.graders[i] if i >= 0 else None for i in self.predict(Q)]
+
+
+def format_guess(task_pool, prompt_embeddings) -> FormatGuess | None:
+    """The answer-format guess of a router trained on `task_pool`: its in-distribution training rows' embeddings
+    (`prompt_embeddings`: task_id, embedding) and graders; None when there is no such row."""
+    pool = task_pool[["task_id", "grader", "split", "ood"]]
+    train = pool[(pool["split"] == "train") & ~pool["ood"].astype(bool)].merge(prompt_embeddings, on="task_id")
+    return FormatGuess(np.stack(train["embedding"].to_numpy()), train["grader"].tolist()) if len(train) else None

@@ -17,7 +17,7 @@
   same `"router"` key; the headers carry the pick too.
   Every 200 reply's `usage` carries `cost` (USD, OpenRouter's field) equal to the header `X-Router-Cost-Usd`; a
   cascade's `usage` sums the tokens of every call it made. A request that names no answer format, served by a cascade
-  built with `formats`, takes the format its nearest training prompts have (`_AutoFormatView`). One JSON access-log
+  built with `formats`, takes the format its nearest training prompts have (`AutoFormatView`). One JSON access-log
   line per request (logger `router_lite.access`, `_log_access`; the prompt only with `log_prompts`), and the header
   `X-Request-Id` naming it. A request is parsed once, into the `ChatRequest` on `request.state.chat` (by the
   client-key middleware when there is one); the handler records what it did in `ChatRequest.answer`, which the
@@ -86,6 +86,7 @@ from typing import Any
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.client import cost_invalid, reply_usage
 from pipeline.core.errors import RouterLiteError
+from pipeline.route.served import AutoFormatView, auto_view
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, request_target
 from pipeline.serve.relay import (
     DISCONNECTED,
@@ -115,7 +116,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     serving; the clients are closed when the app shuts down). The handlers below are module-level and read what they
     serve from `request.app.state`: the router from `state.served` (a `ServedRouter`, taken once per request).
 
-    `formats` (a `pipeline.serve.formats.FormatGuess` over the router's training prompts): a cascade guesses the
+    `formats` (a `pipeline.route.formats.FormatGuess` over the router's training prompts): a cascade guesses the
     answer format of a request that names none from it (else such a request is routed prompt-only).
     `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt.
     `follow` (a `pipeline.serve.follow.PointerFollower`): the app swaps in the router the registry's pointer names
@@ -200,46 +201,21 @@ def _cascade_view_for(state, target: str | None, grader: str):
     return state.cascade_views.get((target, grader), make)
 
 
-class _AutoFormatView:
-    """A cascade's view at one target for requests that name no answer format: per prompt, the format the nearest
-    training prompts have (`FormatGuess`) selects that format's cascade view; a prompt without a guess is routed
-    prompt-only (the head's view). One embedding serves the guess and the pick: `route` returns each prompt's guessed
-    format beside its pick (the batcher keeps it on the `Decision`), `resolved` turns the decision into the
-    (decision, view, point) the handler runs."""
-
-    def __init__(self, state, target: str | None):
-        self.cascades = [_cascade_view_for(state, target, g) for g in state.formats.graders]
-        try:
-            self.head_view, self.point = _view_for(state, target)
-        except RouterLiteError:  # a fallback head without operating points: its max-quality pick
-            self.head_view, self.point = _view_for(state, "max-quality")
-        self.formats = state.formats
-        self.name, self.tag = state.router_name, f"auto|{self.cascades[0][1]['target']}"
-
-    def route(self, X):
-        import numpy as np
-
-        guessed = np.asarray(self.formats.predict(X), dtype=np.int64)  # -1: no guess
-        picks, fired = self.head_view.route(X)
-        picks, fired = np.asarray(picks, dtype=np.int64).copy(), np.asarray(fired, dtype=bool).copy()
-        for g, (view, _) in enumerate(self.cascades):
-            rows = guessed == g
-            if rows.any():
-                picks[rows], fired[rows] = view.route(X[rows])
-        return picks, fired, guessed
-
-    def resolved(self, decision):
-        """(decision, view, point) the handler runs: the guessed format's cascade view, else the head's view."""
-        if decision.format < 0:
-            return decision, self.head_view, self.point
-        view, point = self.cascades[decision.format]
-        return decision, view, {**point, "guessed": True}
+def _head_view_for(state, target: str | None):
+    """(view, point) of the prompt router at `target`; a fallback head without operating points: max-quality."""
+    try:
+        return _view_for(state, target)
+    except RouterLiteError:
+        return _view_for(state, "max-quality")
 
 
-def _auto_view_for(state, target: str | None) -> _AutoFormatView:
+def _auto_view_for(state, target: str | None) -> AutoFormatView:
+    """A cascade's view for requests that name no answer format (pipeline/route/served.py `AutoFormatView`: the
+    one the held-out figures are measured with), made of the router's cached views."""
     def make():
         try:
-            return _AutoFormatView(state, target)
+            return auto_view(state.registered, state.formats, target, lambda t: _head_view_for(state, t),
+                             lambda t, g: _cascade_view_for(state, t, g))
         except RouterLiteError as exc:
             raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
 
@@ -392,8 +368,8 @@ async def _answer(request):
     if not isinstance(routed, tuple):
         return routed
     req, decision, view, point, t0 = routed
-    if isinstance(view, _AutoFormatView):  # the guessed format's cascade view, or prompt-only when none was guessed
-        decision, view, point = view.resolved(decision)
+    if isinstance(view, AutoFormatView):  # the guessed format's cascade view, or prompt-only when none was guessed
+        view, point = view.resolved(decision.format)
     if getattr(view, "grader", None) is not None:  # a cascade's view: its stages, or the agent a shortcut chose, alone
         return await _cascade_chat(state, req, decision, view, point, t0, request)
     spec, client = state.specs[decision.index], state.clients[decision.index]

@@ -124,7 +124,7 @@ class ServedRouter:
     specs: list  # the pool's AgentSpec of each of the router's agents, in its order
     clients: list  # their clients, in the same order
     default_point: dict  # the operating point of a request that names none
-    formats: Any  # a cascade's answer-format guess (pipeline/serve/formats.py FormatGuess) or None
+    formats: Any  # a cascade's answer-format guess (pipeline/route/formats.py FormatGuess) or None
     origin: dict  # where it came from: path, promoted_at (unix seconds) and promoted_source (`origin_of`)
     caches: RouterCaches
 
