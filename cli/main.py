@@ -233,6 +233,7 @@ def _head_backbone(reg, device: str, dtype: str = "auto", threads: int | None = 
 
 
 def cmd_route(args) -> int:
+    from pipeline.core.prompts import routed_text
     from pipeline.core.text_guard import bad_text
     from pipeline.route import registry
 
@@ -245,7 +246,7 @@ def cmd_route(args) -> int:
         raise RouterLiteError(f"--grader applies to cascade routers; {reg.name} is a {reg.kind}")
     if reg.needs_grader:
         return _route_cascade(reg, args)
-    picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
+    picks, fired = reg.route_at(_head_backbone(reg, args.device).encode([routed_text([p]) for p in args.prompt]), point)
     print(f"target {point['target']} (lambda {point['lambda']:.4g})", file=sys.stderr)
     for p, f in zip(picks, fired):
         agent = reg.agents[int(p)]
@@ -255,6 +256,8 @@ def cmd_route(args) -> int:
 
 def _route_cascade(reg, args) -> int:
     """`route` for a cascade: the plan at the target, and per prompt what happens first."""
+    from pipeline.core.prompts import routed_text
+
     cpoint = reg.router.resolve(args.target)
     plan = reg.router.plan(args.target)
     names = [a["name"] for a in reg.agents]
@@ -265,14 +268,15 @@ def _route_cascade(reg, args) -> int:
             print(f"plan[{g}]\t{pol.describe(names)}")
         print(f"plan[other formats]\t{plan.default.describe(names)}")
         point = reg.resolve_target(args.target)
-        picks, fired = reg.route_at(_head_backbone(reg, args.device).encode(args.prompt), point)
+        X = _head_backbone(reg, args.device).encode([routed_text([p]) for p in args.prompt])
+        picks, fired = reg.route_at(X, point)
         for p, f in zip(picks, fired):
             agent = reg.agents[int(p)]
             print(f"prompt-only\t{agent['name']}\t{agent['model']}" + ("\t(ood guard: best single)" if f else ""))
         return 0
     view = reg.cascade_at(args.target, args.grader)
     print(f"plan[{args.grader}]\t{view.policy.describe(names)}")
-    picks, fired = view.route(_head_backbone(reg, args.device).encode(args.prompt))
+    picks, fired = view.route(_head_backbone(reg, args.device).encode([routed_text([p]) for p in args.prompt]))
     for p, f in zip(picks, fired):
         if p < 0:
             first = view.policy.stages[0].agents
