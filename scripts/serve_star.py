@@ -4,11 +4,17 @@ answer format in the request. Prints the format guess's accuracy on every test p
 embeddings), then, for the first N test prompts sent through a real `router-lite serve` subprocess, the served
 accuracy (graded like the pipeline) and cost against the best single agent's on the same prompts.
 
-    python scripts/serve_star.py [--profile demo] [--n 60]
+With `--guard`: every held-out test question is sent once as a user types it (its user text, bare) and once as the
+agents' prompt (the benchmark's template pasted), and the share of replies with `X-Router-OOD: true` is printed for
+each (a bare question is not in the replay pool's recordings: its reply is an upstream error, the decision headers
+are there all the same).
+
+    python scripts/serve_star.py [--profile demo] [--n 60] [--guard]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -37,6 +43,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--guard", action="store_true", help="the OOD guard's rate on bare and templated test questions")
     args = ap.parse_args(argv)
     home = Path(default_home()).resolve()
     latest = registry.latest_entry(home / "registry")
@@ -57,21 +64,9 @@ def main(argv=None) -> int:
     best = agents.index(json.loads((home / "reports" / "router_value.json").read_text())["best_single"]["agent"])
     by_task = {t: i for i, t in enumerate(rewards["task_id"])}
     sample = test.iloc[: args.n]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", args.profile, "--port",
-                             str(port), "--workers", "1", "--access-log", "off"], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
-    try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if proc.poll() is not None:
-                    raise SystemExit(proc.stderr.read()) from None
-                time.sleep(1)
+    with serving(args.profile) as (port, startup):
+        if args.guard:
+            return guard_rates(port, test, startup)
         rows = []
         for t in sample.itertuples():
             r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300,
@@ -85,10 +80,6 @@ def main(argv=None) -> int:
                                       .split(",")),
                          "guessed": r.headers.get("x-router-grader-source") == "guessed",
                          "best_reward": float(R[i, best]), "best_cost": float(C[i, best])})
-    finally:
-        proc.terminate()
-        startup = [line for line in proc.stderr.read().splitlines() if "router-lite serve:" in line]
-        proc.wait(30)
     df = pd.DataFrame(rows)
     print(startup[0] if startup else "(no startup line)")
     print(f"served {len(df)} plain held-out prompts: status {df['status'].value_counts().to_dict()}, "
@@ -96,6 +87,53 @@ def main(argv=None) -> int:
     print(f"accuracy {df['correct'].mean():.4f} vs best single {agents[best]} {df['best_reward'].mean():.4f} "
           f"(ratio {df['correct'].mean() / df['best_reward'].mean():.3f}); cost {1000 * df['cost'].mean():.4f} vs "
           f"{1000 * df['best_cost'].mean():.4f} USD per 1k (ratio {df['cost'].mean() / df['best_cost'].mean():.3f})")
+    return 0
+
+
+@contextlib.contextmanager
+def serving(profile: str):
+    """A `router-lite serve --profile P` subprocess on a free loopback port: (port, its startup lines once stopped)."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", profile, "--port",
+                             str(port), "--workers", "1", "--access-log", "off"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    startup: list[str] = []
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if proc.poll() is not None:
+                    raise SystemExit(proc.stderr.read()) from None
+                time.sleep(1)
+        yield port, startup
+    finally:
+        proc.terminate()
+        startup += [line for line in proc.stderr.read().splitlines() if "router-lite serve:" in line]
+        proc.wait(30)
+
+
+def guard_rates(port: int, test, startup: list[str]) -> int:
+    """Each test question sent once bare and once templated; the OOD guard's rate (and statuses) of each."""
+    import httpx
+
+    out = {}
+    for phrasing, texts in (("bare", test["user_text"]), ("templated", test["prompt"])):
+        ood, status = [], {}
+        for text in texts:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300,
+                           json={"messages": [{"role": "user", "content": text}]})
+            ood.append(r.headers.get("x-router-ood") == "true")
+            status[r.status_code] = status.get(r.status_code, 0) + 1
+        out[phrasing] = {"n": len(ood), "ood_rate": sum(ood) / max(len(ood), 1), "status": status}
+        print(f"{phrasing}: X-Router-OOD true on {sum(ood)}/{len(ood)} = {out[phrasing]['ood_rate']:.1%} "
+              f"(status {status})", flush=True)
+    print(json.dumps(out))
     return 0
 
 
