@@ -167,8 +167,8 @@ def _register(context, router, router_head: FittedRouter, home: _Home, *, traini
                    "without the prompt router's predicted success; operating points chosen on validation or "
                    "cross-fitted over train + validation (the profile's train.operating_points).")
 def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, agent_answers: pd.DataFrame,
-                   prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame,
-                   router_head: FittedRouter) -> Output[FittedRouter]:
+                   prompt_embeddings: pd.DataFrame, task_pool: pd.DataFrame, router_head: FittedRouter,
+                   profile: ProfileResource) -> Output[FittedRouter]:
     rewards = reward_matrix
     arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
     t = rewards[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")
@@ -176,9 +176,11 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
     best = router_head["best_single"]
     agreement = Agreement(answers_matrix(agent_answers, rewards["task_id"], arrays.agents),
                           t["grader"].to_numpy().tolist(), stats=grading)  # lazy: only the pairs the plans read
-    router, fit = fit_cascade_router(arrays, agreement, reward_embeddings(prompt_embeddings, rewards),
+    X = reward_embeddings(prompt_embeddings, rewards)
+    router, fit = fit_cascade_router(arrays, agreement, X,
                                      router_head.router, router_head.companions["scorer"], best,
                                      selection=selection_of(router_head["train_config"]))
+    _choose_guard_actions(fit, arrays, agreement, X, router_head, profile.get().serve.target)
     summary = {"agents": arrays.agents, "best_single": best, **fit.to_dict()}
     rows = []
     for variant, v in fit.variants.items():
@@ -197,6 +199,24 @@ def cascade_router(context: AssetExecutionContext, reward_matrix: pd.DataFrame, 
         **{f"aiq_test_{k}": v.aiq_test for k, v in fit.variants.items()},
         "targets_held_out": md_table(table, floatfmt=".3f"),  # `|` escaped, a plan one line per answer format
     }))
+
+
+def _choose_guard_actions(fit, arrays, agreement, X, router_head: FittedRouter, target: str) -> None:
+    """Each variant's guard action at the serving target, chosen on the validation rows (pipeline/route/
+    guard_action.py), written into its path (what the registry stores and serve reads)."""
+    from pipeline.route.cascade_fit import Rows
+    from pipeline.route.guard_action import choose_for_path
+
+    va = arrays.masks["validation"]
+    if router_head.guard is None or not va.any():
+        return
+    fired = router_head.guard.fires(X[va])
+    rows = Rows(arrays.R_eff[va], arrays.C[va], agreement[va], router_head.companions["scorer"].scores(X[va]),
+                agreement.graders[va])
+    for v in fit.variants.values():
+        action, evidence = choose_for_path(v.path, arrays.agents, v.order, rows, fired, int(router_head["best_single"]),
+                                           target)
+        v.path["guard_action"], v.path["guard_evidence"] = action, evidence
 
 
 @asset(group_name="router", io_manager_key="io_manager",

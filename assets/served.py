@@ -13,10 +13,11 @@ from pipeline.core.prompts import task_texts
 from pipeline.embed.backbone import EmbeddingCache
 from pipeline.report import arena, phrasing
 from pipeline.route import registry
+from pipeline.route.cascade import GUARD_ACTIONS, GUARD_BEST_SINGLE
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.formats import format_guess
-from pipeline.route.served import served_outcomes
+from pipeline.route.served import served_figures, served_outcomes, with_guard_action
 from pipeline.route.targets import REPORT_TARGETS, parse_target
 from resources.backbone import BackboneResource
 from resources.profile import ProfileResource
@@ -68,6 +69,19 @@ def served_decisions(context: AssetExecutionContext, reward_matrix: pd.DataFrame
                                 "summary": MetadataValue.md(md_table(summary, floatfmt=".4f"))})
 
 
+def _ood_rows(rewards, task_pool, agent_answers, prompt_embeddings, agents) -> dict:
+    """{"out of distribution": (X, U, C, answers)} of the task pool's out-of-distribution rows (never trained on), or
+    {} when it has none."""
+    split = training_split(rewards, task_pool)
+    m = (split == "ood").to_numpy()
+    if not m.any():
+        return {}
+    arrays = reward_arrays(rewards, split, "ood")
+    answers = [a for a, keep in zip(answers_matrix(agent_answers, rewards["task_id"], agents), m) if keep]
+    return {"out of distribution": (reward_embeddings(prompt_embeddings, rewards)[m], arrays.R_eff[m], arrays.C[m],
+                                    answers)}
+
+
 @asset(group_name="report", io_manager_key="io_manager",
        description="How users phrase a question: every served router at the serving target on the held-out "
                    "questions sent (a) with the benchmark's template, (b) bare, (c) bare under RouterArena's "
@@ -93,10 +107,20 @@ def phrasings(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_
     U, C = arrays.R_eff[te], arrays.C[te]
     out = {"target": target, "n": int(te.sum()), "wrappers": dict(phrasing.WRAPPERS),
            "perturbations": dict(arena.PERTURBATIONS), "routers": {}}
+    ood = _ood_rows(rewards, task_pool, agent_answers, prompt_embeddings, agents)
     for name, reg in served_routers(storage, registered_head, registered_cascade).items():
         served = {p: served_outcomes(reg, x, target, U, C, answers, formats, Agreement) for p, x in X.items()}
         out["routers"][name] = {"phrasings": phrasing.phrasing_figures(served, U[:, best], C[:, best], agents),
                                 "open_ended": {"n": len(X_open), **phrasing.guard_rate(reg, formats, target, X_open)}}
+        if getattr(reg, "needs_grader", False):  # what each guard action serves (the shipped one chosen on validation)
+            sets = {"test, bare": (X[phrasing.BARE], U, C, answers),
+                    **{f"test, {p}": (X[p], U, C, answers) for p in X if p.startswith("wrapped")}, **ood}
+            out["routers"][name]["guard_actions"] = {
+                "shipped": reg.router.path.get("guard_action", GUARD_BEST_SINGLE),
+                "evidence": reg.router.path.get("guard_evidence"),
+                "by_action": {a: {s: served_figures(served_outcomes(with_guard_action(reg, a), x, target, u, c, ans,
+                                                                    formats, Agreement), u[:, best], c[:, best], agents)
+                                  for s, (x, u, c, ans) in sets.items()} for a in GUARD_ACTIONS}}
     md = "\n".join(f"#### {name}\n\n" + phrasing.phrasing_markdown({**out, **r}) for name, r in out["routers"].items())
     context.log.info("\n" + md)
     return Output(out, metadata={"n_test": out["n"], "table": MetadataValue.md(md)})

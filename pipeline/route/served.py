@@ -166,3 +166,15 @@ def served_table(frame, R_best: np.ndarray, C_best: np.ndarray, agents: list[str
             raise RouterLiteError(f"served_decisions: {router} at {target} does not hold the held-out rows in order")
         out.setdefault(router, {})[target] = served_figures(rows_of(g), R_best, C_best, agents)
     return out
+
+
+def with_guard_action(registered, action: str):
+    """A registered cascade whose OOD guard takes `action` (pipeline.route.cascade.GUARD_ACTIONS), everything else
+    the same: what the report compares the shipped action with."""
+    import dataclasses
+
+    from pipeline.route.cascade import CascadeRouter
+
+    r = registered.router
+    return dataclasses.replace(registered, router=CascadeRouter(r.fallback, {**r.path, "guard_action": action},
+                                                                r.order, r.agents))
