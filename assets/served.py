@@ -8,7 +8,7 @@ from dagster import AssetExecutionContext, MetadataValue, Output, asset
 
 from assets.metadata import md_table
 from assets.router import entry_dir
-from pipeline.collect.answers import Agreement, answers_matrix
+from pipeline.collect.answers import agreement_maker, answers_matrix
 from pipeline.core.prompts import task_texts
 from pipeline.embed.backbone import EmbeddingCache
 from pipeline.report import arena, phrasing
@@ -54,10 +54,11 @@ def served_decisions(context: AssetExecutionContext, reward_matrix: pd.DataFrame
     answers = [a for a, keep in zip(answers_matrix(agent_answers, rewards["task_id"], agents), te) if keep]
     ids = rewards["task_id"][te].tolist()
     formats = format_guess(task_pool, prompt_embeddings)
+    agreement_for = agreement_maker()
     frames = []
     for name, reg in served_routers(storage, registered_head, registered_cascade).items():
         for target in report_targets(profile.get().serve.target):
-            rows = served_outcomes(reg, X, target, arrays.R_eff[te], arrays.C[te], answers, formats, Agreement)
+            rows = served_outcomes(reg, X, target, arrays.R_eff[te], arrays.C[te], answers, formats, agreement_for)
             frames.append(rows.frame(ids, name, target))
     df = pd.concat(frames, ignore_index=True)
     summary = (df.groupby(["router", "target"], sort=False)
@@ -98,6 +99,7 @@ def phrasings(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_
     t = rewards[["task_id"]].merge(task_pool, on="task_id", how="left")[te]
     answers = [a for a, keep in zip(answers_matrix(agent_answers, rewards["task_id"], agents), te) if keep]
     formats = format_guess(task_pool, prompt_embeddings)
+    agreement_for = agreement_maker()
     bb = backbone.get_backbone()
     cache = EmbeddingCache(storage.path("embeddings"))
     encode = lambda texts: cache.get_or_compute(texts, bb)  # noqa: E731 - a rerun embeds nothing
@@ -109,7 +111,7 @@ def phrasings(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_
            "perturbations": dict(arena.PERTURBATIONS), "routers": {}}
     ood = _ood_rows(rewards, task_pool, agent_answers, prompt_embeddings, agents)
     for name, reg in served_routers(storage, registered_head, registered_cascade).items():
-        served = {p: served_outcomes(reg, x, target, U, C, answers, formats, Agreement) for p, x in X.items()}
+        served = {p: served_outcomes(reg, x, target, U, C, answers, formats, agreement_for) for p, x in X.items()}
         out["routers"][name] = {"phrasings": phrasing.phrasing_figures(served, U[:, best], C[:, best], agents),
                                 "open_ended": {"n": len(X_open), **phrasing.guard_rate(reg, formats, target, X_open)}}
         if getattr(reg, "needs_grader", False):  # what each guard action serves (the shipped one chosen on validation)
@@ -119,7 +121,8 @@ def phrasings(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_
                 "shipped": reg.router.path.get("guard_action", GUARD_BEST_SINGLE),
                 "evidence": reg.router.path.get("guard_evidence"),
                 "by_action": {a: {s: served_figures(served_outcomes(with_guard_action(reg, a), x, target, u, c, ans,
-                                                                    formats, Agreement), u[:, best], c[:, best], agents)
+                                                                    formats, agreement_for), u[:, best], c[:, best],
+                                                    agents)
                                   for s, (x, u, c, ans) in sets.items()} for a in GUARD_ACTIONS}}
     md = "\n".join(f"#### {name}\n\n" + phrasing.phrasing_markdown({**out, **r}) for name, r in out["routers"].items())
     context.log.info("\n" + md)

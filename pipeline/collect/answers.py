@@ -81,11 +81,15 @@ class Agreement:
     K(K-1)/2 of the whole tensor. Each comparison is the one `agreement` makes (same grader, budget and cache of
     equal answer pairs), so every entry read equals the eager tensor's.
 
+    `cache` ({(grader, answer, answer): agree}) may be shared by several stores over the same answers (a report
+    that compares them under several answer-format guesses compares each pair once).
+
     `A[m]` (a boolean mask or an index array over the rows) is a view on those rows sharing the computed pairs;
     `sub(agents)` -> (rows, L, L) bool for ascending agent indices; `full()` -> the whole (rows, K, K) tensor."""
 
     def __init__(self, answers: list[list[str | None]], graders: list[str], budget: bounded.Budget | None = None,
-                 stats: dict | None = None, *, _store: dict | None = None, _rows: np.ndarray | None = None):
+                 stats: dict | None = None, *, cache: dict | None = None, _store: dict | None = None,
+                 _rows: np.ndarray | None = None):
         if _store is None:
             if len(answers) != len(graders):
                 raise RouterLiteError(f"{len(answers)} answer rows for {len(graders)} graders")
@@ -98,7 +102,7 @@ class Agreement:
                 for j in range(K):
                     E[i, j, j] = row[j] is not None
             _store = {"answers": answers, "graders": list(graders), "budget": budget, "stats": stats, "E": E,
-                      "done": np.eye(K, dtype=bool), "cache": {}}
+                      "done": np.eye(K, dtype=bool), "cache": {} if cache is None else cache}
         self._s = _store
         self._rows = np.arange(len(_store["answers"])) if _rows is None else _rows
 
@@ -156,3 +160,10 @@ class Agreement:
         K = self._s["E"].shape[1]
         self._ensure(list(range(K)))
         return self._s["E"][self._rows]
+
+
+def agreement_maker():
+    """`make(answers, graders)` -> an `Agreement`, every store it makes sharing one comparison cache (a report that
+    compares the same answers under several answer-format guesses compares each pair once)."""
+    cache: dict = {}
+    return lambda answers, graders: Agreement(answers, graders, cache=cache)

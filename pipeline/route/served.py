@@ -178,3 +178,19 @@ def with_guard_action(registered, action: str):
     r = registered.router
     return dataclasses.replace(registered, router=CascadeRouter(r.fallback, {**r.path, "guard_action": action},
                                                                 r.order, r.agents))
+
+
+def served_all(routers: dict, X: np.ndarray, targets, U: np.ndarray, C: np.ndarray, answers, formats,
+               agreement_for: Callable) -> dict:
+    """Every router's served decisions at each target on rows `X`, in the shape RouterArena's measures read
+    (pipeline/route/decisions.py `all_decisions`): {"routers": {router: {target: (n, 4) view, agent asked alone,
+    agent answering, stage}}, "outcomes": {router: {target: Outcome}}}."""
+    out: dict = {"routers": {}, "outcomes": {}}
+    for name, reg in routers.items():
+        for target in targets:
+            rows = served_outcomes(reg, X, target, U, C, answers, formats, agreement_for)
+            code = np.array([-1 if v == PROMPT_ONLY else formats.graders.index(v) for v in rows.view], dtype=np.int64)
+            out["routers"].setdefault(name, {})[target] = np.stack(
+                [code, rows.pick, rows.outcome.answered_by, rows.outcome.stage], axis=1)
+            out["outcomes"].setdefault(name, {})[target] = rows.outcome
+    return out
