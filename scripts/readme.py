@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pipeline.report.phrasing import phrasing_markdown  # noqa: E402
 from pipeline.report.value import (  # noqa: E402
     ROUTER_LABELS,
     ablation_markdown,
@@ -68,6 +69,7 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
                 f"too can; docs/backbones.md, \"dtype\")") if bb else ""
     lines = [f"Profile `{rv['profile']}`{embedded}, costs estimated (chars/4 × list prices). Generated from "
              f"`reports/router_value.json` (committed copy: `{copy.as_posix()}`) by `scripts/readme.py`.", "",
+             *bare_lines(rv),
              f"**Pool verdict: {rv['pool_verdict']}**", "",
              ablation_markdown(rv)]
     if rv.get("prompt_routers"):
@@ -95,6 +97,26 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
                   + ("**met**." if met else "**not met** on this pool (docs/training.md, \"Cascades\", says why "
                                               "and how it was measured)."), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def bare_lines(rv: dict) -> list[str]:
+    """The value first as users send it: the ★ at the serving target on the held-out questions typed bare (as
+    served: the OOD guard and the fallbacks included), then the phrasing table (docs/training.md, "What a router
+    learns from")."""
+    ph = rv.get("phrasings") or {}
+    star = (ph.get("routers") or {}).get(rv["best_router"])
+    if not star:
+        return []
+    bare, tmpl = star["phrasings"]["bare"], star["phrasings"]["templated"]
+    q, c = bare["quality_ratio_ci"], bare["cost_ratio_ci"]
+    label = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])
+    return [f"**The question as a user types it** (held-out test, bare, decided as `router-lite serve` decides: "
+            f"OOD guard and fallbacks included; each agent's reward and cost as recorded for that question): the ★ "
+            f"{label} at `{ph['target']}` gives **{bare['quality_ratio']:.1%} of {rv['best_single']['agent']}'s "
+            f"quality (paired 95 % CI {q[0]:.1%}–{q[1]:.1%}) at {bare['cost_ratio']:.0%} of its cost (CI "
+            f"{c[0]:.0%}–{c[1]:.0%})**; the OOD guard fires on {bare['guard_rate']:.1%} of them (templated: "
+            f"{tmpl['quality_ratio']:.1%} at {tmpl['cost_ratio']:.0%}, guard {tmpl['guard_rate']:.1%}).", "",
+            phrasing_markdown({**ph, **star}), ""]
 
 
 def arena_lines(arena: dict, backbone: dict | None) -> list[str]:
