@@ -67,7 +67,7 @@ def served_decisions(context: AssetExecutionContext, reward_matrix: pd.DataFrame
                     calls=("calls", "mean")).reset_index())
     context.log.info("served on held-out test rows:\n" + summary.to_markdown(index=False, floatfmt=".4f"))
     return Output(df, metadata={"rows": len(df), "n_test": int(te.sum()),
-                                "summary": MetadataValue.md(md_table(summary, floatfmt=".4f"))})
+                                "summary": md_table(summary, floatfmt=".4f")})
 
 
 def _ood_rows(rewards, task_pool, agent_answers, prompt_embeddings, agents) -> dict:
