@@ -35,10 +35,15 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str], sampled: tuple[str, ..
         calls = calls[calls["agent"].isin(agents)]  # e.g. agents that failed pre-flight
     from pipeline.collect.preflight import ESTIMATED_USAGE
 
+    # a judge-graded call carries its reward in [0, 1] (pipeline/collect/judge.py); an unjudgeable one has none and is
+    # held back like an error, never scored 0
+    judged = calls["reward"].astype(float) if "reward" in calls else pd.Series(np.nan, index=calls.index)
+    unjudged = calls["judge_state"].eq("unjudgeable") if "judge_state" in calls else False
     calls = calls.assign(
-        usable=calls["status"].isin(["ok", "empty"]),
+        usable=calls["status"].isin(["ok", "empty"]) & ~pd.Series(unjudged, index=calls.index).astype(bool),
         estimated=calls["usage_source"].isin(ESTIMATED_USAGE) if "usage_source" in calls else False,
-        reward=np.where(calls["status"].eq("ok"), calls["correct"].eq(True).astype(float), 0.0),
+        reward=np.where(calls["status"].eq("ok"),
+                        np.where(judged.notna(), judged.fillna(0.0), calls["correct"].eq(True).astype(float)), 0.0),
     )
     u = calls["usable"]
     calls = calls.assign(  # per call what its group sums: one vectorised groupby, no Python function per group
