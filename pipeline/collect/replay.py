@@ -118,12 +118,16 @@ class ReplayStore:
             raise RouterLiteError(f"cannot read judged recordings {path}: {exc}") from exc
         records: dict[tuple[str, str], str] = {}
         judgments: dict[tuple[str, str], float] = {}
-        for model, instruction, output, pref in zip(cols["model"], cols["instruction"], cols["output"],
-                                                    cols["preference"]):
+        rows = list(zip(cols["model"], cols["instruction"], cols["output"], cols["preference"]))
+        # the reference's replies (never judged: preference NaN); a reply identical to one is a tie the grader
+        # scores without a call, so its recorded 0.5 is not served (it would make the reference look judged)
+        references = {(prompt_hash(i), prompt_hash(o)) for _, i, o, p in rows if p is None or not math.isfinite(p)}
+        for model, instruction, output, pref in rows:
             hi = prompt_hash(instruction)
             records.setdefault((model, hi), output)
-            if pref is not None and math.isfinite(pref):
-                judgments.setdefault((hi, prompt_hash(output)), float(pref))
+            key = (hi, prompt_hash(output))
+            if pref is not None and math.isfinite(pref) and key not in references:
+                judgments.setdefault(key, float(pref))
         return cls(records, source=str(path), judgments=judgments, judge_models=(RECORDED_JUDGE,))
 
     @classmethod
