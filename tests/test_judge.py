@@ -219,3 +219,52 @@ def test_a_reply_that_addresses_the_judge_does_not_win():
     assert flagged == len(INJECTIONS)
     assert wins_raw == shown_raw  # the naive judge is fooled every time: the defence matters
     assert wins_defended == wins_plain == 0
+
+
+# ------------------------------------------------------------------------------------- train on judge rewards
+def test_train_takes_a_judge_graded_matrix(tmp_path, monkeypatch, capsys, tiny_static):
+    """`router-lite train --rewards FILE` on fractional judge rewards (AlpacaEval's recorded judgments, 200
+    instructions x the chat pool), with the `judge` grader and the agents' (absent) answers: it trains and reports
+    the same figures as on a verifiable matrix."""
+    import json
+
+    from cli.main import main
+
+    rec = pd.read_parquet(data_dir() / "alpaca_eval" / "records.parquet")
+    agents = load_agents(config_dir() / "agents.yaml", "chat")
+    wide = rec.pivot(index="instruction_id", columns="model", values="preference").iloc[:200]
+    lens = rec.assign(n=rec["output"].str.len()).pivot(index="instruction_id", columns="model", values="n")
+    instr = rec.drop_duplicates("instruction_id").set_index("instruction_id")["instruction"]
+    rng = np.random.default_rng(0)
+    rows, trows = [], []
+    for i in wide.index:
+        r = [float(wide.loc[i, a.model]) if not np.isnan(wide.loc[i, a.model]) else 0.5 for a in agents]
+        assert any(0 < x < 1 and x != 0.5 for x in r)  # fractional rewards, not 0/1
+        rows.append({"task_id": f"alpaca_eval/eval/{i:06d}", "agent_order": [a.name for a in agents],
+                     "mean_reward": r, "answers": [None] * len(agents),
+                     "mean_cost": [a.cost(len(instr[i]) // 4, int(lens.loc[i, a.model]) // 4) for a in agents]})
+        trows.append({"task_id": f"alpaca_eval/eval/{i:06d}", "prompt": instr[i], "grader": "judge",
+                      "split": rng.choice(["train", "validation", "test"], p=[0.6, 0.2, 0.2])})
+    pd.DataFrame(rows).to_json(tmp_path / "r.jsonl", orient="records", lines=True)
+    pd.DataFrame(trows).to_parquet(tmp_path / "t.parquet")
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path / "home"))
+    assert main(["train", "--rewards", str(tmp_path / "r.jsonl"), "--tasks", str(tmp_path / "t.parquet"),
+                 "--generations", "3", "--backbone", str(tiny_static), "--out", str(tmp_path / "reg")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["registered"] and out["pool_verdict"]
+    for key in ("head", "best_single", "oracle", "knn"):
+        assert 0 < out[key] < 1  # judged quality, a mean of probabilities
+    assert {"max-quality", "parity", "quality>=0.95"} <= set(out["targets"])
+    assert out["oracle"] > out["best_single"]  # the recorded judgments are complementary
+
+
+def test_the_judge_is_preflight_checked(store, chat_agents):
+    from pipeline.collect.preflight import preflight_judge
+
+    prompts = load_source("alpaca_eval")["prompt"].head(3).tolist()
+    ok = preflight_judge(replay_client(store), chat_agents, prompts,
+                         settings_with(JudgeSettings(model=JUDGE_MODEL, reference="gpt4_turbo")))
+    assert ok["passed"] and ok["n_judged"] == 3 and ok["cost_usd"] > 0
+    unknown = preflight_judge(replay_client(store), chat_agents, prompts,  # a model the replay does not serve
+                              settings_with(JudgeSettings(model="gpt4_1106_preview", reference="gpt4_turbo")))
+    assert not unknown["passed"] and "judge call failed: not_found" in unknown["reason"]
