@@ -93,15 +93,26 @@ def test_judge_settings_name_what_is_missing():
 
 
 # ------------------------------------------------------------------------------------------- replay: recorded
-def test_replay_reproduces_the_recorded_judgments(tmp_path, store, chat_agents):
-    tasks = load_source("alpaca_eval").head(24)
-    js = JudgeSettings(model=JUDGE_MODEL, reference="gpt4_turbo")
+# instruction 473: FuseChat-3B and -8B gave the same reply, judged twice upstream (0.0112, 0.0203): a judge shown one
+# input gives one answer, the first model's (data/alpaca_eval/SOURCE.md); every other pair is reproduced
+SAME_INPUT_JUDGED_TWICE = {(473, "fusechat_3b")}
+
+
+@pytest.mark.parametrize("n", [24, pytest.param(805, marks=pytest.mark.slow)])
+def test_replay_reproduces_the_recorded_judgments(tmp_path, store, chat_agents, n):
+    """The chat profile's collection (its pool, its judge settings) on the first `n` instructions (805: all, what
+    `router-lite run --profile chat` collects): every reward equals the recorded preference."""
+    tasks = load_source("alpaca_eval").head(n)
+    from pipeline.profile import load_profile
+
+    js = load_profile("chat").collection.judge
     calls = run_collect(tasks, chat_agents, 0, CallLog(tmp_path), replay_client(store), settings_with(js))
     rec = pd.read_parquet(data_dir() / "alpaca_eval" / "records.parquet")
     model = {a.name: a.model for a in chat_agents}
     got = calls.assign(model=calls["agent"].map(model), instruction_id=calls["task_id"].str[-6:].astype(int))
     j = got.merge(rec, on=["instruction_id", "model"], validate="one_to_one")
-    assert len(j) == 24 * len(chat_agents)
+    assert len(j) == n * len(chat_agents)
+    j = j[[(i, a) not in SAME_INPUT_JUDGED_TWICE for i, a in zip(j["instruction_id"], j["agent"])]]
     expected = j["preference"].fillna(0.5)  # the reference's own reply: a tie, as upstream
     assert np.abs(j["reward"].astype(float) - expected).max() < 1e-12
     assert set(j["judge_state"]) == {"judged", "tie_identical"}
@@ -268,3 +279,17 @@ def test_the_judge_is_preflight_checked(store, chat_agents):
     unknown = preflight_judge(replay_client(store), chat_agents, prompts,  # a model the replay does not serve
                               settings_with(JudgeSettings(model="gpt4_1106_preview", reference="gpt4_turbo")))
     assert not unknown["passed"] and "judge call failed: not_found" in unknown["reason"]
+
+
+def test_the_routed_benchmark_scores_judged_rewards():
+    """A judge-graded call is worth its judge's probability in the routed benchmark, not whether it won (> 0.5)."""
+    from pipeline.report.benchmark import score
+
+    bench = pd.DataFrame({"id": ["t1", "t2"], "group": ["g", "g"], "gold": ["", ""], "grader": ["judge", "judge"]})
+    calls = pd.DataFrame({"task_id": ["t1", "t1", "t2", "t2"], "agent": ["a", "b", "a", "b"], "status": ["ok"] * 4,
+                          "extracted": [None] * 4, "correct": [False, True, False, False],
+                          "reward": [0.2, 0.7, 0.4, 0.45], "cost_usd": [0.1] * 4, "latency_ms": [1.0] * 4})
+    res = score(bench, np.array([1, 0]), np.array([False, False]), calls, ["a", "b"])
+    assert res["summary"]["accuracy"] == pytest.approx((0.7 + 0.4) / 2)
+    single = res["comparison"].set_index("policy")["accuracy"]
+    assert single["a"] == pytest.approx(0.3) and single["oracle"] == pytest.approx((0.7 + 0.45) / 2)
