@@ -293,3 +293,19 @@ def test_the_routed_benchmark_scores_judged_rewards():
     assert res["summary"]["accuracy"] == pytest.approx((0.7 + 0.4) / 2)
     single = res["comparison"].set_index("policy")["accuracy"]
     assert single["a"] == pytest.approx(0.3) and single["oracle"] == pytest.approx((0.7 + 0.45) / 2)
+
+
+def test_router_lite_forecast_shows_what_judging_will_cost(tmp_path, monkeypatch, capsys):
+    import json
+
+    from cli.main import main
+
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(tmp_path))
+    assert main(["forecast", "--profile", "chat"]) == 0
+    out = capsys.readouterr().out
+    assert "805 tasks x 5 agents x 1 repetitions, and their judge" in out
+    fc = json.loads(next(tmp_path.rglob("forecast.json")).read_text())
+    judge = fc["per_agent"][f"judge:{JUDGE_MODEL}"]
+    assert judge["calls"] == 4 * 805  # one shuffled call per reply of the 4 agents other than the reference
+    assert 0 < judge["usd_low"] < judge["usd_expected"] < judge["usd_high"]
+    assert fc["usd_expected"] > judge["usd_expected"]  # inside the collection's total

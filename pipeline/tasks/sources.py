@@ -396,7 +396,7 @@ def norm_alpaca_eval(rows: Iterable[dict], where: str) -> list[dict]:
         instruction = _need(r, "instruction", w)
         words = len(instruction.split())
         difficulty = "easy" if words < 13 else "medium" if words < 25 else "hard"
-        out.append(TaskRow("alpaca_eval", "eval", qid, instruction, ALPACA_REFERENCE, "judge", OPEN_DOMAIN,
+        out.append(TaskRow("alpaca_eval", "test", qid, instruction, ALPACA_REFERENCE, "judge", OPEN_DOMAIN,
                            difficulty, qid, str(r.get("dataset", ""))).row())
     return sorted(out, key=lambda t: t["task_id"])
 
