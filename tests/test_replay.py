@@ -71,7 +71,7 @@ def aclient(store, **kw):
 
 
 def test_store_contents(store):
-    assert set(DEMO + WIDE + ZEROEVAL + ALPACA) == set(store.models())  # the default store: every bundled recordings file
+    assert set(DEMO + WIDE + ZEROEVAL + ALPACA) == set(store.models())  # every bundled recording
     assert len(store) > 90_000 + 28_000
     df = pd.read_parquet(default_recordings_path())
     assert list(df.columns) == ["model", "question_id", "prompt_hash", "text"]
