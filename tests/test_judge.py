@@ -309,3 +309,23 @@ def test_router_lite_forecast_shows_what_judging_will_cost(tmp_path, monkeypatch
     assert judge["calls"] == 4 * 805  # one shuffled call per reply of the 4 agents other than the reference
     assert 0 < judge["usd_low"] < judge["usd_expected"] < judge["usd_high"]
     assert fc["usd_expected"] > judge["usd_expected"]  # inside the collection's total
+
+
+def test_judge_calls_are_inside_the_collection_budget(tmp_path, store, chat_agents):
+    """Each judge call reserves its worst case in the collection's USD budget and settles its cost: the budget's
+    spend is the agents' cost plus the judge's, never above max_usd; a judge call that no longer fits is not made
+    (`unjudgeable`, reason named), and its reply's task is held back."""
+    from pipeline.collect.budget import Budget
+
+    tasks = load_source("alpaca_eval").head(6)
+    agents = [a for a in chat_agents if a.name in ("gpt4_turbo", "fusechat_8b")]
+    js = JudgeSettings(model=JUDGE_MODEL, reference="gpt4_turbo")
+    settings = dataclasses.replace(settings_with(js), concurrency=1)
+    budget = Budget(0.25, max_tokens=settings.max_tokens)
+    calls = run_collect(tasks, agents, 0, CallLog(tmp_path), replay_client(store), settings, budget=budget)
+    spent = calls["cost_usd"].fillna(0).sum() + calls["judge_cost_usd"].fillna(0).sum()
+    assert budget.spent == pytest.approx(spent) and spent <= 0.25
+    judged = calls[calls["agent"] == "fusechat_8b"]
+    assert (judged["judge_cost_usd"] > 0).any()  # judged replies were paid for inside the budget
+    stopped = judged[judged["judge_reason"].fillna("").str.contains("budget")]
+    assert len(stopped) and stopped["reward"].isna().all() and (stopped["judge_calls"] == 0).all()

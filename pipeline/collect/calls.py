@@ -156,6 +156,9 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
             fields = await call_once(clients[a.name], a, t["prompt"], settings)
             judged = None
             if judging is not None and t["grader"] == JUDGE_GRADER and fields["status"] == "ok":
+                if held is not None:  # settled before the judge reserves: a worker never waits on its own call
+                    await budget.settle(held, fields["cost_usd"])
+                    held = None
                 judged = await judging.judge_fields(clients, a, t, fields["response_text"], budget)
             row = await asyncio.to_thread(_graded_row, k, a, t, repetition, sh, fields, grade_fn, judged)
             await committer.write(row)
@@ -260,7 +263,7 @@ class _Judging:
         held = None
         if budget is not None and reference is not None:
             prompts = judge_prompts(self.js, task_id, a.name, str(t["prompt"]), text, reference)
-            held = await budget.reserve(self.judge, "".join(prompts))
+            held = await budget.reserve(self.judge, "".join(prompts), self.js.max_tokens * len(prompts))
             if held is None:
                 from pipeline.collect.judge import unjudgeable_fields
 
