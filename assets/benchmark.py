@@ -194,8 +194,8 @@ def _routed(prof, task_pool: pd.DataFrame, routers: _UnderTest, specs: list, poo
         log = CallLog(storage.path("calls", pool.kind, "benchmark_cascade", variant))
 
         def collect(j, rows, log=log):
-            return run_collect(rows.rename(columns={"id": "task_id"}), [specs[j]], 0, log, pool.client_for,
-                               prof.collection)
+            return run_collect(rows.rename(columns={"id": "task_id"}), _judged_with(rows, specs, j, prof), 0, log,
+                               pool.client_for, prof.collection)
 
         for t in cascade_targets:
             res = cascade_benchmark(bench, X, lambda g, t=t: regc.cascade_at(t, g), collect, regc.router.order, agents)
@@ -421,3 +421,13 @@ def routerbench_summary(context: AssetExecutionContext, replications: dict[str, 
                   metadata=rounded({"table": MetadataValue.md(text), "suites": len(replications),
                                     **{f"aiq_trained_head_{suite}": v for suite, v in aiq.items()},
                                     "path": MetadataValue.path(str(path))}))
+
+
+def _judged_with(rows: pd.DataFrame, specs: list, j: int, prof) -> list:
+    """The agents a cascade stage asks: agent `j`, and before it the judge's reference agent where the rows are
+    judge-graded (a reply is judged against the reference's reply to the same prompt; its cost is grading's, not
+    the route's: `cascade_benchmark` scores agent `j`'s call only)."""
+    ref = getattr(prof.collection.judge, "reference", None)
+    if "grader" not in rows or not (rows["grader"] == "judge").any() or ref in (None, specs[j].name):
+        return [specs[j]]
+    return [s for s in specs if s.name == ref] + [specs[j]]

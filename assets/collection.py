@@ -31,6 +31,7 @@ from pipeline.collect.answers import agent_answers as build_answers
 from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.call_log_lock import collection_lock, wait_setting
 from pipeline.collect.preflight import preflight as run_preflight
+from pipeline.collect.preflight import preflight_judge
 from pipeline.collect.quality import RULE_SETTING, empty_rates, kept_agents, quarantine_markdown, quarantined
 from pipeline.collect.regrade import regrade
 from pipeline.collect.rewards import baselines as compute_baselines
@@ -156,6 +157,12 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
                               + "; ".join(f"{a}: {why}" for a, why in zip(failed["agent"], failed["reason"])))
     # the collection's forecast, before it makes a call: the passed agents, less the logged calls
     passed = [a for a in agents if a.name in set(result.query("passed")["agent"])]
+    judge = {}
+    if "grader" in task_pool and (task_pool["grader"] == "judge").any():  # the judge of open-ended tasks, checked too
+        judge = preflight_judge(pool.client_for, passed, prompts, prof.collection)
+        if not judge["passed"]:
+            raise RouterLiteError(f"the judge {judge['model']!r} failed pre-flight: {judge['reason']}")
+        context.log.info(f"judge pre-flight: {judge['n_judged']} of {judge['n_calls']} comparisons judged")
     fc = collection_forecast(prof, pool.kind, storage, task_pool, passed, result,
                              sampled=sampled_fractions(prof, [a.name for a in passed], storage, pool.pool))
     context.log.info(f"collection forecast: {fc['calls']:,} calls, USD {fc['usd_low']:.4f} .. {fc['usd_high']:.4f}")
@@ -163,6 +170,7 @@ def preflight(context: AssetExecutionContext, config: AgentPoolConfig, task_pool
         "pool": pool.pool, "pool_kind": pool.kind, "agents": MetadataValue.json([a.name for a in agents]),
         "passed": int(result["passed"].sum()),
         "failed": MetadataValue.json(dict(zip(failed["agent"], failed["reason"]))),
+        **({"judge_preflight": MetadataValue.json(judge)} if judge else {}),
         "table": MetadataValue.md(result.drop(columns=["reason"]).to_markdown(index=False)),
     })
 

@@ -68,8 +68,10 @@ def cmd_forecast(args) -> int:
     out = Path(home) / "reports" / "forecast.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(fc, out)
+    judges = [a for a in fc["per_agent"] if a.startswith("judge:")]  # the judge of open-ended tasks: no agent
     print(f"forecast: profile {prof.name}, pool {fc['pool']} ({fc['kind']}), {fc['tasks']:,} tasks x "
-          f"{len(fc['per_agent'])} agents x {fc['repetitions']} repetitions; prices: {note}")
+          f"{len(fc['per_agent']) - len(judges)} agents x {fc['repetitions']} repetitions"
+          f"{', and their judge' if judges else ''}; prices: {note}")
     print(forecast_table(fc))
     print(forecast_line(fc))
     print(f"written: {out}", file=sys.stderr)

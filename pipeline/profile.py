@@ -41,6 +41,7 @@ from typing import Annotated, Literal
 
 import pydantic
 
+from pipeline.collect.judge import JudgeSettings
 from pipeline.collect.sampling import NewAgentSample
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core import config
@@ -157,12 +158,17 @@ class CollectionConfig(CollectionSettings):
         New agents of a wider pool called on a sample of tasks first, the rest estimated, the remaining calls made
         only for agents that may join the frontier (`pipeline.collect.sampling.NewAgentSample`, its table there);
         off by default (fraction 0). Not a call setting.
+    judge = JudgeSettings()
+        The judge agent of tasks with `grader: judge` (open-ended prompts without a gold answer): its model, the
+        reference agent replies are compared with, and how position bias is controlled
+        (`pipeline.collect.judge.JudgeSettings`, its table there). Not a call setting: it never enters a call key.
     """
 
     repetitions: Annotated[Int, pydantic.Field(ge=1, le=MAX_REPETITIONS)] = 3
     empty_rate_max: Annotated[Number, pydantic.Field(gt=0, le=1)] = 0.05
     max_usd: Annotated[Number, pydantic.Field(ge=0)] | None = None
     new_agent_sample: Section[NewAgentSample] = field(default_factory=NewAgentSample)
+    judge: Section[JudgeSettings] = field(default_factory=JudgeSettings)
 
 
 @dataclass(frozen=True)

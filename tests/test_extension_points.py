@@ -68,7 +68,7 @@ def test_a_registered_grader_grades_and_is_gone_afterwards():
                                    "grader": ["exact_ci"]}))
     assert GRADER_SPECS == before
     with pytest.raises(RouterLiteError,
-                       match=r"unknown grader 'exact_ci'; known graders: integer, math_expression, mcq_letter"):
+                       match=r"unknown grader 'exact_ci'; known graders: integer, judge, math_expression, mcq_letter"):
         grade("Paris", "Paris", "exact_ci")
 
 

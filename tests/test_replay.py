@@ -36,6 +36,10 @@ WIDE = ["Qwen1.5-72B-Chat", "Phi-3-mini-4k-instruct", "jamba-1.5-large"]
 ZEROEVAL = ["gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620", "gemini-1.5-pro", "Meta-Llama-3.1-8B-Instruct",
             "deepseek-v2.5-0908", "gpt-4o-mini-2024-07-18", "o1-mini-2024-09-12", "Meta-Llama-3.1-70B-Instruct",
             "Mistral-Large-2", "Qwen2-72B-Instruct"]
+# AlpacaEval's 12 models (data/alpaca_eval) and the recorded judge the replay answers judge prompts as
+ALPACA = ["FuseChat-Llama-3.1-8B-Instruct", "FuseChat-Llama-3.2-3B-Instruct", "OpenHermes-2.5-Mistral-7B",
+          "Qwen-14B-Chat", "claude-2", "claude-2.1", "gemma-2b-it", "gemma-7b-it", "gpt-3.5-turbo-1106",
+          "gpt4_1106_preview", "humpback-llama2-70b", "vicuna-13b-v1.5", "weighted_alpaca_eval_gpt4_turbo"]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +71,7 @@ def aclient(store, **kw):
 
 
 def test_store_contents(store):
-    assert set(DEMO + WIDE + ZEROEVAL) == set(store.models())  # the default store: every bundled recordings file
+    assert set(DEMO + WIDE + ZEROEVAL + ALPACA) == set(store.models())  # every bundled recording
     assert len(store) > 90_000 + 28_000
     df = pd.read_parquet(default_recordings_path())
     assert list(df.columns) == ["model", "question_id", "prompt_hash", "text"]
@@ -183,7 +187,7 @@ def test_loopback_server_plain_stream_models_and_errors(store, recorded):
         plain, text, models, one = asyncio.run(run())
     assert plain.choices[0].message.content == recorded[2]["text"] and plain.usage.prompt_tokens > 0
     assert text == recorded[3]["text"]
-    assert sorted(models) == sorted(DEMO + WIDE + ZEROEVAL)
+    assert sorted(models) == sorted(DEMO + WIDE + ZEROEVAL + ALPACA)
     assert one["status"] == "error" and one["error_kind"] == "not_found"
 
 

@@ -33,7 +33,7 @@ def test_expected_sizes(all_tasks):
     sizes = {k: len(v) for k, v in all_tasks.items()}
     assert sizes == {"math500": 500, "gsm8k": 1319, "aime2025_i": 15, "aime2025_ii": 15, "arc_challenge": 1172,
                      "mmlu": 14042, "mmlu_pro": 12032,
-                     "zeroeval_gsm8k": 1319, "zeroeval_math_l5": 721, "zeroeval_crux": 800}
+                     "zeroeval_gsm8k": 1319, "zeroeval_math_l5": 721, "zeroeval_crux": 800, "alpaca_eval": 805}
 
 
 def _row(df, **where):

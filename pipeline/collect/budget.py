@@ -63,12 +63,13 @@ class Budget:
             self._changed = asyncio.Condition()
         return self._changed
 
-    def worst_case(self, agent: AgentSpec, prompt: str) -> float:
-        return call_cost_high(agent, prompt, self.max_tokens)
+    def worst_case(self, agent: AgentSpec, prompt: str, max_tokens: int | None = None) -> float:
+        return call_cost_high(agent, prompt, self.max_tokens if max_tokens is None else max_tokens)
 
-    async def reserve(self, agent: AgentSpec, prompt: str) -> float | None:
-        """Reserve the worst case of one call; None when the budget stopped (send nothing)."""
-        need = self.worst_case(agent, prompt)
+    async def reserve(self, agent: AgentSpec, prompt: str, max_tokens: int | None = None) -> float | None:
+        """Reserve the worst case of one call (`max_tokens`: its completion cap, default the collection's; a judge's
+        is its own); None when the budget stopped (send nothing)."""
+        need = self.worst_case(agent, prompt, max_tokens)
         async with self._cond():
             while not self.stopped:
                 if self.spent + self.reserved + need <= self.max_usd:

@@ -20,6 +20,7 @@ from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.client import call_once
 from pipeline.collect.costs import logged_cost
 from pipeline.collect.grading import GRADERS
+from pipeline.collect.judge import JUDGE_GRADER, JudgeSettings, judge_agent, judge_prompts, judge_reply, tie_fields
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.progress import RateLog
@@ -132,10 +133,14 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     _check_tasks(tasks_df)
     check_agents(agents)
     sh = settings.hash()
+    judging = _Judging.of(tasks_df, agents, settings, call_log, repetition, sh)
     clients = {a.name: client_for(a) for a in agents}
+    if judging is not None:
+        clients[judging.judge.name] = client_for(judging.judge)
     done = call_log.keys()
     tasks = tasks_df[list(TASK_COLUMNS)].to_dict("records")
     wanted, queues = _call_queues(tasks, agents, repetition, sh, done)
+    rounds = [queues] if judging is None else judging.rounds(queues)
     n_todo = sum(len(q) for q in queues.values())
     log.info("collect: %d calls wanted, %d already done, %d to make", len(wanted), len(wanted) - n_todo, n_todo)
     counts: collections.Counter = collections.Counter()
@@ -149,7 +154,13 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
             if budget is not None and held is None:  # the budget stopped: this call and the rest stay unmade
                 return
             fields = await call_once(clients[a.name], a, t["prompt"], settings)
-            row = await asyncio.to_thread(_graded_row, k, a, t, repetition, sh, fields, grade_fn)
+            judged = None
+            if judging is not None and t["grader"] == JUDGE_GRADER and fields["status"] == "ok":
+                if held is not None:  # settled before the judge reserves: a worker never waits on its own call
+                    await budget.settle(held, fields["cost_usd"])
+                    held = None
+                judged = await judging.judge_fields(clients, a, t, fields["response_text"], budget)
+            row = await asyncio.to_thread(_graded_row, k, a, t, repetition, sh, fields, grade_fn, judged)
             await committer.write(row)
             if held is not None:
                 await budget.settle(held, fields["cost_usd"])
@@ -159,10 +170,11 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     try:
         async with asyncio.TaskGroup() as tg:
             commit_task = tg.create_task(committer.run())
-            async with asyncio.TaskGroup() as workers:
-                for q in queues.values():
-                    for _ in range(min(settings.concurrency, len(q))):
-                        workers.create_task(worker(q))
+            for qs in rounds:  # a judged collection: the reference agent's replies first, then the others
+                async with asyncio.TaskGroup() as workers:
+                    for q in qs.values():
+                        for _ in range(min(settings.concurrency, len(q))):
+                            workers.create_task(worker(q))
             committer.close()
             await commit_task
     finally:
@@ -214,10 +226,65 @@ def _call_queues(tasks: list[dict], agents: list[AgentSpec], repetition: int, sh
     return wanted, queues
 
 
-def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields: dict, grade_fn: GradeFn) -> dict:
-    """The call-log row of one finished call, graded (errors are not graded; an empty reply is not correct)."""
-    if fields["status"] == "error":
+class _Judging:
+    """What a collection of judge-graded tasks needs (pipeline/collect/judge.py): the judge agent, its settings, and
+    the reference agent's reply to each task (from the log, then from this collection's own calls, made first)."""
+
+    def __init__(self, js: JudgeSettings, judge: AgentSpec, settings, references: dict[str, str]):
+        self.js, self.judge, self.settings, self.references = js, judge, settings, references
+
+    @classmethod
+    def of(cls, tasks_df, agents, settings, call_log: CallLog, repetition: int, sh: str) -> _Judging | None:
+        if "grader" not in tasks_df or not (tasks_df["grader"] == JUDGE_GRADER).any():
+            return None
+        js = getattr(settings, "judge", None) or JudgeSettings()
+        if not js.model or not js.reference:
+            js.check([])  # the one error naming what is missing
+        ref = next((a for a in agents if a.name == js.reference), agents[0])
+        latest = call_log.latest()
+        refs = {}
+        if len(latest):
+            mine = latest[(latest["agent"] == js.reference) & (latest["status"] == "ok")
+                          & (latest["repetition"] == repetition) & (latest["settings_hash"] == sh)]
+            refs = dict(zip(mine["task_id"].astype(str), mine["response_text"].astype(str)))
+        return cls(js, judge_agent(js, ref), settings, refs)
+
+    def rounds(self, queues: dict) -> list[dict]:
+        first = {p: collections.deque(x for x in q if x[1].name == self.js.reference) for p, q in queues.items()}
+        rest = {p: collections.deque(x for x in q if x[1].name != self.js.reference) for p, q in queues.items()}
+        return [first, rest]
+
+    async def judge_fields(self, clients: dict, a: AgentSpec, t: dict, text: str, budget: Budget | None) -> dict:
+        task_id = str(t["task_id"])
+        if a.name == self.js.reference:
+            self.references[task_id] = text
+            return tie_fields(self.js)
+        reference = self.references.get(task_id)
+        held = None
+        if budget is not None and reference is not None:
+            prompts = judge_prompts(self.js, task_id, a.name, str(t["prompt"]), text, reference)
+            held = await budget.reserve(self.judge, "".join(prompts), self.js.max_tokens * len(prompts))
+            if held is None:
+                from pipeline.collect.judge import unjudgeable_fields
+
+                return unjudgeable_fields(self.js, "the collection budget stopped before the judge call")
+        out = await judge_reply(clients[self.judge.name], self.judge, self.js, self.settings, task_id, a.name,
+                                str(t["prompt"]), text, reference)
+        if held is not None:
+            await budget.settle(held, out["judge_cost_usd"])
+        return out
+
+
+def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields: dict, grade_fn: GradeFn,
+                judged: dict | None = None) -> dict:
+    """The call-log row of one finished call, graded (errors are not graded; an empty reply is not correct); a
+    judge-graded reply carries its judge fields (`reward` in [0, 1], or None when unjudgeable: never a 0)."""
+    if judged is not None:
+        extracted, correct = None, (None if judged["reward"] is None else judged["reward"] > 0.5)
+    elif fields["status"] == "error":
         extracted, correct = None, None
+    elif t["grader"] == JUDGE_GRADER:  # an empty reply (earns 0), unjudged
+        extracted, correct = None, False
     else:
         extracted, correct = grade_fn(fields["response_text"], str(t["gold"]), t["grader"])
         correct = bool(correct) if fields["status"] == "ok" else False
@@ -230,7 +297,8 @@ def _graded_row(k: str, a: AgentSpec, t: dict, repetition: int, sh: str, fields:
             "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "attempts": fields["attempts"], "error_message": fields["error_message"],
             "usage_source": fields["usage_source"],
-            **({"cost_invalid": True} if fields.get("cost_invalid") else {})}  # the provider's cost refused
+            **({"cost_invalid": True} if fields.get("cost_invalid") else {}),  # the provider's cost refused
+            **(judged or {})}
 
 
 def _bounded_grade(text, gold: str, grader: str, budget: bounded.Budget) -> tuple:

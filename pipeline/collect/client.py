@@ -148,7 +148,7 @@ def parse_completion(data: Any) -> dict:
         raise ValueError(f"message content is {type(content).__name__}, not text")
     usage = data.get("usage")
     return {"text": content, "finish_reason": choice.get("finish_reason"),
-            "usage": usage if isinstance(usage, dict) else {}}
+            "usage": usage if isinstance(usage, dict) else {}, "logprobs": choice.get("logprobs")}
 
 
 def _backoff(settings: CollectionSettings, attempt: int) -> float:
@@ -156,7 +156,8 @@ def _backoff(settings: CollectionSettings, attempt: int) -> float:
     return base * (0.5 + random.random() / 2)  # jitter against synchronised retries
 
 
-async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: CollectionSettings) -> dict:
+async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: CollectionSettings,
+                    extra: dict[str, Any] | None = None) -> dict:
     """One logical call (first attempt + up to `settings.max_retries` retries).
 
     Retries on rate_limit, server_error, timeout, connection and bad_response, waiting Retry-After when the
@@ -167,12 +168,13 @@ async def call_once(client: Any, agent: AgentSpec, prompt: str, settings: Collec
     stated estimate, e.g. the replay's ceil(characters/4) | "estimated" = approx_tokens of the texts here),
     cost_usd (the provider's `usage.cost` when given and plausible, e.g. OpenRouter; else agent prices x tokens, and
     then `cost_invalid: True` when the provider's was refused: `usage_cost`),
-    latency_ms (of the last attempt), attempts, model. Tokens and cost are None for errors.
+    latency_ms (of the last attempt), attempts, model, and `logprobs` (the choice's, None when not returned).
+    Tokens and cost are None for errors. `extra`: more request fields (the judge's `logprobs`, `top_logprobs`).
     """
     import httpx
 
     secrets = [getattr(client, "api_key", None)]
-    body = _request_body(agent, prompt, settings)
+    body = {**_request_body(agent, prompt, settings), **(extra or {})}
     # max_retries=0 per request: our loop owns retries.
     options = {"timeout": settings.timeout_s, "max_retries": 0}
     attempts = 0
@@ -245,7 +247,7 @@ def _answered_row(agent: AgentSpec, prompt: str, fields: dict, latency_ms: float
         **flag, "model": agent.model, "status": "empty" if is_empty(text) else "ok", "error_kind": "",
         "error_message": "", "response_text": text or "", "finish_reason": fields["finish_reason"] or "",
         "prompt_tokens": pt, "completion_tokens": ct, "usage_source": source, "cost_usd": float(cost),
-        "latency_ms": round(latency_ms, 1), "attempts": attempts,
+        "latency_ms": round(latency_ms, 1), "attempts": attempts, "logprobs": fields.get("logprobs"),
     }
 
 

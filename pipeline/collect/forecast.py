@@ -125,11 +125,68 @@ def forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, set
             "usd_expected": (pt_est * p_exp[0] + (n + n_low) / 2 * ln["mean"] * p_exp[1]) / 1e6,
             "usd_high": (pt_high * p_high[0] + n * int(settings.max_tokens) * p_high[1]) / 1e6,
         }
+    judge = _judge_forecast(tasks, agents, repetitions, settings, done, per_agent, live_prices)
+    if judge is not None:
+        per_agent[judge[0]] = judge[1]
     total = {k: sum(v[k] for v in per_agent.values()) for k in ("calls", "calls_low", "calls_total", "calls_done")}
     usd = {k: math.fsum(v[k] for v in per_agent.values()) for k in ("usd_low", "usd_expected", "usd_high")}
     return {**total, **usd, "max_tokens": int(settings.max_tokens), "repetitions": int(repetitions),
             "tasks": len(ids), "sampled": sorted(a.name for a in agents if a.name in sampled),
             "per_agent": per_agent}
+
+
+def _judge_forecast(tasks: pd.DataFrame, agents: list[AgentSpec], repetitions: int, settings, done: set,
+                    per_agent: dict, live_prices) -> tuple[str, dict] | None:
+    """The judge's calls and cost (pipeline/collect/judge.py) when tasks are judge-graded: per not-yet-logged call
+    of an agent other than the reference, one judge call per order (`position: both` = 2). Its prompt holds the
+    judge's text, the instruction and two replies: expected = each reply at its agent's expected completion length
+    (the reference's for the reference reply), low = at their low lengths, high = both replies at `max_tokens`
+    and the prompt's bytes; its completion is `judge.max_tokens` tokens. A collection the judge has not begun
+    costs these calls on top of the agents' (the `judge:<model>` row)."""
+    from pipeline.collect.judge import JUDGE_GRADER, PROMPT_HEAD, judge_agent
+
+    js = getattr(settings, "judge", None)
+    if "grader" not in tasks.columns or js is None or not js.model or not js.reference:
+        return None
+    judged = [i for i, g in enumerate(tasks["grader"]) if g == JUDGE_GRADER]
+    ref = next((a for a in agents if a.name == js.reference), None)
+    if not judged or ref is None:
+        return None
+    judge = judge_agent(js, ref)
+    per_call = 2 if js.position == "both" else 1
+    sh = settings.hash()
+    ids = [str(t) for t in tasks["task_id"]]
+    prompts = [str(p) for p in tasks["prompt"]]
+    head = approx_tokens(PROMPT_HEAD)
+    cap = int(settings.max_tokens)
+    n = n_all = 0
+    pt_low = pt_est = pt_high = 0.0
+    ref_len = per_agent[ref.name]
+    for a in agents:
+        if a.name == ref.name:
+            continue
+        ln = per_agent[a.name]
+        for r in range(repetitions):
+            for i in judged:
+                n_all += per_call
+                if call_key(a.name, ids[i], r, sh) in done:
+                    continue
+                n += per_call
+                base = head + approx_tokens(prompts[i])
+                pt_low += per_call * (base + ln["completion_tokens_low"] + ref_len["completion_tokens_low"])
+                pt_est += per_call * (base + ln["completion_tokens_mean"] + ref_len["completion_tokens_mean"])
+                pt_high += per_call * (prompt_tokens_high(PROMPT_HEAD + prompts[i]) + 2 * cap)
+    p_low, p_exp, p_high, price_source = _price_range(judge, live_prices)
+    ct = int(js.max_tokens)
+    return judge.name, {
+        "model": judge.model, "calls": n, "calls_low": n, "calls_total": n_all, "calls_done": n_all - n,
+        "prompt_tokens": pt_est, "sample_fraction": None, "completion_tokens_low": float(ct),
+        "completion_tokens_mean": float(ct), "completion_measured_n": 0, "completion_source": "judge max_tokens",
+        "price_in_per_mtok": p_exp[0], "price_out_per_mtok": p_exp[1], "price_source": price_source,
+        "usd_low": (pt_low * p_low[0] + n * ct * p_low[1]) / 1e6,
+        "usd_expected": (pt_est * p_exp[0] + n * ct * p_exp[1]) / 1e6,
+        "usd_high": (pt_high * p_high[0] + n * ct * p_high[1]) / 1e6,
+    }
 
 
 def forecast_table(fc: Mapping) -> str:

@@ -876,6 +876,10 @@ GRADER_SPECS: Table[GraderSpec] = Table("grader", {g.name: g for g in [
                fallback=_last_number, degenerate=math_degenerate),
     GraderSpec("python_literal", _literal_text, literal_equal,  # never guessed from the reasoning
                "CRUXEval output: equal as Python literals, else as trimmed strings", degenerate=literal_degenerate),
+    # open-ended replies: no answer to extract, so two replies never agree (a cascade cannot accept on agreement);
+    # the collection grades them with a judge agent against a reference reply (pipeline/collect/judge.py)
+    GraderSpec("judge", lambda _text: None, lambda _a, _b: False,
+               "open-ended: a judge agent's probability that the reply is at least as good as a reference reply"),
 ]})
 GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
 

@@ -80,3 +80,45 @@ def preflight(client_for: Callable[[AgentSpec], Any], agents: list[AgentSpec], p
     cost_usd, passed, reason.
     Runs its own event loop (in a helper thread when called from inside a running loop)."""
     return run_sync(preflight_async(client_for, agents, prompts, settings, n_calls))
+
+
+def preflight_judge(client_for: Callable[[AgentSpec], Any], agents: list[AgentSpec], prompts: list[str],
+                    settings: CollectionSettings, n_calls: int = 3) -> dict:
+    """The judge of judge-graded tasks (`settings.judge`, pipeline/collect/judge.py), checked before the collection:
+    on up to `n_calls` of `prompts`, the reference agent and one other agent answer, and the judge compares the two
+    replies; passed when every comparison has a readable verdict. Returns {judge, model, n_calls, n_judged, cost_usd,
+    passed, reason}; the calls are not logged."""
+    from pipeline.collect.judge import JudgeSettings, judge_agent, judge_reply
+
+    js = getattr(settings, "judge", None) or JudgeSettings()
+    js.check([a.name for a in agents])
+    ref = next(a for a in agents if a.name == js.reference)
+    other = next((a for a in agents if a.name != js.reference), None)
+    if other is None:
+        raise RouterLiteError("the judge's pre-flight needs an agent besides the reference")
+    judge = judge_agent(js, ref)
+    chosen = [p for p in prompts if isinstance(p, str) and p.strip()][:n_calls]
+
+    async def run() -> list[dict]:
+        clients = {a.name: client_for(a) for a in (ref, other, judge)}
+        out = []
+        try:
+            for i, p in enumerate(chosen):
+                r, o = await asyncio.gather(call_once(clients[ref.name], ref, p, settings),
+                                            call_once(clients[other.name], other, p, settings))
+                if r["status"] != "ok" or o["status"] != "ok":
+                    out.append({"judge_state": "unjudgeable", "judge_cost_usd": 0.0,
+                                "judge_reason": f"no replies to judge ({r['status']}, {o['status']})"})
+                    continue
+                out.append(await judge_reply(clients[judge.name], judge, js, settings, f"preflight/{i}", other.name,
+                                             p, o["response_text"], r["response_text"]))
+        finally:
+            await close_clients(clients)
+        return out
+
+    results = run_sync(run())
+    bad = [r for r in results if r["judge_state"] == "unjudgeable"]
+    return {"judge": judge.name, "model": judge.model, "n_calls": len(results), "n_judged": len(results) - len(bad),
+            "cost_usd": float(sum(r["judge_cost_usd"] for r in results)), "passed": bool(results) and not bad,
+            "reason": "ok" if results and not bad else
+            ("; ".join(r["judge_reason"] for r in bad[:3]) or "no prompt to judge")}

@@ -47,6 +47,9 @@ TOKEN_COUNT_METHOD = "ceil(characters/4)"  # stated in every replayed `usage` (a
 STREAM_CHUNK_CHARS = 64
 RECORDINGS = "replay/mmlu_pro_outputs.parquet"
 RECORDING_FILES = (RECORDINGS, "replay/zeroeval_outputs.parquet")  # what the default store loads
+JUDGED_RECORDINGS = "alpaca_eval/records.parquet"  # replies and their recorded judgments (loaded when present)
+RECORDED_JUDGE = "weighted_alpaca_eval_gpt4_turbo"  # the judge model id the replay answers with those judgments
+MIN_LOGPROB = -9999.0  # a recorded probability of 0 as a log-probability (exp() of it is 0.0)
 
 
 def default_recordings_path() -> Path:
@@ -72,11 +75,16 @@ def truncate_to_tokens(text: str, max_tokens: int) -> str:
 
 
 class ReplayStore:
-    """Recorded outputs: (model, prompt_hash) -> text."""
+    """Recorded outputs: (model, prompt_hash) -> text; and recorded judgments: (prompt_hash(instruction),
+    prompt_hash(reply)) -> the recorded probability that the reply beats the reference's, served as the judge
+    models `judge_models` (pipeline/collect/judge.py)."""
 
-    def __init__(self, records: dict[tuple[str, str], str], source: str = "<memory>"):
+    def __init__(self, records: dict[tuple[str, str], str], source: str = "<memory>",
+                 judgments: dict[tuple[str, str], float] | None = None, judge_models: tuple[str, ...] = ()):
         self._texts = dict(records)
-        self._model_set = {m for m, _ in self._texts}
+        self.judgments = dict(judgments or {})
+        self.judge_models = set(judge_models) if self.judgments else set()
+        self._model_set = {m for m, _ in self._texts} | self.judge_models
         self._models = sorted(self._model_set)
         self.source = source
 
@@ -85,9 +93,42 @@ class ReplayStore:
         """Load one recordings Parquet, or (no path) every bundled one under `data_dir()` (`RECORDING_FILES`)."""
         if path is None:
             stores = [cls._load_one(p) for p in default_recordings_paths()]
+            judged = data_dir() / JUDGED_RECORDINGS
+            if judged.exists():
+                stores.append(cls.load_judged(judged))
             records = {k: v for s in stores for k, v in s._texts.items()}
-            return cls(records, source=", ".join(s.source for s in stores))
+            judgments = {k: v for s in stores for k, v in s.judgments.items()}
+            return cls(records, source=", ".join(s.source for s in stores), judgments=judgments,
+                       judge_models=(RECORDED_JUDGE,))
         return cls._load_one(Path(path))
+
+    @classmethod
+    def load_judged(cls, path: str | Path) -> ReplayStore:
+        """AlpacaEval's recordings (data/alpaca_eval/records.parquet): each model's reply to each instruction (keyed
+        by the instruction as the user wrote it) and the recorded judgment of each reply against the reference's.
+        Two models that gave one instruction the same reply share one judgment (the judge saw the same input): the
+        first model's in name order is kept (upstream judged such a pair twice once, 0.020 and 0.011: instruction
+        473, data/alpaca_eval/SOURCE.md)."""
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        try:
+            cols = pq.read_table(path, columns=["model", "instruction", "output", "preference"]).to_pydict()
+        except Exception as exc:  # corrupt file, missing column
+            raise RouterLiteError(f"cannot read judged recordings {path}: {exc}") from exc
+        records: dict[tuple[str, str], str] = {}
+        judgments: dict[tuple[str, str], float] = {}
+        rows = list(zip(cols["model"], cols["instruction"], cols["output"], cols["preference"]))
+        # the reference's replies (never judged: preference NaN); a reply identical to one is a tie the grader
+        # scores without a call, so its recorded 0.5 is not served (it would make the reference look judged)
+        references = {(prompt_hash(i), prompt_hash(o)) for _, i, o, p in rows if p is None or not math.isfinite(p)}
+        for model, instruction, output, pref in rows:
+            hi = prompt_hash(instruction)
+            records.setdefault((model, hi), output)
+            key = (hi, prompt_hash(output))
+            if pref is not None and math.isfinite(pref) and key not in references:
+                judgments.setdefault(key, float(pref))
+        return cls(records, source=str(path), judgments=judgments, judge_models=(RECORDED_JUDGE,))
 
     @classmethod
     def _load_one(cls, path: Path) -> ReplayStore:
@@ -192,6 +233,8 @@ def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> R
     if isinstance(parsed, ReplayResponse):
         return parsed
     req, model, user_text, prompt_tokens, max_tokens = parsed
+    if model in store.judge_models:
+        return _judge_reply(store, model, user_text, prompt_tokens)
     if not store.has_model(model):
         return _error(404, f"The model `{model}` has no replay recordings", "invalid_request_error",
                       "model_not_found", "model")
@@ -218,6 +261,44 @@ def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> R
         })
     include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
     return _stream(cid, created, model, text, finish, usage, include_usage)
+
+
+def _judge_reply(store: ReplayStore, model: str, prompt: str, prompt_tokens: int) -> ReplayResponse:
+    """The recorded judgment of the reply in a judge prompt, as a live judge gives it: the verdict character ("A" or
+    "B", the likelier) and its first-token log-probabilities (log P, log (1 - P)) for both positions. The reply
+    judged is the one with a recorded judgment; the other must be the reference (404 when neither or both match)."""
+    from pipeline.collect.judge import parse_judge_prompt
+
+    parsed = parse_judge_prompt(prompt)
+    if parsed is None:
+        return _error(404, f"`{model}` is a replayed judge: it answers only judge prompts (pipeline/collect/judge.py)",
+                      "invalid_request_error", "prompt_not_recorded", "messages")
+    instruction, a, b = parsed
+    hi = prompt_hash(instruction)
+    pa, pb = store.judgments.get((hi, prompt_hash(a))), store.judgments.get((hi, prompt_hash(b)))
+    if (pa is None) == (pb is None):
+        return _error(404, f"no recorded judgment of `{model}` for this pair of replies to instruction {hi}",
+                      "invalid_request_error", "prompt_not_recorded", "messages")
+    p_a = pa if pa is not None else 1.0 - pb
+
+    def lp(p: float) -> float:
+        return math.log(p) if p > 0 else MIN_LOGPROB
+
+    tops = [{"token": "A", "logprob": lp(p_a)}, {"token": "B", "logprob": lp(1.0 - p_a)}]
+    tops.sort(key=lambda t: -t["logprob"])
+    verdict = tops[0]["token"]
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1,
+             "token_count_method": TOKEN_COUNT_METHOD}
+    cid = "chatcmpl-replay-" + hashlib.sha256(f"{model}\n{prompt_hash(prompt)}".encode()).hexdigest()[:24]
+    return _json({
+        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "system_fingerprint": "replay",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": verdict},
+                     "logprobs": {"content": [{"token": verdict, "logprob": tops[0]["logprob"],
+                                               "top_logprobs": tops}]},
+                     "finish_reason": "stop"}],
+        "usage": usage,
+    })
 
 
 def _models_route(store: ReplayStore, path: str) -> ReplayResponse | None:

@@ -24,6 +24,15 @@ class RewardMatrix:
     incomplete: pd.DataFrame  # task_id, agent, error_count: tasks held back because an agent has only errors
 
 
+def call_rewards(calls: pd.DataFrame) -> np.ndarray:
+    """The reward of each graded call row: a judge-graded call's `reward` (its judge's probability, in [0, 1]), else
+    1.0 for a correct answer; 0.0 for an empty reply or an error (an unjudgeable call: 0 here, but `reward_matrix`
+    holds it back)."""
+    judged = calls["reward"].astype(float) if "reward" in calls else pd.Series(np.nan, index=calls.index)
+    return np.where(calls["status"].eq("ok"),
+                    np.where(judged.notna(), judged.fillna(0.0), calls["correct"].eq(True).astype(float)), 0.0)
+
+
 def reward_matrix(calls: pd.DataFrame, agents: list[str], sampled: tuple[str, ...] | list[str] = ()) -> RewardMatrix:
     """Aggregate graded calls over repetitions into reward rows with `agent_order == agents`. A task where an agent
     of `sampled` (a new agent asked only on a sample, pipeline/collect/sampling.py) has no call stays, with NaN in
@@ -35,10 +44,13 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str], sampled: tuple[str, ..
         calls = calls[calls["agent"].isin(agents)]  # e.g. agents that failed pre-flight
     from pipeline.collect.preflight import ESTIMATED_USAGE
 
+    # a judge-graded call carries its reward in [0, 1] (pipeline/collect/judge.py); an unjudgeable one has none and is
+    # held back like an error, never scored 0
+    unjudged = calls["judge_state"].eq("unjudgeable") if "judge_state" in calls else False
     calls = calls.assign(
-        usable=calls["status"].isin(["ok", "empty"]),
+        usable=calls["status"].isin(["ok", "empty"]) & ~pd.Series(unjudged, index=calls.index).astype(bool),
         estimated=calls["usage_source"].isin(ESTIMATED_USAGE) if "usage_source" in calls else False,
-        reward=np.where(calls["status"].eq("ok"), calls["correct"].eq(True).astype(float), 0.0),
+        reward=call_rewards(calls),
     )
     u = calls["usable"]
     calls = calls.assign(  # per call what its group sums: one vectorised groupby, no Python function per group

@@ -67,6 +67,9 @@ def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.D
 
     `calls` holds one graded call per (id as task_id, agent): the real replies of the pool on these questions.
     """
+    from pipeline.collect.rewards import call_rewards
+
+    calls = calls.assign(reward=call_rewards(calls))  # a judged call's probability, else 1 / 0 for right / wrong
     by = calls.set_index(["task_id", "agent"])
     rows = []
     for i, q in bench.reset_index(drop=True).iterrows():
@@ -74,11 +77,11 @@ def score(bench: pd.DataFrame, picks: np.ndarray, fired: np.ndarray, calls: pd.D
         c = by.loc[(q["id"], agent)]
         rows.append({"id": q["id"], "group": q["group"], "picked_agent": agent, "ood_guard": bool(fired[i]),
                      "status": c["status"], "answer": c["extracted"], "gold": q["gold"],
-                     "correct": bool(c["correct"]) if c["status"] == "ok" else False,
+                     "correct": float(c["reward"]),
                      "cost_usd": float(c["cost_usd"] or 0.0), "latency_ms": float(c["latency_ms"] or 0.0)})
     per_q = pd.DataFrame(rows)
     ok = calls[calls["status"] != "error"]
-    single = ok.assign(correct=ok["correct"].eq(True).astype(float)).pivot_table(
+    single = ok.assign(correct=ok["reward"]).pivot_table(
         index="task_id", columns="agent", values="correct").reindex(columns=agents)
     comparison = pd.DataFrame(
         [{"policy": "router", "accuracy": per_q["correct"].mean(), "cost_usd": per_q["cost_usd"].sum()}]
@@ -115,14 +118,18 @@ def cascade_benchmark(bench: pd.DataFrame, X: np.ndarray, view_of, collect, orde
         for k, i in enumerate(m):
             policies[i], direct[i], fired[i] = view.policy, picks[k], f[k]
 
+    from pipeline.collect.rewards import call_rewards
+
     def ask(j: int, rows: list[int]) -> dict:
-        calls = collect(j, bench.iloc[rows]).set_index("task_id")
+        calls = collect(j, bench.iloc[rows])
+        calls = calls[calls["agent"] == agents[j]] if "agent" in calls else calls  # a judge's reference: not routed
+        calls = calls.assign(reward=call_rewards(calls)).set_index("task_id")
         out = {}
         for i in rows:
             c = calls.loc[bench.at[i, "id"]]
             ok = c["status"] == "ok"
             out[i] = (c["extracted"] if ok and isinstance(c["extracted"], str) else None,
-                      float(bool(c["correct"])) if ok else 0.0, float(c["cost_usd"] or 0.0))
+                      float(c["reward"]), float(c["cost_usd"] or 0.0))
         return out
 
     o = execute(policies, direct, order, ask, lambda i, a, b: grader_spec(graders[i]).agree(a, b))

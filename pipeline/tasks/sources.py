@@ -25,7 +25,8 @@ TASK_COLUMNS = [
     "task_id", "source", "prompt", "gold", "grader", "domain", "difficulty",
     "source_split", "question_id", "category", "choices", "user_text",
 ]
-DOMAINS = ("math", "knowledge", "reasoning")
+DOMAINS = ("math", "knowledge", "reasoning")  # the verifiable domains `balance: domain_difficulty` needs
+OPEN_DOMAIN = "open"  # open-ended instructions, graded by a judge (`grader: judge`)
 DIFFICULTIES = ("easy", "medium", "hard")
 
 
@@ -377,6 +378,32 @@ def norm_zeroeval_crux(rows: Iterable[dict], where: str) -> list[dict]:
     return out
 
 
+# --- AlpacaEval (tatsu-lab/alpaca_eval): open-ended instructions, no gold answer: graded by a judge ------------------
+ALPACA_REFERENCE = "gpt4_1106_preview"  # the model the recorded judgments compare every reply with
+
+
+def norm_alpaca_eval(rows: Iterable[dict], where: str) -> list[dict]:
+    """One task per instruction (the bundled file holds one row per instruction x model: the first is kept), the
+    prompt the instruction verbatim (the user's text, no template: the replay is keyed by it), `grader: judge`,
+    `gold` the reference model the recorded judgments compare with (the judge grader compares with the profile's
+    `collection.judge.reference` agent), `category` AlpacaEval's instruction set (self-instruct, oasst, koala,
+    helpful_base, vicuna). Difficulty has no upstream label: the instruction's length in words stands in for it
+    (terciles of the 805: < 13 easy, < 25 medium, else hard), a result-blind rule."""
+    out, seen = [], set()
+    for i, r in enumerate(rows):
+        w = f"{where}: row {i}"
+        qid = int(_need(r, "instruction_id", w))
+        if qid in seen:
+            continue
+        seen.add(qid)
+        instruction = _need(r, "instruction", w)
+        words = len(instruction.split())
+        difficulty = "easy" if words < 13 else "medium" if words < 25 else "hard"
+        out.append(TaskRow("alpaca_eval", "test", qid, instruction, ALPACA_REFERENCE, "judge", OPEN_DOMAIN,
+                           difficulty, qid, str(r.get("dataset", ""))).row())
+    return sorted(out, key=lambda t: t["task_id"])
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     key: str
@@ -398,6 +425,7 @@ SOURCES: Table[SourceSpec] = Table("source", {s.key: s for s in [
     SourceSpec("zeroeval_gsm8k", "math", norm_zeroeval_gsm8k, "zeroeval/tasks.parquet"),
     SourceSpec("zeroeval_math_l5", "math", norm_zeroeval_math_l5, "zeroeval/tasks.parquet"),
     SourceSpec("zeroeval_crux", "reasoning", norm_zeroeval_crux, "zeroeval/tasks.parquet"),
+    SourceSpec("alpaca_eval", OPEN_DOMAIN, norm_alpaca_eval, "../alpaca_eval/records.parquet"),
 ]})
 
 
