@@ -25,7 +25,7 @@ WRAPPERS = {
     "stuck": "I'm working through some practice problems and got stuck on this one:\n\n{q}\n\nThanks a lot!",
 }
 TEMPLATED, BARE = "templated", "bare"
-OPEN_ENDED_FILE = "open_ended/instructions.parquet"
+OPEN_ENDED_FILE = "alpaca_eval/records.parquet"  # the `alpaca_eval` source's bundle (data/alpaca_eval/SOURCE.md)
 
 
 def phrasings(bare: list[str], prompts: list[str]) -> dict[str, list[str]]:
@@ -38,10 +38,11 @@ def phrasings(bare: list[str], prompts: list[str]) -> dict[str, list[str]]:
 
 
 def open_ended_instructions() -> list[str]:
-    """The bundled open-ended instructions (AlpacaEval's 805; data/open_ended/NOTICE.md)."""
+    """The bundled open-ended instructions (AlpacaEval's 805, in upstream order; data/alpaca_eval/SOURCE.md)."""
     import pandas as pd
 
-    return pd.read_parquet(data_dir() / OPEN_ENDED_FILE, columns=["instruction"])["instruction"].tolist()
+    rows = pd.read_parquet(data_dir() / OPEN_ENDED_FILE, columns=["instruction_id", "instruction"])
+    return rows.drop_duplicates("instruction_id").sort_values("instruction_id")["instruction"].tolist()
 
 
 def decision_key(rows: ServedRows) -> np.ndarray:
