@@ -165,3 +165,17 @@ def test_a_cascade_takes_no_tool_call_for_an_answer():
     assert events[0]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, **CALL}]
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert not calls_tools({"choices": [{"message": says_a}]})
+
+
+def test_an_estimated_cost_counts_tool_definitions_and_tool_calls():
+    """An agent that reports no usage: its tokens are estimated from characters, tool definitions and calls included
+    (a provider bills both), so a tools reply is never priced as an empty one."""
+    from pipeline.collect.client import reply_usage
+
+    spec = AgentSpec("a", "a", "x", None, 1.0, 1.0)
+    upstream = {"messages": [{"role": "user", "content": QUESTION}]}
+    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [CALL]}}]}
+    bare = reply_usage(spec, upstream, reply)
+    with_tools = reply_usage(spec, {**upstream, "tools": TOOLS}, reply)
+    assert with_tools["prompt_tokens"] > bare["prompt_tokens"] == -(-len(QUESTION) // 4)
+    assert bare["completion_tokens"] == -(-len(json.dumps([CALL])) // 4) > 0
