@@ -179,3 +179,14 @@ def test_an_estimated_cost_counts_tool_definitions_and_tool_calls():
     with_tools = reply_usage(spec, {**upstream, "tools": TOOLS}, reply)
     assert with_tools["prompt_tokens"] > bare["prompt_tokens"] == -(-len(QUESTION) // 4)
     assert bare["completion_tokens"] == -(-len(json.dumps([CALL])) // 4) > 0
+
+
+def test_a_huge_turn_is_counted_no_further_than_the_window():
+    """Serve parses on its event loop: a 1 MB turn is counted only as far as the window (`word_pieces` with a cap),
+    and only the end of an earlier one is read."""
+    big = "lorem ipsum dolor sit amet " * 38_000
+    assert word_pieces(big, cap=100) == 101 < word_pieces(big)  # stopped just past the cap
+    assert routed_text([big, QUESTION]).endswith(f"\n\n{QUESTION}")
+    head = routed_text([big, QUESTION]).rsplit("\n\n", 1)[0]
+    assert big.rstrip().endswith(head) and word_pieces(head) <= ROUTED_WINDOW - 2 - word_pieces(QUESTION)
+    assert routed_text([QUESTION, big]) == user_text(big)  # the latest over the window: nothing before it

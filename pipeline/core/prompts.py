@@ -71,19 +71,35 @@ _PIECE_RUN = re.compile(r"[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9]")
 TURN_SEPARATOR = "\n\n"
 
 
-def word_pieces(text: str) -> int:
+def word_pieces(text: str, cap: int | None = None) -> int:
     """An upper estimate of the WordPiece tokens of `text` (no tokenizer: serve parses a request on its event loop):
     a run of ASCII letters counts one piece per 3 letters, a run of digits one per 2, any other character one. Checked
     against the bundled MiniLM tokenizer on the 31,935 bundled source questions (tests/test_conversation.py): over
     its count for 99.8 % of them, under it by at most 1.4 x (DNA codons: three letters, two pieces), 1.5 x over on
-    average."""
-    return sum(-(-len(w) // (2 if w[0].isdigit() else 3)) for w in _PIECE_RUN.findall(text))
+    average. With `cap`, counting stops once the count is over it (a 1 MB turn costs what a window of it does)."""
+    if cap is None:
+        return sum(-(-len(w) // (2 if w[0].isdigit() else 3)) for w in _PIECE_RUN.findall(text))
+    n = 0
+    for m in _PIECE_RUN.finditer(text):
+        w = m.group()
+        n += -(-len(w) // (2 if w[0].isdigit() else 3))
+        if n > cap:
+            break
+    return n
+
+
+_TAIL_CHARS_PER_PIECE = 32  # how much of a turn's end `_tail` reads per piece of room (text_guard's CHARS_PER_TOKEN)
 
 
 def _tail(text: str, room: int) -> str:
-    """The last whole words of `text` whose `word_pieces` fit in `room` (words joined by single spaces)."""
+    """The last whole words of `text` whose `word_pieces` fit in `room` (joined by single spaces), read from its last
+    `room * _TAIL_CHARS_PER_PIECE` characters at most."""
+    end = text[-max(1, room) * _TAIL_CHARS_PER_PIECE:]
+    found = end.split()
+    if len(end) < len(text) and found and not end[0].isspace():
+        found = found[1:]  # cut inside a word: not a whole one
     words: list[str] = []
-    for w in reversed(text.split()):
+    for w in reversed(found):
         room -= word_pieces(w)
         if room < 0:
             break
@@ -101,16 +117,23 @@ def routed_text(user_turns: Sequence[str], window: int = ROUTED_WINDOW) -> str:
     if not user_turns:
         raise ValueError("a conversation without a user turn has nothing to route on")
     latest = user_text(user_turns[-1])
-    kept, room = [latest], int(window) - _SPECIAL_PIECES - word_pieces(latest)
+    if len(user_turns) == 1:
+        return latest
+    room = int(window) - _SPECIAL_PIECES
+    room -= word_pieces(latest, cap=room)
+    kept = [latest]
     for turn in reversed(user_turns[:-1]):
+        if room <= 0:
+            break
         text = user_text(turn)
         if not text:
             continue
-        if word_pieces(text) > room:
+        n = word_pieces(text, cap=room)
+        if n > room:
             text = _tail(text, room)
             if text:
                 kept.append(text)
             break
         kept.append(text)
-        room -= word_pieces(text)  # a blank line between turns is no piece
+        room -= n  # a blank line between turns is no piece
     return TURN_SEPARATOR.join(reversed(kept))
