@@ -25,11 +25,11 @@ from pipeline.collect.agents import AgentSpec
 from pipeline.collect.grading import grade
 from pipeline.collect.replay import REPLAY_BASE_URL, ReplayStore, replay_transport
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.prompts import prompt_hash
+from pipeline.core.prompts import prompt_hash, routed_text
 from pipeline.route import registry
 from pipeline.serve.app import build_app
 from pipeline.serve.batching import DecisionBatcher
-from pipeline.serve.requests import parse_chat_request
+from pipeline.serve.requests import RequestError, parse_chat_request
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source
@@ -73,7 +73,7 @@ def world(pool, tmp_path_factory):
         "best_agents": [[n for n, r in zip(names, row) if r >= row.max()] for row in R],
     })
     bb = Backbone(None, max_seq_length=128)
-    X = bb.encode(tasks["prompt"].tolist())
+    X = bb.encode([routed_text([p]) for p in tasks["prompt"]])  # what training embeds of a task, and serve of it
     fit = fit_router(X, rewards, tasks["split"], TrainConfig(generations=3, log_every=0))
     path = registry.register(
         tmp_path_factory.mktemp("registry"), fit.head, registry.PromptFit(fit.guard, fit.best_single),
@@ -130,7 +130,7 @@ def test_reply_is_the_picked_agents_recorded_text(world, pool, client):
         assert timing and timing.group(1) == raw.headers["x-router-overhead-ms"] and float(timing.group(2)) >= 0
         seen.add(agent)
     # the pick is the head's: same as embedding and routing offline
-    X = world[1].encode(tasks["prompt"].iloc[N_TRAIN + N_VAL:N_TRAIN + N_VAL + 6].tolist())
+    X = world[1].encode([routed_text([p]) for p in tasks["prompt"].iloc[N_TRAIN + N_VAL:N_TRAIN + N_VAL + 6]])
     assert seen == {reg.agents[int(p)]["name"] for p in reg.route(X)[0]}
 
 
@@ -295,7 +295,7 @@ def test_concurrent_requests_are_batched_and_correct(world, pool, server):
     outs = asyncio.run(asyncio.wait_for(run(), 60))
     for p, raw in zip(prompts, outs):
         assert raw.parse().choices[0].message.content == recorded(pool, raw.headers["x-router-model"], p)
-    X = world[1].encode(prompts)
+    X = world[1].encode([routed_text([p]) for p in prompts])
     assert [raw.headers["x-router-agent"] for raw in outs] == [reg.agents[int(i)]["name"] for i in reg.route(X)[0]]
 
 
@@ -304,12 +304,16 @@ def test_parse_chat_request_contract():
     r = parse_chat_request(json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                                  {"type": "text", "text": "b"}]},
                                                     {"role": "assistant", "content": "c"}],
-                                       "max_completion_tokens": 7, "top_p": 0.5, "tools": [1]}).encode(), "h", s)
+                                       "max_completion_tokens": 7, "top_p": 0.5, "logprobs": True,
+                                       "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), "h", s)
     assert r.text == "ab" and not r.stream
     assert r.upstream == {"temperature": 0.1, "max_completion_tokens": 7, "top_p": 0.5,
+                          "tools": [{"type": "function", "function": {"name": "f"}}],  # forwarded as given
                           "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                     {"type": "text", "text": "b"}]},
                                        {"role": "assistant", "content": "c"}]}
+    with pytest.raises(RequestError, match="'tools' must be a non-empty list of tool objects"):
+        parse_chat_request(b'{"messages": [{"role": "user", "content": "q"}], "tools": [1]}', "h", s)
     r = parse_chat_request(b'{"model": "h", "messages": [{"role": "user", "content": "q"}], "stream": true}', "h", s)
     assert r.stream and r.upstream["stream"] is True and r.upstream["max_tokens"] == 100
     with pytest.raises(RouterLiteError):

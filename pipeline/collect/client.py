@@ -111,23 +111,38 @@ def reply_usage(agent: AgentSpec, upstream: dict, data: dict, text: str | None =
     """What one agent reply cost: its `usage` tokens, estimated from characters (ceil(chars / 4)) where usage lacks
     them, and OpenRouter's `usage.cost` when reported and plausible (`usage_cost`), else the agent's list prices x
     those tokens. The one pricing rule for everything that relays replies (the head's and the cascade's replies in
-    `serve`)."""
+    `serve`). Estimated, a request's tool definitions count as prompt, a reply's tool calls as completion (a
+    provider bills both)."""
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     pt, ct = usage_int(usage, "prompt_tokens"), usage_int(usage, "completion_tokens")
     if pt is None:
         pt = approx_tokens(" ".join(str(m.get("content", "")) for m in upstream.get("messages", [])
                                     if isinstance(m, dict)))
+        defs = [upstream[k] for k in ("tools", "functions") if upstream.get(k)]
+        pt += approx_tokens(json.dumps(defs)) if defs else 0
     if ct is None:
         if text is None:
             try:
                 text = parse_completion(data)["text"]
             except ValueError:
                 text = None
-        ct = approx_tokens(text or "")
+        calls = _tool_calls(data)
+        ct = approx_tokens(text or "") + (approx_tokens(json.dumps(calls)) if calls else 0)
     cost = usage_cost(usage)
     if cost is None:
         cost = agent.cost(pt, ct)
     return {"prompt_tokens": pt, "completion_tokens": ct, "cost": float(cost)}
+
+
+def _tool_calls(data: dict) -> list:
+    """The tool calls (`tool_calls`, or a legacy `function_call`) of a chat.completion's first message, or []."""
+    choices = data.get("choices")
+    msg = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+        else None
+    if not isinstance(msg, dict):
+        return []
+    calls = msg.get("tool_calls") if isinstance(msg.get("tool_calls"), list) else []
+    return calls + ([msg["function_call"]] if msg.get("function_call") else [])
 
 
 def parse_completion(data: Any) -> dict:

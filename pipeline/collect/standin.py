@@ -11,9 +11,9 @@ What it speaks (OpenRouter's shapes, under `/api/v1`):
 - `POST /api/v1/chat/completions`: a `chat.completion` with a generation id (`gen-...`), `provider`, `model`,
   `choices[0].message.content`, `finish_reason` / `native_finish_reason`, and `usage` with `prompt_tokens`,
   `completion_tokens`, `total_tokens` and `cost` (USD: the model's list price in config/agents.yaml x tokens,
-  counted as ceil(characters / 4), x `price_factor`: what a provider charges need not be the list price, and a
-  factor other than 1 shows whether a client took the reported cost or computed its own). `stream: true` answers
-  with SSE chunks, usage in the last one.
+  counted as ceil(characters / 4) of the messages' text (a string, or content parts' `text`), x `price_factor`:
+  what a provider charges need not be the list price, and a factor other than 1 shows whether a client took the
+  reported cost or computed its own). `stream: true` answers with SSE chunks, usage in the last one.
 - `GET /api/v1/models` (ids, context length, per-token prices as strings) and `GET /api/v1/generation?id=gen-...`
   (the stats of a generation, as OpenRouter keeps them).
 - Errors as OpenRouter sends them: `{"error": {"code": <status>, "message": ..., "metadata": {...}}}` with the HTTP
@@ -29,6 +29,12 @@ pool: the 1st, 4th, ... model is strong in math, the 2nd, 5th, ... in knowledge,
 form its grader reads (`The answer is (C).`, `\\boxed{42}`), a wrong one in another option or another number. So the
 pool is complementary by construction and the router has something to learn. Any other prompt gets a short reply
 (`4` for "What is 2 + 2?", the live pre-flight prompt).
+
+Tools: a request with `tools` (and a `tool_choice` other than "none") is answered with a call of the tool that
+`tool_choice` names, else of the first tool, instead of text (`content` null, `finish_reason` "tool_calls"; its
+arguments: each parameter the tool declares, set to the prompt's first 40 characters); streamed, the call's head
+comes first and its arguments in pieces, as OpenAI streams them. The tool definitions count as prompt tokens, and
+the request's event keeps the `tools`, `tool_choice` and `response_format` it carried, as received (`events`).
 
 Faults per model id (`faults={model: {...}}`, or a YAML/JSON file `--faults FILE`; key "*" = every model):
   overshoot_max_tokens: N   the reply runs N tokens past `max_tokens` (finish_reason "length")
@@ -94,6 +100,14 @@ def _every(k: int, rate: float) -> bool:
     """Request k (0-based) of a model is one of a fraction `rate`, spread evenly (k = 0 is never one for r < 1)."""
     rate = max(0.0, min(1.0, float(rate)))
     return math.floor((k + 1) * rate) > math.floor(k * rate)
+
+
+def _text(content: Any) -> str | None:
+    """A message's text: its string content, or the `text` of its content parts joined (None: neither)."""
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(p for p in parts if isinstance(p, str)) if parts else None
+    return content if isinstance(content, str) else None
 
 
 def _error(status: int, message: str, metadata: dict | None = None) -> dict:
@@ -253,7 +267,7 @@ class OpenRouterStandIn:
         try:
             model = req["model"]
             messages = req["messages"]
-            prompt = next(m.get("content") for m in reversed(messages) if m.get("role") == "user")
+            prompt = _text(next(m.get("content") for m in reversed(messages) if m.get("role") == "user"))
             if not isinstance(model, str) or not isinstance(prompt, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError, StopIteration, AttributeError):
@@ -311,9 +325,12 @@ class OpenRouterStandIn:
             text, finish = text[:max_tokens * 4], "length"
         if fault.get("empty_rate") and _every(k, fault["empty_rate"]):
             text = ""
-        pt = sum(_tokens(m.get("content") if isinstance(m.get("content"), str) else "")
-                 for m in req.get("messages", []) if isinstance(m, dict))
-        ct = _tokens(text)
+        call = tool_call(req, prompt)
+        if call is not None:
+            text, finish = "", "tool_calls"
+        pt = sum(_tokens(_text(m.get("content")) or "") for m in req.get("messages", []) if isinstance(m, dict))
+        pt += _tokens(json.dumps(req["tools"])) if req.get("tools") else 0  # a provider bills tool definitions
+        ct = _tokens(text) if call is None else _tokens(call["function"]["arguments"])
         pin, pout = self.prices.get(model, (0.0, 0.0))
         cost = round((pt * pin + ct * pout) / 1e6 * self.price_factor, 12)
         gid = "gen-" + hashlib.sha256(f"{model}|{h}|{k}|{time.time_ns()}".encode()).hexdigest()[:24]
@@ -325,6 +342,8 @@ class OpenRouterStandIn:
             "id": gid, "provider": self.provider, "model": model, "object": "chat.completion", "created": created,
             "choices": [{"logprobs": None, "finish_reason": finish, "native_finish_reason": finish, "index": 0,
                          "message": {"role": "assistant", "content": text, "refusal": None, "reasoning": None}}]}
+        if call is not None:
+            out["choices"][0]["message"].update(content=None, tool_calls=[call])
         if not fault.get("no_usage"):
             out["usage"] = usage
         with self._lock:
@@ -333,18 +352,27 @@ class OpenRouterStandIn:
                                      "total_cost": cost, "finish_reason": finish, "streamed": bool(req.get("stream"))}
             while len(self.generations) > MAX_GENERATIONS:
                 self.generations.popitem(last=False)
-            self._event(model, h, "empty" if not text else "answered", retry_honoured=honoured,
-                        right=self.intended(model, prompt), generation=gid)
+            kind = "tool_call" if call is not None else "empty" if not text else "answered"
+            self._event(model, h, kind, retry_honoured=honoured, right=self.intended(model, prompt), generation=gid,
+                        **{k: req[k] for k in ("tools", "tool_choice", "response_format") if req.get(k) is not None})
         if req.get("stream") is True:
-            return 200, {"content-type": "text/event-stream"}, self._chunks(out, text, finish)
+            return 200, {"content-type": "text/event-stream"}, self._chunks(out, text, finish, call)
         return self._json(200, out)
 
     @staticmethod
-    def _chunks(out: dict, text: str, finish: str) -> list[bytes]:
+    def _chunks(out: dict, text: str, finish: str, call: dict | None = None) -> list[bytes]:
         base = {k: out[k] for k in ("id", "provider", "model", "created")} | {"object": "chat.completion.chunk"}
-        pieces = [text[i:i + 64] for i in range(0, len(text), 64)] or [""]
-        chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
-                                        "finish_reason": None}]} for p in pieces]
+        if call is None:
+            deltas = [{"role": "assistant", "content": p} for p in [text[i:i + 64] for i in range(0, len(text), 64)]
+                      or [""]]
+        else:  # the call's head with empty arguments, then its arguments in pieces, as OpenAI streams a tool call
+            args = call["function"]["arguments"]
+            head = {"index": 0, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            deltas = [{"role": "assistant", "content": None, "tool_calls": [head]}]
+            deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 16]}}]}
+                       for i in range(0, len(args), 16)]
+        chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
         last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
         if "usage" in out:
             last["usage"] = out["usage"]
@@ -371,6 +399,27 @@ class OpenRouterStandIn:
     def latency_for(self, model: str) -> float:
         fault = {**self.faults.get("*", {}), **self.faults.get(model, {})}
         return float(fault.get("latency_ms", self.latency_ms)) / 1000.0
+
+
+def tool_call(req: dict, prompt: str) -> dict | None:
+    """The tool call the stand-in answers `req` with (module doc, "Tools"), or None: no tools, `tool_choice`
+    "none", or no tool with a function name to call."""
+    tools = req.get("tools")
+    choice = req.get("tool_choice")
+    if not isinstance(tools, list) or not tools or choice == "none":
+        return None
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and \
+        isinstance(choice.get("function"), dict) else None
+    fns = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+           and isinstance(t["function"].get("name"), str)]
+    fn = next((f for f in fns if f["name"] == named), None) if named else (fns[0] if fns else None)
+    if fn is None:
+        return None
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    args = json.dumps({p: prompt[:40] for p in props})
+    return {"id": "call_" + hashlib.sha256(f"{fn['name']}|{prompt}".encode()).hexdigest()[:24], "type": "function",
+            "function": {"name": fn["name"], "arguments": args}}
 
 
 def load_request(body: bytes) -> tuple[Any, str | None]:

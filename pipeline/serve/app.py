@@ -2,8 +2,9 @@
 
 `build_app(registered, backbone, agents, client_for, settings)` returns an ASGI app:
 
-- `POST /v1/chat/completions`: validate the request, embed the text of the **last user message** with the frozen
-  backbone, let the registered router pick one agent (the OOD guard sends far-away queries to the best single agent;
+- `POST /v1/chat/completions`: validate the request, embed its **user turns** (`routed_text`: the latest last,
+  earlier ones as far as they fit the backbone's window; docs/serving.md, "Request") with the frozen backbone, let
+  the registered router pick one agent (the OOD guard sends far-away queries to the best single agent;
   the router is any kind of pipeline/route/routers.py, picked through the registry's `route`),
   forward the request's messages and sampling parameters to that agent's model through its `openai.AsyncOpenAI`
   client, and return the agent's **real reply body** with one key added, `"router": {"head", "agent", "model",
@@ -47,7 +48,9 @@ the router headers still name the agent); 500 an unexpected router failure.
 Forwarded to the agent: `messages` as given, and of the request's parameters only `max_tokens`,
 `max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `stream`, `stream_options`; `settings.defaults`
 fills those the request leaves out (the CLI uses the profile's collection settings, so agents answer as they did
-when their rewards were measured). Any other request field is ignored. No retries: the client decides.
+when their rewards were measured); `tools`, `tool_choice`, `parallel_tool_calls`, `response_format`, `functions`,
+`function_call` unchanged, to one agent (a cascade runs no stages for them: `_request_grader`). Any other request
+field is ignored. No retries: the client decides.
 
 Embedding runs in one worker thread, never on the event loop, through a micro-batcher: the first new prompt waits
 at most `batch_wait_ms` for others (or until `max_batch` are queued), requests that arrive while the worker is busy
@@ -76,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -129,6 +133,9 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     from pipeline.serve.readiness import Readiness
 
     settings = settings or ServeSettings()
+    window = getattr(backbone, "max_seq_length", None)  # what the backbone embeds of a conversation's user turns
+    if isinstance(window, int) and window != settings.routed_window:
+        settings = dataclasses.replace(settings, routed_window=window)
     endpoint = Endpoint(backbone, agents, client_for, settings, log_prompts)
     served = served_router(registered, endpoint, formats=formats)
     routes = [
@@ -161,10 +168,13 @@ def _view_for(state, target: str | None):
     return state.views.get(name, make)
 
 
-def _request_grader(state, headers, body: dict) -> str | None:
+def _request_grader(state, headers, body: dict, tool_field: str | None = None) -> str | None:
     """The answer format a request names (`router_grader` field, else the `X-Router-Grader` header, else the
     server's default) when the served router is a cascade (it `needs_grader`); None: prompt-only routing. Field and
-    header both given and different (an empty field included) -> 400 naming both."""
+    header both given and different (an empty field included) -> 400 naming both. A request carrying `tool_field`
+    (requests.py TOOL_PARAMS) is answered by one agent: a cascade compares answers, and a tool call or a reply in
+    the client's format is none it can compare, so naming a format with it is a 400 naming the field, and the
+    server's default format does not apply to it."""
     if not getattr(state.registered, "needs_grader", False):
         return None
     value = body.get(GRADER_FIELD) if isinstance(body, dict) else None
@@ -178,6 +188,14 @@ def _request_grader(state, headers, body: dict) -> str | None:
                            GRADER_FIELD)
     if value is None:
         value = header
+    if tool_field is not None:
+        if value and str(value).strip():
+            raise RequestError(400, f"'{tool_field}' cannot be honoured by a cascade comparing answers (the request "
+                                    f"names the answer format {show(value)}): a tool call or a reply in a format of "
+                                    f"your own is no answer it can compare; leave out '{GRADER_FIELD}' and "
+                                    f"{GRADER_HEADER} to have one agent, picked on the prompt, answer it",
+                               "unsupported_parameter", tool_field)
+        return None
     value = value if value and str(value).strip() else state.settings.default_grader
     if value is None:
         return None
@@ -315,12 +333,14 @@ async def _route(request, state):
                     raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
                 request.state.chat = req
             target = req.target
-            grader = _request_grader(state, request.headers, req.body)
+            grader = _request_grader(state, request.headers, req.body, req.tool_field)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
                 view, point = _cascade_view_for(state, target, grader)
             elif state.formats is not None:  # a cascade, no format named: guessed from the nearest training prompts
                 view = _auto_view_for(state, target)
                 point = view.point
+                if req.tool_field is not None:  # one agent answers: the pick of a prompt without a guessed format
+                    view = view.head_view
             else:
                 try:
                     view, point = _view_for(state, target)
@@ -334,7 +354,7 @@ async def _route(request, state):
     except RequestError as err:
         return error_response(err)
     except RouterLiteError as exc:  # the embedder refused this text (the others of its batch went on)
-        return error_response(RequestError(400, f"the last user message cannot be embedded: {exc}",
+        return error_response(RequestError(400, f"the user turns cannot be embedded: {exc}",
                                            "invalid_text", "messages"))
     except Exception as exc:  # noqa: BLE001 - the embedder failed: a router error, not the client's
         log.exception("routing failed")

@@ -7,6 +7,11 @@ finite or over pipeline/collect/costs.py's MAX_CALL_USD is no cost: the estimate
 `cost_invalid`, so a cascade's sum stays finite). Each call is bounded as a whole by
 `options["timeout"]` (headers and body: an agent trickling bytes is a timeout at the deadline, not per read).
 
+A reply that calls a tool (`tool_calls` or a legacy `function_call` in its message) has no answer, whatever text it
+carries: it escalates like an empty reply, and the last stage returns it as it is (`sse_of` streams its calls). A
+request carrying tools never reaches a cascade (app.py `_request_grader`: one agent answers it, or a 400), so this
+holds for an agent that calls a tool unasked.
+
 Extraction and comparison of the replies run under the grading budget, off the event loop
 (pipeline/collect/bounded.py): a reply whose grading overruns the budget or raises has no answer (so it escalates),
 and `CascadeResult.grading_overruns` counts them (the `X-Router-Grading-Overruns` header).
@@ -82,7 +87,8 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
         raise
     except Exception as exc:  # noqa: BLE001 - a failed cheap call escalates
         return Reply(j, None, None, 0.0, (time.perf_counter() - t0) * 1000.0, exc)
-    text = fields["text"]  # graded with the stage's other replies (run_cascade: one thread hop, bounded)
+    # graded with the stage's other replies (run_cascade: one thread hop, bounded); a tool call is no answer
+    text = None if calls_tools(data) else fields["text"]
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     invalid = cost_invalid(usage)
     if invalid and isinstance(data.get("usage"), dict):
@@ -90,6 +96,13 @@ async def ask(j: int, spec: AgentSpec, client: Any, upstream: dict, options: dic
     paid = reply_usage(spec, upstream, data, text)
     return Reply(j, data, None, paid["cost"], (time.perf_counter() - t0) * 1000.0, text=text,
                  cost_invalid=invalid, tokens=(paid["prompt_tokens"], paid["completion_tokens"]))
+
+
+def calls_tools(data: dict) -> bool:
+    """Whether a chat.completion's first message calls a tool (`tool_calls`, or the legacy `function_call`)."""
+    choice = (data.get("choices") or [{}])[0]
+    msg = choice.get("message") if isinstance(choice, dict) else None
+    return isinstance(msg, dict) and bool(msg.get("tool_calls") or msg.get("function_call"))
 
 
 def _number_or_text(text: str) -> float | str:
@@ -131,13 +144,19 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
 
 def sse_of(data: dict, router: dict) -> bytes:
     """A whole chat.completion as a chat.completion.chunk SSE stream (the accepted reply of a cascade was read in
-    full to compare answers; the stream mode then streams it): one content chunk, a finish chunk, [DONE]."""
+    full to compare answers; the stream mode then streams it): one content chunk (with the message's tool calls, each
+    whole, indexed as a stream indexes them), a finish chunk, [DONE]."""
     choice = (data.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     base = {"id": data.get("id", ""), "object": "chat.completion.chunk", "created": data.get("created", 0),
             "model": data.get("model", "")}
-    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": msg.get("content") or ""},
-                                  "finish_reason": None}], "router": router}
+    delta = {"role": "assistant", "content": msg.get("content") or ""}
+    if isinstance(msg.get("tool_calls"), list) and msg["tool_calls"]:
+        delta["content"] = msg.get("content")  # null beside tool calls, as an agent streams it
+        delta["tool_calls"] = [{"index": i, **c} if isinstance(c, dict) else c for i, c in enumerate(msg["tool_calls"])]
+    if isinstance(msg.get("function_call"), dict):
+        delta["function_call"] = msg["function_call"]
+    first = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}], "router": router}
     last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason") or "stop"}]}
     if isinstance(data.get("usage"), dict):
         last["usage"] = data["usage"]

@@ -20,6 +20,9 @@ from pipeline.core.text_guard import json_problem
 from pipeline.serve.settings import FORWARDED_PARAMS, SEED_RANGE, ServeSettings
 
 MAX_MESSAGE_CHARS = 1000  # an error message sent to a client, at most
+# what asks an agent for a tool call or a reply format: forwarded unchanged to the one agent that answers, never
+# defaulted, and refused where a request asks a cascade to compare answers (app.py, `_request_grader`)
+TOOL_PARAMS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "functions", "function_call")
 
 
 class RequestError(Exception):
@@ -66,6 +69,13 @@ class ChatBody(BaseModel):
     stream_options: dict | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     n: _int_in(1, 1) = None  # one agent answers: `true` and `1.0` equal 1 in Python, not here
+    # TOOL_PARAMS: typed so a malformed one is the client's 400 here, not the agent's (a 502); forwarded as given
+    tools: Annotated[list[dict], Field(min_length=1)] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
+    functions: Annotated[list[dict], Field(min_length=1)] | None = None
+    function_call: str | dict | None = None
 
     @field_validator("model")
     @classmethod
@@ -89,8 +99,8 @@ class ChatBody(BaseModel):
     def _has_user_text(cls, v):
         last_user = next((m for m in reversed(v) if m.role == "user"), None)
         if last_user is None:
-            raise PydanticCustomError("missing_user_message", "no user message: the router embeds the last message "
-                                      "with role 'user'")
+            raise PydanticCustomError("missing_user_message", "no user message: the router embeds the messages "
+                                      "with role 'user', the last one last")
         text = _content_text(last_user.content)
         if not text or not text.strip():
             raise PydanticCustomError("missing_user_message", "the last user message has no text content")
@@ -104,10 +114,16 @@ class ChatBody(BaseModel):
         return v
 
     @property
-    def text(self) -> str:
-        """What is embedded: the last user message as a router sees it (pipeline.core.prompts.routed_text, the
-        function training embeds each task's user text with: a pasted benchmark template is stripped)."""
-        return routed_text([_content_text(next(m for m in reversed(self.messages) if m.role == "user").content)])
+    def user_turns(self) -> list[str]:
+        """The text of each user message, in order (content parts joined; a message without text is no turn): what
+        `routed_text` makes the embedded text of."""
+        texts = [_content_text(m.content) for m in self.messages if m.role == "user"]
+        return [t for t in texts if t is not None]
+
+    @property
+    def tool_field(self) -> str | None:
+        """The first of TOOL_PARAMS the request carries (not null), or None."""
+        return next((k for k in TOOL_PARAMS if getattr(self, k) is not None), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +159,13 @@ class ChatRequest:
     carried on `request.state.chat` from parsing to the access log: the validated body, what is embedded and forwarded,
     the target it runs at (canonical; None until resolved) and what the handler did (`answer`)."""
 
-    text: str  # what is embedded: the text of the last user message
+    text: str  # what is embedded: `routed_text` of the user turns (the latest last, earlier ones as far as they fit)
     upstream: dict  # what is forwarded, less `model`
     stream: bool
     body: dict = dataclasses.field(default_factory=dict, repr=False)  # the whole validated body (further fields)
     target: str | None = None
     answer: Answer = dataclasses.field(default_factory=Answer)
+    tool_field: str | None = None  # the first of TOOL_PARAMS it carries: one agent must answer it
 
 
 def show(v: Any, limit: int = 80) -> str:
@@ -210,7 +227,10 @@ def _refusal(exc: ValidationError, cap: int) -> RequestError:
             "seed": f"a 64-bit signed integer, got {show(v)}",
             "temperature": f"a number in [0, 2], got {show(v)}", "top_p": f"a number in [0, 1], got {show(v)}",
             "stream": f"a boolean, got {show(v)}", "stream_options": "an object",
-            "stop": "a string or a list of up to 4 strings", "n": "1: the router returns one agent's reply"}
+            "stop": "a string or a list of up to 4 strings", "n": "1: the router returns one agent's reply",
+            "tools": "a non-empty list of tool objects", "functions": "a non-empty list of function objects",
+            "tool_choice": "a string or an object", "function_call": "a string or an object",
+            "response_format": "an object", "parallel_tool_calls": f"a boolean, got {show(v)}"}
     what["max_completion_tokens"] = what["max_tokens"]
     return RequestError(400, f"'{name}' must be {what[name]}", "invalid_value", name)
 
@@ -227,12 +247,13 @@ def parse_chat_request(body: bytes, router_name: str, settings: ServeSettings, a
     own_limit = fields.max_tokens is not None or fields.max_completion_tokens is not None
     upstream = {k: v for k, v in settings.defaults.items()
                 if not (own_limit and k in ("max_tokens", "max_completion_tokens"))}
-    upstream.update({k: req[k] for k in FORWARDED_PARAMS if req.get(k) is not None})
+    upstream.update({k: req[k] for k in FORWARDED_PARAMS + TOOL_PARAMS if req.get(k) is not None})
     if not fields.stream:
         upstream.pop("stream_options", None)
         upstream.pop("stream", None)
     upstream["messages"] = req["messages"]  # forwarded as given
-    return ChatRequest(text=fields.text, upstream=upstream, stream=bool(fields.stream), body=req)
+    return ChatRequest(text=routed_text(fields.user_turns, settings.routed_window), upstream=upstream,
+                       stream=bool(fields.stream), body=req, tool_field=fields.tool_field)
 
 
 async def read_body(request, limit: int) -> bytes:

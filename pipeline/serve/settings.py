@@ -6,6 +6,7 @@ import dataclasses
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.http_server import guarded_h11
+from pipeline.core.prompts import ROUTED_WINDOW
 
 FORWARDED_PARAMS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
                     "stream_options")
@@ -40,6 +41,9 @@ class ServeSettings:
     max_json_depth: int = 32  # nesting of the request body (messages with content parts need 5)
     max_tokens_cap: int = 32768  # the largest max_tokens / max_completion_tokens forwarded (the CLI: the profile's)
     embed_cache_size: int = 1024  # prompts whose routing decision is kept (0 = no cache)
+    # word pieces the backbone embeds: a conversation's earlier user turns are routed on as far as they fit
+    # (pipeline/core/prompts.py routed_text); build_app sets it from the backbone served
+    routed_window: int = ROUTED_WINDOW
     max_batch: int = 32
     batch_wait_ms: float = 2.0
     upstream_timeout_s: float = 180.0
@@ -57,7 +61,7 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_messages", "max_batch", "max_json_depth", "max_tokens_cap",
-                     "max_connections", "max_idle_per_client", "max_head_bytes"):
+                     "max_connections", "max_idle_per_client", "max_head_bytes", "routed_window"):
             if int(getattr(self, name)) < 1:
                 raise RouterLiteError(f"serve setting {name}={getattr(self, name)!r} must be >= 1")
         for name in ("embed_cache_size", "reserved_connections"):
