@@ -1,5 +1,6 @@
 """What `router-lite run` prints at the end: counts, tables, and where the reports are."""
 import json
+import os
 from pathlib import Path
 
 from cli import lineage
@@ -29,12 +30,35 @@ def star_headline(root: Path) -> str | None:
             f"{pct(val['cost_ratio'])})")
 
 
-def what_next(profile: str) -> str:
-    """The printout's last three lines: serve the ★ router, look at the run in the UI, go on to your own pool/data."""
+def cli_command(exe_dir: Path | None = None, cwd: Path | None = None, which=None) -> tuple[str, str | None]:
+    """(how to type `router-lite` in a fresh shell, the line that makes the plain name work or None): the plain name
+    when the shell's PATH finds this install's script, else its path (relative to the working directory when it lies
+    below it: `.venv/bin/router-lite` after `make run`), with the venv's activate line."""
+    import shutil
+    import sys
+
+    exe_dir = Path(exe_dir or Path(sys.executable).parent)
+    script, cwd = exe_dir / "router-lite", Path(cwd or Path.cwd())
+    found = (which or shutil.which)("router-lite")
+    if found and Path(found).resolve() == script.resolve():
+        return "router-lite", None
+    if not script.exists():  # not installed as a script (python -m cli.main): the module
+        return f"{sys.executable} -m cli.main", None
+    shown = Path(os.path.relpath(script, cwd)) if script.absolute().is_relative_to(cwd.absolute()) else script
+    activate = shown.parent / "activate"
+    return str(shown), (f"source {activate}" if (exe_dir / "activate").exists() else None)
+
+
+def what_next(profile: str, command: tuple[str, str | None] | None = None) -> str:
+    """The printout's last lines: serve the ★ router (the command as a fresh shell finds it: `cli_command`), look at
+    the run in the UI, go on to your own pool/data."""
     flag = "" if profile == "demo" else f" --profile {profile}"
+    exe, activate = command or cli_command()
+    hint = f"    # or `{activate}` first, then `router-lite serve{flag}`" if activate else ""
     return ("\nWhat next:\n"
-            f"  router-lite serve{flag}    # the ★ router above as an OpenAI-compatible endpoint (docs/serving.md)\n"
-            "  make ui    # the asset graph, its checks and these reports in the Dagster UI on http://127.0.0.1:3000\n"
+            f"  {exe} serve{flag}    # the ★ router above as an OpenAI-compatible endpoint (docs/serving.md)\n"
+            + (f"  {hint.strip()}\n" if hint else "")
+            + "  make ui    # the asset graph, its checks and these reports in the Dagster UI on http://127.0.0.1:3000\n"
             "  docs/tutorial.md    # your own agents (an override file), your own data (router-lite train), serving")
 
 
