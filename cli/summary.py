@@ -30,6 +30,24 @@ def star_headline(root: Path) -> str | None:
             f"{pct(val['cost_ratio'])})")
 
 
+def promotion_lines(out: dict | None) -> list[str]:
+    """This run's promotion (the `promotion` asset's output): what the gate did with the candidate, the router it
+    replaced or would have replaced, and why."""
+    if not out:
+        return []
+    v = out.get("verdict") or {}
+    replaces = v.get("replaces") or "nothing (none promoted yet)"
+    head = {"promoted": f"Promotion: {out['candidate']} promoted, replacing {replaces}",
+            "refused": f"Promotion: {out['candidate']} refused by the gate; {out.get('served')} stays served",
+            "kept": f"Promotion: {out['candidate']} is already the served router"}.get(
+        out.get("action"), f"Promotion: {out.get('action')} {out.get('candidate')}")
+    lines = [head, f"  gate ({v.get('mode')}): {v.get('reason')}"]
+    if out.get("action") == "refused":
+        lines.append(f"  `router-lite promote {out['candidate']} --force` serves it anyway; "
+                     "`router-lite promotions` lists the history")
+    return lines
+
+
 def cli_command(exe_dir: Path | None = None, cwd: Path | None = None, which=None) -> tuple[str, str | None]:
     """(how to type `router-lite` in a fresh shell, the line that makes the plain name work or None): the plain name
     when the shell's PATH finds this install's script, else its path (relative to the working directory when it lies
@@ -69,6 +87,9 @@ def print_summary(defs, assets: list[str]) -> None:
     headline = star_headline(root)
     if headline:
         print("\n" + headline)
+    said = promotion_lines(lineage.load("promotion", defs=defs, default=None)) if "promotion" in assets else []
+    if said:
+        print("\n".join(said))
     _print_verdict(root)
     pool = lineage.load("task_pool", defs=defs, default=None)
     if pool is not None:

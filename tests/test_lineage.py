@@ -62,7 +62,7 @@ def test_benchmark_report_routes_with_real_replies(smoke_home):
 
 
 def test_the_benchmark_report_says_one_headline_the_star_routers(smoke_home):
-    from pipeline.report.value import report_headline, star_line, value_line
+    from pipeline.report.value import mark_served, report_headline, served_headline, star_line, value_line
 
     home, dagster_home = smoke_home
     inst = DagsterInstance.from_config(str(dagster_home))
@@ -71,11 +71,16 @@ def test_the_benchmark_report_says_one_headline_the_star_routers(smoke_home):
     latest = registry.latest_entry(home / "registry")
     models = {a["name"]: a["model"] for a in registry.load(latest["head"]["path"]).agents}
     headline = report_headline(rv, "quality>=0.98", models)  # the smoke profile's serve.target
-    assert headline.startswith("★ ") and meta["headline"].value == headline and meta["best_router"].value == \
-        rv["best_router"]
+    assert headline.startswith("best validation AIQ: ") and meta["headline"].value == headline and \
+        meta["best_router"].value == rv["best_router"]
     assert not {"value_line", "cascade_routed_test_accuracy", "test_accuracy"} & set(meta)  # no second headline
     md = meta["report"].value
-    assert md == (home / "reports" / "benchmark_report.md").read_text()
+    # one ★, the router served: the promotion wrote it into the report and router_value.json after the report
+    on_disk = (home / "reports" / "benchmark_report.md").read_text()
+    assert rv["served"]["name"] == latest["name"] and rv["served"]["promoted_by"] == latest["promoted_by"]
+    assert on_disk == mark_served(md, served_headline(rv, "quality>=0.98", models))
+    star = served_headline(rv, "quality>=0.98", models)
+    assert [x for x in on_disk.splitlines() if x.startswith("**★")] == [f"**{star}**"]
     assert md.count(headline) == 1 and md.index(headline) < md.index("Pool verdict")
     head = json.loads(asset_path(home, "router_head", suffix=".json").read_text())["value"]
     assert value_line(head, "parity", models) not in md  # the prompt-only head's parity line led the old report
