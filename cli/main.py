@@ -50,7 +50,7 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from assets.definitions import build_definitions
-    from cli.run import Interrupted, calls_logged, run_lineage, stages_of
+    from cli.run import PLANNED_STOP_EXIT, Interrupted, PlannedStop, calls_logged, run_lineage, stages_of
     from cli.summary import print_summary, star_headline, what_next
     from pipeline.profile import load_profile
     from resources.storage import home_of
@@ -61,6 +61,9 @@ def cmd_run(args) -> int:
     try:
         times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
                             asset_config=config)
+    except PlannedStop as stop:  # not an error: one line naming who may join and the next step; exit 3 (run again)
+        print(f"router-lite: {stop}", file=sys.stderr, flush=True)
+        return PLANNED_STOP_EXIT
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: one line, the shell's code for SIGINT (128 + 2)
         print(f"router-lite: interrupted; rerun resumes: {calls_logged(defs.resources['storage']):,} calls logged",
               file=sys.stderr, flush=True)
