@@ -68,7 +68,7 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
                 f"too can; docs/backbones.md, \"dtype\")") if bb else ""
     lines = [f"Profile `{rv['profile']}`{embedded}, costs estimated (chars/4 × list prices). Generated from "
              f"`reports/router_value.json` (committed copy: `{copy.as_posix()}`) by `scripts/readme.py`.", "",
-             f"**Pool verdict: {rv['pool_verdict']}**", "",
+             f"**Pool verdict: {rv['pool_verdict']}**", "", *served_lines(rv),
              ablation_markdown(rv)]
     if rv.get("prompt_routers"):
         lines += ["Prompt-only router kinds at max quality (the lineage ships the best by validation; "
@@ -95,6 +95,19 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
                   + ("**met**." if met else "**not met** on this pool (docs/training.md, \"Cascades\", says why "
                                               "and how it was measured)."), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def served_lines(rv: dict) -> list[str]:
+    """The one ★: the router served after the run (`served`, written by the promotion), by its held-out figures at
+    its target; nothing for a copy written before the promotion named it."""
+    s = rv.get("served")
+    if not s:
+        return []
+    h = s.get("held_out") or {}
+    pct = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
+    return [f"★ Served (`router-lite serve`): **{s.get('label')}** `{s['name']}`, promoted by {s.get('promoted_by')} "
+            f"at `{s.get('target')}`: {pct(h.get('quality_ratio'))} of the best single agent's quality at "
+            f"{pct(h.get('cost_ratio'))} of its cost on held-out test.", ""]
 
 
 def arena_lines(arena: dict, backbone: dict | None) -> list[str]:
