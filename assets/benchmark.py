@@ -284,7 +284,7 @@ def imputed_lines(rv: dict) -> list[str]:
             "(reward_matrix column `imputed`, reports/new_agents.json).", ""] if n else []
 
 
-STAR_NOTE = ("★ = the router served (registry/latest.json): the `promotion` asset, after this report, writes it in "
+STAR_NOTE = ("★ = the router served (the registry's pointer): the `promotion` asset, after this report, writes it in "
              "the bold line above and in `served` of reports/router_value.json, the only ★ of the report; the line "
              "under it is the router kind with the best validation AIQ (`best_router`), at the profile's serving "
              "target (`serve.target`), on held-out test.")

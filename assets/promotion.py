@@ -6,8 +6,6 @@ re-points latest.json and appends the history (pipeline/report/promotion.py says
 the files). A refused candidate leaves the pointer as it was; the verdict, its evidence and the history are the
 asset's metadata. `router-lite promote NAME` / `router-lite rollback` are the operator's override.
 """
-import json
-
 import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, AssetKey, MetadataValue, Output, asset
@@ -16,9 +14,8 @@ from assets.benchmark import head_validation_aiq
 from assets.metadata import md_table, rounded
 from assets.router import entry_dir
 from pipeline.collect.answers import Agreement, answers_matrix
-from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report import promotion as gate_rules
-from pipeline.report.value import mark_served, served_headline, star_line, with_served
+from pipeline.report.value import mark_served_reports, star_line
 from pipeline.route import pointer, registry
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
@@ -82,8 +79,8 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
              "star": {**candidate, "rule": rule}}
     action, verdict = gate_rules.decide(root, entry, ev, rows)
     served = registry.latest_entry(root)
-    _mark_served(storage, served, {k: r.name for k, r in regs.items()}, target,
-                 {a["name"]: a["model"] for a in reg.agents})
+    mark_served_reports(storage.path("reports"), served, {k: r.name for k, r in regs.items()}, target,
+                        {a["name"]: a["model"] for a in reg.agents})  # the one ★: the router served
     for line in gate_rules.verdict_lines(verdict, action):  # what it would replace, how judged, why
         context.log.info(f"promotion: {line}")
     context.log.info(f"promotion: candidate chosen by {rule}; served now: {served['name'] if served else 'none'}")
@@ -104,20 +101,6 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
                       "candidates": md_table(candidates, floatfmt=".4f"),
                       "verdict": MetadataValue.json(_jsonable(verdict)),
                       "history": history_table(root)}))
-
-
-def _mark_served(storage: StorageResource, served: dict | None, run_routers: dict[str, str], target: str,
-                 models: dict) -> None:
-    """The one ★ is the router served: `served` of reports/router_value.json and the benchmark report's bold line
-    say which, whatever the verdict (the report was written before this gate decided)."""
-    reports = storage.path("reports")
-    rv_file, md_file = reports / "router_value.json", reports / "benchmark_report.md"
-    if not rv_file.is_file():
-        return
-    rv = with_served(json.loads(rv_file.read_text()), served, run_routers)
-    atomic_write_json(rv, rv_file)
-    if md_file.is_file():
-        atomic_write_text(mark_served(md_file.read_text(), served_headline(rv, target, models)), md_file)
 
 
 def _jsonable(d):

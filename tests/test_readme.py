@@ -68,7 +68,8 @@ def test_the_readme_stars_the_router_served_only():
     text = readme.render_value({**rv, "served": served})
     starred = [x.split("|")[1].strip() for x in text.splitlines() if x.startswith("| ") and "★" in x]
     assert starred == ["combined (cascade + prompt router) ★"], starred
-    assert "★ Served (`router-lite serve`): **combined (cascade + prompt router)** `cascade-x`, promoted by gate" in text
+    assert ("★ Served (`router-lite serve`): **combined (cascade + prompt router)** `cascade-x`, promoted by "
+            "gate") in text
     assert "★ = the router served (cascade-x, promoted by gate)" in text
     before = readme.render_value({**rv, "served": None})
     assert not [x for x in before.splitlines() if x.startswith("| ") and "★" in x]

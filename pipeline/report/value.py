@@ -353,6 +353,26 @@ def mark_served(report: str, headline: str) -> str:
     return f"{line}\n\n{report}"
 
 
+def mark_served_reports(reports, served: dict | None, run_routers: dict[str, str], target: str,
+                        models: dict | None = None) -> dict | None:
+    """After a promotion: `served` into reports/router_value.json (`with_served`) and the router served into the
+    benchmark report's bold ★ line (`mark_served`): the one ★ is the served router, whatever the verdict (the report
+    was written before the gate decided). Returns the new router_value (None when there is no report)."""
+    import json
+    from pathlib import Path
+
+    from pipeline.core.io import atomic_write_json, atomic_write_text
+
+    rv_file, md_file = Path(reports) / "router_value.json", Path(reports) / "benchmark_report.md"
+    if not rv_file.is_file():
+        return None
+    rv = with_served(json.loads(rv_file.read_text()), served, run_routers)
+    atomic_write_json(rv, rv_file)
+    if md_file.is_file():
+        atomic_write_text(mark_served(md_file.read_text(), served_headline(rv, target, models)), md_file)
+    return rv
+
+
 def report_headline(rv: dict, target: str, models: dict | None = None, key: str | None = None) -> str:
     """One router kind of reports/router_value.json (`key`; by default `best_router`, the best validation AIQ) at
     `target` (the profile's serving target) on held-out test, as `value_line` says a target: 'cascade (answers
