@@ -12,7 +12,9 @@ promoted router stands for at the serving target), `target`, `evidence` (relativ
 figures). Only `name` and `path` are required (a pointer of an older release has no more).
 
 History: one JSON object per line, appended for every verdict: `at`, `action` (promoted | refused | rolled back),
-`by` (gate | promote | rollback), `name`, `path`, `kind`, `target`, `reason`, `evidence`, `previous` {name, path}.
+`by` (gate | promote | rollback), `name`, `path`, `kind`, `target`, `reason`, `evidence`, `verdict`, `previous`
+{name, path}. No line is appended after a junk one: each writer first sets lines that are not JSON objects aside,
+verbatim, in promotions.invalid.jsonl and says so (`repaired` in the line it appends).
 """
 from __future__ import annotations
 
