@@ -62,6 +62,7 @@ from pipeline.report.replication import replicate, summary_markdown, table_markd
 from pipeline.report.suites import build_suite
 from pipeline.report.value import (
     ROUTER_LABELS,
+    SERVED_PENDING,
     CascadeFigures,
     HeadFigures,
     ablation_markdown,
@@ -69,7 +70,7 @@ from pipeline.report.value import (
     report_headline,
     router_value,
     targets_markdown,
-    with_served,
+    with_held_out_served,
 )
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
@@ -135,11 +136,12 @@ def _frontier(rewards: pd.DataFrame, split: pd.Series, X: np.ndarray, reg, knn,
 
 
 def _plot(points: dict, rv: dict, png: Path, estimated: bool) -> Path:
-    """The frontier plot, the ★ router's named targets starred (router_value.json's `best_router`)."""
-    star = rv["best_router"]
-    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in rv["routers"][star]["targets"].items()}
-    return plot_frontier(points, png, title=f"Cost–quality frontier (held-out test); ★ = "
-                                            f"{ROUTER_LABELS.get(star, star)} at its named targets", marks=marks,
+    """The frontier plot, the named targets of the best validation AIQ router marked (router_value.json's
+    `best_router`; drawn before the promotion names the router served, so not called the ★)."""
+    best = rv["best_router"]
+    marks = {name: (t["cost_per_1k"] / 1000.0, t["quality"]) for name, t in rv["routers"][best]["targets"].items()}
+    return plot_frontier(points, png, title=f"Cost–quality frontier (held-out test); marked: "
+                                            f"{ROUTER_LABELS.get(best, best)} at its named targets", marks=marks,
                          cost_label="estimated cost per example (USD)" if estimated else "cost per example (USD)")
 
 
@@ -284,8 +286,8 @@ def phrasing_lines(rv: dict) -> list[str]:
     ph = (rv.get("phrasings") or {}).get("routers", {}).get(rv["best_router"])
     if not ph:
         return []
-    label = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])
-    return ["### How users phrase a question (the ★, as served)", "",
+    label = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])  # the ★ is named by the promotion, after this
+    return ["### How users phrase a question (the best validation AIQ router, as served)", "",
             phrasing_markdown({**rv["phrasings"], **ph}, f"{label}, "), ""]
 
 
@@ -304,14 +306,16 @@ def _served(rewards: pd.DataFrame, task_pool: pd.DataFrame, router_head: FittedR
                         rewards["task_id"][te].tolist())
 
 
-STAR_NOTE = ("★ = the router kind with the best validation AIQ (`best_router` of reports/router_value.json), at the "
-             "profile's serving target (`serve.target`), on held-out test; `router-lite serve` serves the router the "
-             "`promotion` asset promotes.")
+STAR_NOTE = ("★ = the router served (the registry's pointer): the `promotion` asset, after this report, writes it in "
+             "the bold line above and in `served` of reports/router_value.json, the only ★ of the report; the line "
+             "under it is the router kind with the best validation AIQ (`best_router`), at the profile's serving "
+             "target (`serve.target`), on held-out test.")
 
 
 @asset(group_name="report", io_manager_key="io_manager",
-       description="Headline: the ★ router (best validation AIQ, reports/router_value.json `best_router`) at the "
-                   "serving target on held-out test. Routed benchmarks on the held-out test split and an "
+       description="Headline: the router kind with the best validation AIQ (reports/router_value.json "
+                   "`best_router`) at the serving target on held-out test; the ★ (the router served) is the "
+                   "promotion's, written into the report after it. Routed benchmarks on the held-out test split and an "
                    "out-of-distribution variant, every reply really called through the pool and graded by its "
                    "task's answer format (option letter, integer, math expression, Python literal, …): the "
                    "prompt-only head at the run's target, the cascade at its targets (every stage's calls). Then "
@@ -337,7 +341,7 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     fits = _Fits(reward_matrix, task_pool, prompt_embeddings, router_head, cascade_router.summary)
     table, png, aiq, rv = _router_value(prof, fits, reg, verdict, routed, backbone.get_backbone(),
                                         reports / f"frontier_{prof.name}.png", router_arena)
-    rv = with_served(rv, _served(reward_matrix, task_pool, router_head, served_decisions), phrasings)
+    rv = with_held_out_served(rv, _served(reward_matrix, task_pool, router_head, served_decisions), phrasings)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
     serving = parse_target(prof.serve.target).name
@@ -345,13 +349,14 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     text = report_markdown(
         prof.name, reg.name, point, routed.md, regc.name, routed.cascade_md,
         [f"## What the router is worth ({prof.name}, held-out test n={value['n_test']}"
-         f"{'; costs estimated' if routed.estimated else ''})", "", f"**{headline}**", "", STAR_NOTE, "",
+         f"{'; costs estimated' if routed.estimated else ''})", "", f"**{SERVED_PENDING}**", "", headline, "",
+         STAR_NOTE, "",
          f"Pool verdict: {verdict}", "", "### Router kinds side by side (prompt-only / cascade / combined)", "",
          ablation_markdown(rv), "", "### The prompt-only head's operating points", "", targets_markdown(value), "",
          *imputed_lines(rv), *phrasing_lines(rv), *arena_lines(rv)],
-        ["## Cost–quality frontier on the held-out test split (RouterBench methodology; ★ = the ★ router's named "
-         "targets)", "", table_markdown(prof.name, table), f"Frontier plot: `{png}` (in the Dagster UI: this "
-         "asset's `frontier_plot` entry).", ""])
+        ["## Cost–quality frontier on the held-out test split (RouterBench methodology; marked: the best validation "
+         "AIQ router's named targets)", "", table_markdown(prof.name, table),
+         f"Frontier plot: `{png}` (in the Dagster UI: this asset's `frontier_plot` entry).", ""])
     atomic_write_text(text, reports / "benchmark_report.md")
     atomic_write_json({"variants": routed.meta, "frontier": table.to_dict("records")},
                       reports / "benchmark_report.json")

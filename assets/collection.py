@@ -25,6 +25,7 @@ from assets.collection_budget import (
     forecast_metadata,
     matrix_complete_check,
     partition_budget,
+    planned_stop,
 )
 from pipeline.collect.agents import load_agents
 from pipeline.collect.answers import agent_answers as build_answers
@@ -364,7 +365,7 @@ def profile_calls(prof, graded_calls: pd.DataFrame) -> pd.DataFrame:
     return graded_calls.iloc[key.argsort(kind="stable")].reset_index(drop=True)
 
 
-@asset(group_name="rewards", io_manager_key="io_manager",
+@asset(group_name="rewards", io_manager_key="io_manager", output_required=False,  # a planned stop yields none
        check_specs=[AssetCheckSpec("matrix_complete", asset="reward_matrix", blocking=True,
                                    description="Every (agent, task, repetition) cell was collected (a budget stop "
                                                "leaves cells out: they are named).")],
@@ -390,6 +391,16 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
                              f"{d['quality_estimate']:.4f} [{d['ci_low']:.4f}, {d['ci_high']:.4f}], joins the "
                              f"frontier: {d['joins']} (in {d['join_share']:.0%} of the draws), rest collected: "
                              f"{d['collect_rest']}")
+    # an agent that may join is completed before any router is trained on its estimates: its unasked cells fail
+    # the check (the routers wait) until the next collection on this pool makes them (`rest_of`); that planned stop
+    # withholds the output (nothing published, the steps downstream skipped, the run a success: docs/operations.md)
+    joining = [a for a, d in (decisions or {}).get("agents", {}).items() if d["collect_rest"] and d["imputed"]]
+    check = matrix_complete_check(calls, task_pool, agents, prof.repetitions,
+                                  on_purpose=[a for a in sampled if a not in joining], joining=joining)
+    yield check
+    if planned_stop(check):
+        context.log.info(f"reward_matrix: {check.description}")
+        return
     out = publish_dataset(rewards_table(matrix.rows, task_pool), storage.path("datasets") / "rewards",
                           REWARDS_TITLE.format(profile=prof.name), REWARDS_DESCRIPTION)
     if len(matrix.incomplete):
@@ -397,11 +408,6 @@ def reward_matrix(context: AssetExecutionContext, graded_calls: pd.DataFrame, ta
     for a, why in quarantine.items():
         context.log.warning(f"agent {a} quarantined (left out of the reward matrix): {why}")
     lower = cost_lower_bounds(pool, agents) if costs_are_estimated(matrix.rows) else {}
-    # an agent that may join is completed before any router is trained on its estimates: its unasked cells fail
-    # the blocking check (the routers wait) until the next collection on this pool makes them (`rest_of`)
-    joining = [a for a, d in (decisions or {}).get("agents", {}).items() if d["collect_rest"] and d["imputed"]]
-    yield matrix_complete_check(calls, task_pool, agents, prof.repetitions,
-                                on_purpose=[a for a in sampled if a not in joining], joining=joining)
     yield Output(matrix.rows, metadata={
         "imputed_cells": imputed_cells(matrix.rows),
         "new_agents": MetadataValue.md(new_agents_markdown(decisions) if decisions else "(none sampled)"),

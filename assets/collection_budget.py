@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
-from dagster import AssetCheckResult, MetadataValue
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
 from pipeline.collect.agents import AgentSpec
 from pipeline.collect.budget import Budget, check_max_usd, collection_state, stop_line
@@ -114,15 +114,28 @@ def matrix_complete_check(calls: pd.DataFrame, task_pool: pd.DataFrame, agents: 
     n = len(task_pool) * len(agents) * repetitions
     shown = ", ".join(f"{a}/{t}/rep{r}" for a, t, r in missing[:MISSING_SHOWN])
     pending = sorted({a for a, _, _ in missing if a in set(joining)})
-    if pending and all(a in pending for a, _, _ in missing):
-        why = (f"{len(missing):,} cells of new agents that may join the frontier ({', '.join(pending)}) are not "
-               "collected yet: the next collection on this pool makes them (collection_job on every partition, or "
-               "the next recollect_wide_pool tick), then the routers are retrained")
+    planned = bool(pending) and all(a in pending for a, _, _ in missing)
+    if planned:
+        why = (f"planned stop: {len(missing):,} cells of new agents that may join the frontier ({', '.join(pending)}) "
+               "are not collected yet, so no router is trained on their estimates; next: the collection of their "
+               "remaining calls (recollect_complete_joiners requests collection_job on every partition; without a "
+               "daemon, `router-lite run` again), then the routers are retrained and the promotion's gate decides")
     else:
         why = (f"{len(missing):,} of {n:,} cells (agent/task/repetition) were never collected, e.g. {shown}: "
                f"finish the collection (router-lite run, with a higher --max-usd if a budget stopped it)")
+    # a planned stop is a warning, not an error: the step and the run succeed (no stack trace), the asset's output
+    # is withheld so that nothing downstream runs (`reward_matrix`), and the check says who may join and what is next
     return AssetCheckResult(
         check_name="matrix_complete", passed=not missing,
+        severity=AssetCheckSeverity.WARN if planned else AssetCheckSeverity.ERROR,
         metadata={"missing_cells": len(missing), "cells": n, "sampled_out_cells": imputed,
-                  "joining": MetadataValue.json(pending)},
+                  "joining": MetadataValue.json(pending), "planned_stop": planned},
         description=why if missing else None)
+
+
+def planned_stop(check: AssetCheckResult) -> list[str]:
+    """The new agents a `matrix_complete` result stops for as planned (empty: no planned stop)."""
+    meta = check.metadata or {}
+    planned = getattr(meta.get("planned_stop"), "value", meta.get("planned_stop"))
+    joining = getattr(meta.get("joining"), "value", None) or []
+    return list(joining) if planned else []

@@ -12,9 +12,10 @@ How to use each from the UI and the command line: docs/operations.md.
   (assets/automation.py, `AutomationCondition.eager()`) refreshes the assets computed from the calls.
   With `collection.new_agent_sample` on (the shipped demo, mmlu_pro and pilot profiles), the collection asks each new
   agent on a sample and the refresh's `reward_matrix` decides which may join the frontier; while one of those has
-  unasked tasks, its blocking check `matrix_complete` fails naming them (no router trains on their estimates) and the
-  run-status sensor `recollect_complete_joiners` requests every partition's collection again: their remaining calls
-  only; the automation then refreshes once more and the promotion's gate decides.
+  unasked tasks, the refresh stops as planned: `matrix_complete` warns naming them and the next step, `reward_matrix`
+  withholds its output (no router trains on their estimates; the steps downstream are skipped, the run succeeds,
+  no stack trace), and the run-status sensor `recollect_complete_joiners` requests every partition's collection
+  again: their remaining calls only; the automation then refreshes once more and the promotion's gate decides.
   The collection stays a run-status sensor on purpose: it makes (possibly paid) calls, so only an explicit
   `recollect_preflight` run starts one, never an incidental pre-flight materialisation.
 - `collection_dask`: `graded_calls` through the `dagster-dask` executor (a small LocalCluster by default;
@@ -150,11 +151,13 @@ def build_ops(prof: Profile) -> dict:
 def complete_sensor(prof: Profile, collection_job):
     """The sensor that completes the new agents that may join (their calls beyond the sample)."""
 
-    @run_status_sensor(name=COMPLETE_SENSOR, run_status=DagsterRunStatus.FAILURE, request_job=collection_job,
+    # a planned stop is a successful run (reward_matrix withholds its output, its check warns naming the joiners):
+    # this sensor watches successful runs and acts on those whose check says so
+    @run_status_sensor(name=COMPLETE_SENSOR, run_status=DagsterRunStatus.SUCCESS, request_job=collection_job,
                        default_status=DefaultSensorStatus.RUNNING,
-                       description=f"After a run whose reward matrix held the routers back for new agents that may "
-                                   f"join (matrix_complete naming them): one {COLLECTION_JOB} run per source × "
-                                   "repetition, which makes their remaining calls; the refresh follows.")
+                       description=f"After a run whose reward matrix stopped as planned for new agents that may "
+                                   f"join (matrix_complete warning, naming them): one {COLLECTION_JOB} run per "
+                                   "source × repetition, which makes their remaining calls; the refresh follows.")
     def recollect_complete_joiners(context):
         run = context.dagster_run
         joining = joiners_waiting(context.instance, run.run_id)
@@ -168,8 +171,8 @@ def complete_sensor(prof: Profile, collection_job):
 
 
 def joiners_waiting(instance, run_id: str) -> list[str]:
-    """The new agents that may join whose remaining calls a run's `reward_matrix:matrix_complete` check is waiting
-    for (its metadata `joining`; none when the check passed or failed for another reason)."""
+    """The new agents that may join whose remaining calls a run's `reward_matrix:matrix_complete` check stopped for
+    as planned (its metadata `joining`; none when the check passed or failed for another reason)."""
     for record in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
         ev = record.dagster_event.event_specific_data
         if ev.check_name == "matrix_complete" and not ev.passed:

@@ -15,7 +15,7 @@ from assets.metadata import md_table, rounded
 from assets.router import entry_dir
 from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.report import promotion as gate_rules
-from pipeline.report.value import star_line
+from pipeline.report.value import mark_served_reports, star_line
 from pipeline.route import pointer, registry
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
@@ -79,19 +79,23 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
              "star": {**candidate, "rule": rule}}
     action, verdict = gate_rules.decide(root, entry, ev, rows)
     served = registry.latest_entry(root)
-    context.log.info(f"promotion: {action} {reg.name} ({key}, {rule}); gate: {verdict['reason']}; served: "
-                     f"{served['name'] if served else 'none'}")
+    mark_served_reports(storage.path("reports"), served, {k: r.name for k, r in regs.items()}, target,
+                        {a["name"]: a["model"] for a in reg.agents})  # the one ★: the router served
+    for line in gate_rules.verdict_lines(verdict, action):  # what it would replace, how judged, why
+        context.log.info(f"promotion: {line}")
+    context.log.info(f"promotion: candidate chosen by {rule}; served now: {served['name'] if served else 'none'}")
     candidates = pd.DataFrame([{"router": k + (" (candidate)" if k == key else ""), "name": regs[k].name,
                                 "cross-fitted quality": f["quality"], "quality ratio": f["quality_ratio"],
                                 "cost per 1k": f["cost_per_1k"], "cost ratio": f["cost_ratio"]}
                                for k, f in figures.items()])
     return Output({"action": action, "candidate": reg.name, "router": key, "served": served and served["name"],
-                   "target": target, "verdict": {k: verdict[k] for k in ("passed", "mode", "rule", "reason")}},
+                   "target": target, "verdict": gate_rules.verdict_summary(verdict)},
                   metadata=rounded({  # one headline: the router served now (the ★), whatever the verdict
                       "headline": star_line(served["star"], served["name"]) if served and served.get("star")
                       else f"served: {served['name'] if served else 'none'}",
                       "action": action, "candidate": reg.name, "candidate_router": key,
                       "served": served["name"] if served else "", "target": target, "choice_rule": rule,
+                      "replaces": verdict.get("replaces") or "", "dearer": bool(verdict.get("dearer")),
                       "gate_passed": bool(verdict["passed"]), "gate_mode": verdict["mode"],
                       "gate_rule": verdict["rule"], "gate_reason": verdict["reason"],
                       "candidates": md_table(candidates, floatfmt=".4f"),

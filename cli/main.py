@@ -50,7 +50,7 @@ def cmd_run(args) -> int:
     from pathlib import Path
 
     from assets.definitions import build_definitions
-    from cli.run import Interrupted, calls_logged, run_lineage, stages_of
+    from cli.run import PLANNED_STOP_EXIT, Interrupted, PlannedStop, calls_logged, run_lineage, stages_of
     from cli.summary import print_summary, star_headline, what_next
     from pipeline.profile import load_profile
     from resources.storage import home_of
@@ -61,6 +61,9 @@ def cmd_run(args) -> int:
     try:
         times = run_lineage(defs, profile, args.upto, log=lambda m: print(m, file=sys.stderr, flush=True),
                             asset_config=config)
+    except PlannedStop as stop:  # not an error: one line naming who may join and the next step; exit 3 (run again)
+        print(f"router-lite: {stop}", file=sys.stderr, flush=True)
+        return PLANNED_STOP_EXIT
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: one line, the shell's code for SIGINT (128 + 2)
         print(f"router-lite: interrupted; rerun resumes: {calls_logged(defs.resources['storage']):,} calls logged",
               file=sys.stderr, flush=True)
@@ -376,26 +379,85 @@ def _registry_of(args):
     return profile, home_of(profile) / "registry"
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def cmd_promote(args) -> int:
-    """Serve the registered router NAME (registry/<NAME>) from now on, past the promotion gate; recorded in
+    """Serve the registered router NAME (registry/<NAME>) from now on when the promotion gate passes it (or cannot
+    judge it; `--force`: past its refusal); `--check`: the gate's verdict only. Recorded in
     registry/promotions.jsonl."""
-    from pipeline.report.promotion import promote_named
+    from pipeline.core.progress import heartbeat
 
     profile, root = _registry_of(args)
-    line = promote_named(root, args.name, profile.serve.target)
-    print(f"promoted {line['name']} ({line['kind']}, target {line['target']}); before: "
+    _say(f"promote: judging {args.name} at {profile.serve.target} against the served router ({root})")
+    with heartbeat(f"promote {args.name}", _say):
+        from pipeline.report.promotion import judge_named, promote_named, verdict_lines
+
+        _, _, verdict = judge_named(root, args.name, profile.serve.target)
+        print("\n".join(verdict_lines(verdict)), flush=True)
+        if args.check:  # a dry run: 0 when the gate would promote, 1 when it would refuse
+            return 1 if verdict["passed"] is False else 0
+        line, _ = promote_named(root, args.name, profile.serve.target, force=args.force)
+    if line.get("repaired"):
+        _say(f"promote: {line['repaired']}")
+    print(f"promoted {line['name']} ({line['kind']}, target {line['target']}; {line['reason']}); replaced: "
           f"{(line['previous'] or {}).get('name', 'none')}")
     return 0
 
 
 def cmd_rollback(args) -> int:
     """Serve the router promoted before the served one again; recorded in registry/promotions.jsonl."""
-    from pipeline.report.promotion import rollback
+    from pipeline.core.progress import heartbeat
+    from pipeline.route import pointer
 
     profile, root = _registry_of(args)
-    line = rollback(root, profile.serve.target)
+    pointer.latest_entry(root)  # a malformed pointer: its one error line before any progress line
+    _say(f"rollback: returning to the router promoted before the served one ({root})")
+    with heartbeat("rollback", _say):
+        from pipeline.report.promotion import rollback
+
+        line = rollback(root, profile.serve.target)
+    if line.get("repaired"):
+        _say(f"rollback: {line['repaired']}")
     print(f"rolled back to {line['name']} ({line['kind']}, target {line['target']}); before: "
           f"{(line['previous'] or {}).get('name', 'none')}")
+    return 0
+
+
+def cmd_promotions(args) -> int:
+    """The promotion history (registry/promotions.jsonl), newest last, the served router marked ★; `--repair` sets
+    junk lines aside first (kept verbatim in promotions.invalid.jsonl)."""
+    from pipeline.route import pointer
+
+    _, root = _registry_of(args)
+    if args.repair:
+        _say(pointer.repair_history(root) or f"promotions: {root / pointer.HISTORY} has no junk line")
+    records = pointer.history(root)  # a junk line: one error naming it and --repair
+    try:
+        served = (pointer.read_latest(root) or {}).get("name")
+    except RouterLiteError:
+        served = None
+    if args.json:
+        print(json.dumps({"served": served, "history": records[-args.last:] if args.last else records}))
+        return 0
+    if not records:
+        print(f"no promotion recorded in {root / pointer.HISTORY}")
+        return 0
+    shown = records[-args.last:] if args.last else records
+    if len(shown) < len(records):
+        print(f"(the last {len(shown)} of {len(records)}; --last 0 shows all)")
+    stack = pointer.served_stack(records)
+    standing = stack[-1] if stack and stack[-1].get("name") == served else None  # the line that serves now
+    for r in shown:
+        v = r.get("verdict") or {}
+        gate = {True: "gate passed", False: "gate refused", None: "gate not judged"}.get(v.get("passed"), "") \
+            if v else ""
+        star = " ★" if r is standing else ""
+        print(f"{r.get('at', '?')}  {r.get('action', '?'):<11} by {r.get('by', '?'):<8} {r.get('name')}{star} "
+              f"({r.get('kind')}, {r.get('target')}); replaced: {(r.get('previous') or {}).get('name', 'none')}"
+              + (f"; {gate}" if gate else "") + (f": {r['reason']}" if r.get("reason") else ""))
+    print(f"served now: {served or 'none'}")
     return 0
 
 
@@ -945,12 +1007,27 @@ def _add_serve_command(sub) -> None:
 
 
 def _add_promotion_commands(sub) -> None:
-    for name, fn, text in (("promote", cmd_promote, "serve the registered router NAME from now on (past the "
-                                                      "promotion gate; recorded in registry/promotions.jsonl)"),
-                           ("rollback", cmd_rollback, "serve again the router promoted before the served one")):
+    for name, fn, text in (("promote", cmd_promote, "serve the registered router NAME from now on, when the "
+                                                      "promotion gate passes it (its verdict is shown; --force: past "
+                                                      "a refusal; recorded in registry/promotions.jsonl)"),
+                           ("rollback", cmd_rollback, "serve again the router promoted before the served one"),
+                           ("promotions", cmd_promotions, "the promotion history (registry/promotions.jsonl), the "
+                                                          "served router marked ★")):
         p = sub.add_parser(name, help=text)
         if name == "promote":
             p.add_argument("name", help="a registered router: the folder name under the profile's registry/")
+            p.add_argument("--check", action="store_true",
+                           help="show the gate's verdict only (a dry run): exit 0 when it would promote NAME, 1 "
+                                "when it would refuse")
+            p.add_argument("--force", action="store_true",
+                           help="promote NAME even when the gate refuses it (the history records the override)")
+        if name == "promotions":
+            p.add_argument("--last", type=int, default=20, metavar="N",
+                           help="show the last N lines (default %(default)s; 0: all)")
+            p.add_argument("--json", action="store_true", help="one JSON object: the served router and the lines")
+            p.add_argument("--repair", action="store_true",
+                           help="set aside lines that are not JSON objects first (kept verbatim in "
+                                "promotions.invalid.jsonl)")
         p.add_argument("--profile", default=None, help="profile whose registry is re-pointed (default: "
                                                        "$ROUTER_LITE_PROFILE or demo)")
         p.add_argument("--override", default=None, metavar="FILE",

@@ -80,6 +80,23 @@ def failed_blocking_check(result) -> str | None:
     return None
 
 
+PLANNED_STOP_EXIT = 3  # `router-lite run` stopped as planned: run it again once the step it names is done
+
+
+class PlannedStop(RouterLiteError):
+    """The lineage stopped where it was meant to (a check's planned stop: new agents that may join are collected
+    first); the message names them and the next step."""
+
+
+def planned_stop(result) -> str | None:
+    """The description of a check that stopped the run as planned (metadata `planned_stop`), None when none did."""
+    for e in result.get_asset_check_evaluations():
+        flag = e.metadata.get("planned_stop")
+        if not e.passed and getattr(flag, "value", flag) is True:
+            return e.description
+    return None
+
+
 def _failure(result, stage: str, pk) -> Exception:
     where = f"{stage}" + (f" (partition {pk})" if pk is not None else "")
     msg = failed_blocking_check(result) or user_error(result)
@@ -263,6 +280,9 @@ def run_lineage(defs, profile: Profile | str | None = None, upto: str | list[str
                 raise Interrupted(stage)
             if not result.success or failed_blocking_check(result):
                 raise _failure(result, stage, pk)
+            stop = planned_stop(result)
+            if stop:  # the next stages would read the matrix it withheld: stop here, saying why and what is next
+                raise PlannedStop(f"[{stage}] {stop}")
             failed = [e for e in result.get_asset_check_evaluations() if not e.passed]
             for e in failed:
                 # non-blocking: reported only

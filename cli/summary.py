@@ -1,5 +1,6 @@
 """What `router-lite run` prints at the end: counts, tables, and where the reports are."""
 import json
+import os
 from pathlib import Path
 
 from cli import lineage
@@ -29,12 +30,53 @@ def star_headline(root: Path) -> str | None:
             f"{pct(val['cost_ratio'])})")
 
 
-def what_next(profile: str) -> str:
-    """The printout's last three lines: serve the ★ router, look at the run in the UI, go on to your own pool/data."""
+def promotion_lines(out: dict | None) -> list[str]:
+    """This run's promotion (the `promotion` asset's output): what the gate did with the candidate, the router it
+    replaced or would have replaced, and why."""
+    if not out:
+        return []
+    v = out.get("verdict") or {}
+    replaces = v.get("replaces") or "nothing (none promoted yet)"
+    head = {"promoted": f"Promotion: {out['candidate']} promoted, replacing {replaces}",
+            "refused": f"Promotion: {out['candidate']} refused by the gate; {out.get('served')} stays served",
+            "kept": f"Promotion: {out['candidate']} is already the served router"}.get(
+        out.get("action"), f"Promotion: {out.get('action')} {out.get('candidate')}")
+    lines = [head, f"  gate ({v.get('mode')}): {v.get('reason')}"]
+    if out.get("action") == "refused":
+        lines.append(f"  `router-lite promote {out['candidate']} --force` serves it anyway; "
+                     "`router-lite promotions` lists the history")
+    return lines
+
+
+def cli_command(exe_dir: Path | None = None, cwd: Path | None = None, which=None) -> tuple[str, str | None]:
+    """(how to type `router-lite` in a fresh shell, the line that makes the plain name work or None): the plain name
+    when the shell's PATH finds this install's script, else its path (relative to the working directory when it lies
+    below it: `.venv/bin/router-lite` after `make run`), with the venv's activate line."""
+    import shutil
+    import sys
+
+    exe_dir = Path(exe_dir or Path(sys.executable).parent)
+    script, cwd = exe_dir / "router-lite", Path(cwd or Path.cwd())
+    found = (which or shutil.which)("router-lite")
+    if found and Path(found).resolve() == script.resolve():
+        return "router-lite", None
+    if not script.exists():  # not installed as a script (python -m cli.main): the module
+        return f"{sys.executable} -m cli.main", None
+    shown = Path(os.path.relpath(script, cwd)) if script.absolute().is_relative_to(cwd.absolute()) else script
+    activate = shown.parent / "activate"
+    return str(shown), (f"source {activate}" if (exe_dir / "activate").exists() else None)
+
+
+def what_next(profile: str, command: tuple[str, str | None] | None = None) -> str:
+    """The printout's last lines: serve the ★ router (the command as a fresh shell finds it: `cli_command`), look at
+    the run in the UI, go on to your own pool/data."""
     flag = "" if profile == "demo" else f" --profile {profile}"
+    exe, activate = command or cli_command()
+    hint = f"    # or `{activate}` first, then `router-lite serve{flag}`" if activate else ""
     return ("\nWhat next:\n"
-            f"  router-lite serve{flag}    # the ★ router above as an OpenAI-compatible endpoint (docs/serving.md)\n"
-            "  make ui    # the asset graph, its checks and these reports in the Dagster UI on http://127.0.0.1:3000\n"
+            f"  {exe} serve{flag}    # the ★ router above as an OpenAI-compatible endpoint (docs/serving.md)\n"
+            + (f"  {hint.strip()}\n" if hint else "")
+            + "  make ui    # the asset graph, its checks and these reports in the Dagster UI on http://127.0.0.1:3000\n"
             "  docs/tutorial.md    # your own agents (an override file), your own data (router-lite train), serving")
 
 
@@ -45,6 +87,9 @@ def print_summary(defs, assets: list[str]) -> None:
     headline = star_headline(root)
     if headline:
         print("\n" + headline)
+    said = promotion_lines(lineage.load("promotion", defs=defs, default=None)) if "promotion" in assets else []
+    if said:
+        print("\n".join(said))
     _print_verdict(root)
     pool = lineage.load("task_pool", defs=defs, default=None)
     if pool is not None:

@@ -40,6 +40,7 @@ from pipeline.report.value import (  # noqa: E402
     ablation_markdown,
     arena_markdown,
     prompt_routers_markdown,
+    served_key,
 )
 
 README = Path("README.md")
@@ -70,7 +71,7 @@ def render_value(rv: dict, copy: Path = COPY) -> str:
     lines = [f"Profile `{rv['profile']}`{embedded}, costs estimated (chars/4 × list prices). Generated from "
              f"`reports/router_value.json` (committed copy: `{copy.as_posix()}`) by `scripts/readme.py`.", "",
              *bare_lines(rv),
-             f"**Pool verdict: {rv['pool_verdict']}**", "",
+             f"**Pool verdict: {rv['pool_verdict']}**", "", *served_lines(rv),
              ablation_markdown(rv)]
     if rv.get("prompt_routers"):
         lines += ["Prompt-only router kinds at max quality (the lineage ships the best by validation; "
@@ -104,19 +105,34 @@ def bare_lines(rv: dict) -> list[str]:
     served: the OOD guard and the fallbacks included), then the phrasing table (docs/training.md, "What a router
     learns from")."""
     ph = rv.get("phrasings") or {}
-    star = (ph.get("routers") or {}).get(rv["best_router"])
+    key = served_key(rv)
+    star = (ph.get("routers") or {}).get(key or rv["best_router"])
     if not star:
         return []
     bare, tmpl = star["phrasings"]["bare"], star["phrasings"]["templated"]
     q, c = bare["quality_ratio_ci"], bare["cost_ratio_ci"]
-    label = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])
+    label = ("the ★ " if key else "the best validation AIQ router, ") + ROUTER_LABELS.get(key or rv["best_router"],
+                                                                                         rv["best_router"])
     return [f"**The question as a user types it** (held-out test, bare, decided as `router-lite serve` decides: "
-            f"OOD guard and fallbacks included; each agent's reward and cost as recorded for that question): the ★ "
+            f"OOD guard and fallbacks included; each agent's reward and cost as recorded for that question): "
             f"{label} at `{ph['target']}` gives **{bare['quality_ratio']:.1%} of {rv['best_single']['agent']}'s "
             f"quality (paired 95 % CI {q[0]:.1%}–{q[1]:.1%}) at {bare['cost_ratio']:.0%} of its cost (CI "
             f"{c[0]:.0%}–{c[1]:.0%})**; the OOD guard fires on {bare['guard_rate']:.1%} of them (templated: "
             f"{tmpl['quality_ratio']:.1%} at {tmpl['cost_ratio']:.0%}, guard {tmpl['guard_rate']:.1%}).", "",
             phrasing_markdown({**ph, **star}), ""]
+
+
+def served_lines(rv: dict) -> list[str]:
+    """The one ★: the router served after the run (`served`, written by the promotion), by its held-out figures at
+    its target; nothing for a copy written before the promotion named it."""
+    s = rv.get("served")
+    if not s:
+        return []
+    h = s.get("held_out") or {}
+    pct = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
+    return [f"★ Served (`router-lite serve`): **{s.get('label')}** `{s['name']}`, promoted by {s.get('promoted_by')} "
+            f"at `{s.get('target')}`: {pct(h.get('quality_ratio'))} of the best single agent's quality at "
+            f"{pct(h.get('cost_ratio'))} of its cost on held-out test.", ""]
 
 
 def arena_lines(arena: dict, backbone: dict | None) -> list[str]:

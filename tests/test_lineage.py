@@ -62,7 +62,7 @@ def test_benchmark_report_routes_with_real_replies(smoke_home):
 
 
 def test_the_benchmark_report_says_one_headline_the_star_routers(smoke_home):
-    from pipeline.report.value import report_headline, star_line, value_line
+    from pipeline.report.value import mark_served, report_headline, served_headline, star_line, value_line
 
     home, dagster_home = smoke_home
     inst = DagsterInstance.from_config(str(dagster_home))
@@ -70,12 +70,18 @@ def test_the_benchmark_report_says_one_headline_the_star_routers(smoke_home):
     rv = json.loads((home / "reports" / "router_value.json").read_text())
     latest = registry.latest_entry(home / "registry")
     models = {a["name"]: a["model"] for a in registry.load(latest["head"]["path"]).agents}
-    headline = report_headline(rv, "quality>=0.98", models)  # the smoke profile's serve.target
-    assert headline.startswith("★ ") and meta["headline"].value == headline and meta["best_router"].value == \
-        rv["best_router"]
+    # the smoke profile's serve.target, as the report said it before the promotion named the router served
+    headline = report_headline({**rv, "served": None}, "quality>=0.98", models)
+    assert headline.startswith("best validation AIQ: ") and meta["headline"].value == headline and \
+        meta["best_router"].value == rv["best_router"]
     assert not {"value_line", "cascade_routed_test_accuracy", "test_accuracy"} & set(meta)  # no second headline
     md = meta["report"].value
-    assert md == (home / "reports" / "benchmark_report.md").read_text()
+    # one ★, the router served: the promotion wrote it into the report and router_value.json after the report
+    on_disk = (home / "reports" / "benchmark_report.md").read_text()
+    assert rv["served"]["name"] == latest["name"] and rv["served"]["promoted_by"] == latest["promoted_by"]
+    assert on_disk == mark_served(md, served_headline(rv, "quality>=0.98", models))
+    star = served_headline(rv, "quality>=0.98", models)
+    assert [x for x in on_disk.splitlines() if x.startswith("**★")] == [f"**{star}**"]
     assert md.count(headline) == 1 and md.index(headline) < md.index("Pool verdict")
     head = json.loads(asset_path(home, "router_head", suffix=".json").read_text())["value"]
     assert value_line(head, "parity", models) not in md  # the prompt-only head's parity line led the old report
@@ -183,3 +189,53 @@ def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_t
     assert [(r["action"], r["by"], r["name"]) for r in lines[-3:]] == [
         ("promoted", "promote", other), ("refused", "gate", candidate), ("promoted", "gate", candidate)]
     assert lines[-1]["previous"]["name"] == other and registry.latest_entry(root)["promoted_by"] == "gate"
+
+
+def test_after_a_wider_pools_cheaper_router_the_rerun_does_not_promote_a_dearer_one(smoke_home_copy, monkeypatch,
+                                                                                     capsys):
+    """The operator's case, end to end on the smoke lineage: a wider pool's refresh promoted a cheaper router (here
+    another entry of the home whose evidence is the run's candidate's over two more agents at 30 % of its cost, on
+    the same held-out tasks); the promotion re-run on the default pool pairs on the shared tasks, refuses the dearer
+    candidate saying so and naming the router it would replace, and keeps the pointer; the report's bold ★ line and
+    router_value.json's `served` name the router served; `promote CANDIDATE` shows the refusal and asks for --force."""
+    from dagster import materialize
+
+    from assets.definitions import build_assets, build_resources
+    from cli.main import main
+    from cli.summary import promotion_lines
+    from pipeline.report.value import served_headline
+
+    home = smoke_home_copy()
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    root = home / "registry"
+    served = registry.latest_entry(root)
+    candidate = served["name"]
+    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
+    ev = json.loads((root / served["evidence"]).read_text())
+    assert sum(ev["cost"]) > 0
+    wide = {**ev, "name": other, "agents": ev["agents"] + ["wide_a", "wide_b"], "cost": [0.3 * c for c in ev["cost"]]}
+    (root / "evidence" / f"{other}.json").write_text(json.dumps(wide))
+    assert main(["promote", other, "--profile", "smoke"]) == 0  # the gate passes the cheaper one (shared tasks)
+    assert f"gate: passes {other}" in capsys.readouterr().out
+    before = (root / "latest.json").read_text()
+    result = materialize(build_assets("smoke"), selection=["promotion"],
+                         resources=build_resources(str(home), profile="smoke"))
+    out = result.output_for_node("promotion")
+    v = out["verdict"]
+    assert out["action"] == "refused" and out["candidate"] == candidate and out["served"] == other
+    assert v["mode"] == "shared" and v["dearer"] is True and v["replaces"] == other and not v["passed"]
+    assert "the pool changed (−wide_a, −wide_b)" in v["reason"] and "dearer beyond noise" in v["reason"]
+    assert (root / "latest.json").read_text() == before
+    said = "\n".join(promotion_lines(out))
+    assert f"{candidate} refused by the gate; {other} stays served" in said and "--force" in said
+    rv = json.loads((home / "reports" / "router_value.json").read_text())
+    assert rv["served"]["name"] == other
+    bold = [x for x in (home / "reports" / "benchmark_report.md").read_text().splitlines() if x.startswith("**★")]
+    models = {a["name"]: a["model"] for a in registry.load(served["head"]["path"]).agents}
+    assert bold == [f"**{served_headline(rv, 'quality>=0.98', models)}**"]
+    capsys.readouterr()
+    assert main(["promote", candidate, "--check", "--profile", "smoke"]) == 1
+    assert main(["promote", candidate, "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"the gate refuses {candidate}" in err[-1] and "dearer" in err[-1] and "--force" in err[-1]
+    assert (root / "latest.json").read_text() == before

@@ -53,3 +53,24 @@ def test_the_value_section_is_the_committed_router_value():
     text = (ROOT / "README.md").read_text()
     assert readme.render_value(rv) in text + "\n"
     assert f"{rv['routers'][rv['best_router']]['aiq_test']:.4f}" in text
+
+
+def test_the_readme_stars_the_router_served_only():
+    """One ★, the router served (`served`, written by the promotion), even where validation prefers another kind;
+    the prompt kinds' choice is '(chosen)'; a copy written before the promotion named it stars no row."""
+    import json
+
+    rv = json.loads((ROOT / readme.COPY).read_text())
+    assert "cascade:combined" in rv["routers"] and rv["best_router"] != "cascade:combined"
+    served = {"router": "cascade:combined", "name": "cascade-x", "label": "combined (cascade + prompt router)",
+              "kind": "cascade", "target": "quality>=0.98", "promoted_by": "gate",
+              "held_out": {"quality_ratio": 0.989, "cost_ratio": 0.64}}
+    text = readme.render_value({**rv, "served": served})
+    starred = [x.split("|")[1].strip() for x in text.splitlines() if x.startswith("| ") and "★" in x]
+    assert starred == ["combined (cascade + prompt router) ★"], starred
+    assert ("★ Served (`router-lite serve`): **combined (cascade + prompt router)** `cascade-x`, promoted by "
+            "gate") in text
+    assert "★ = the router served (cascade-x, promoted by gate)" in text
+    before = readme.render_value({**rv, "served": None})
+    assert not [x for x in before.splitlines() if x.startswith("| ") and "★" in x]
+    assert "no ★ yet: the `promotion` asset names the router served" in before

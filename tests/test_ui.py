@@ -116,8 +116,10 @@ def test_ui_shows_the_asset_graph_report_metadata_and_operations(webserver, smok
     assert 0.0 <= meta["head_test_accuracy"]["floatValue"] <= 1.0
     assert meta["report"]["mdStr"].startswith("## What the router is worth (smoke")
     assert "## Routed benchmark (smoke" in meta["report"]["mdStr"]
-    # one headline, the ★ router's: the first entry, in the report once; the report links no image the UI cannot load
-    assert latest["metadataEntries"][0]["label"] == "headline" and meta["headline"]["text"].startswith("★ ")
+    # one headline, the best validation AIQ kind's (the ★, the router served, is the promotion's): the first entry,
+    # in the report once; the report links no image the UI cannot load
+    assert latest["metadataEntries"][0]["label"] == "headline"
+    assert meta["headline"]["text"].startswith("best validation AIQ: ")
     assert meta["report"]["mdStr"].count(meta["headline"]["text"]) == 1 and "![" not in meta["report"]["mdStr"]
 
     (repo,) = _gql(webserver, OPERATIONS)["repositoriesOrError"]["nodes"]

@@ -173,12 +173,11 @@ def head_release(repo_id: str, head_dir: Path) -> RepoRelease:
         raise RouterLiteError(f"{head_dir} is not a registered head (no manifest.json): materialise registered_head "
                               f"first (`router-lite run`)")
     manifest = json.loads(mf.read_text())
-    if manifest.get("router_kind") == "cascade":  # what serve would refuse is not published either
-        from pipeline.route.cascade import CASCADE_FILE
-        from pipeline.route.cascade_check import read_cascade_doc
+    # what serve would refuse is not published either: the entry is loaded as serve loads it, whatever its kind
+    # (each kind checks its own files: a cascade its cascade.json, one line naming the file and the field)
+    from pipeline.route.registry import load
 
-        names = [a.get("name") for a in manifest.get("agents") or [] if isinstance(a, dict)]
-        read_cascade_doc(head_dir / (manifest.get("files") or {}).get("cascade", CASCADE_FILE), names, head_dir)
+    load(head_dir)
     named = [n for n in (manifest.get("files") or {}).values()  # other router kinds' files: plain names inside only
              if isinstance(n, str) and n and Path(n).name == n and n not in (".", "..")]
     files: dict[str, Path | bytes] = {n: head_dir / n for n in dict.fromkeys([*HEAD_FILES, *named])

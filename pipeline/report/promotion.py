@@ -5,15 +5,13 @@ serving target on the rows its operating points were read on (cross-fitted train
 `validation_at`), never on test rows (`choose`, its rule said in the verdict): AIQ ranks a whole frontier, the served
 router stands at one point of it.
 
-The gate (`gate`) then compares the candidate's held-out test outcome at the serving target with the promoted
-router's: per row reward and cost (`held_out_outcome`), paired over the same test rows when both were scored on them
-(95 % paired bootstrap CIs, pipeline.route.evaluate.paired_gain_ci: not worse in quality beyond noise, not dearer
-beyond noise). The value report keeps aggregates only, so each promotion stores its own per-row outcome
-(`evidence`, registry/evidence/<name>.json) for the next run to pair with. When the pairing is impossible (nothing
-promoted yet, another serving target, another pool of agents, other test rows) the candidate stands on its own
-evidence, the reason said: its held-out quality must not fall below the target's floor (F × the best single agent's
-for quality>=F, the best single agent's for parity and max-quality) beyond noise, and a budget target's cost must
-hold.
+The gate (pipeline/report/promotion_gate.py says its three modes) then compares the candidate's held-out test
+outcome at the serving target with the served router's: per row reward and cost (`held_out_outcome`), paired over
+the same test rows, or over the held-out tasks both were scored on when the pool changed (not worse in quality
+beyond noise, not dearer beyond noise); else on the candidate's own evidence. The value report keeps aggregates
+only, so every gated candidate's per-row outcome is stored (`evidence`, registry/evidence/<name>.json) for the next
+run to pair with and for `router-lite promote NAME` to show the same verdict. The verdict names the router it would
+replace; a candidate dearer than the served one is refused (the operator's `promote NAME --force` overrides).
 """
 from __future__ import annotations
 
@@ -22,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
+from pipeline.report.promotion_gate import gate, pairing, verdict_lines  # noqa: F401 - this module's API
 from pipeline.report.value import ROUTER_LABELS, validation_at
-from pipeline.route.evaluate import paired_gain_ci
 from pipeline.route.targets import parse_target
 
 CHOICE_RULE = {
@@ -34,11 +32,6 @@ CHOICE_RULE = {
     "max-quality": "best cross-fitted quality (ties: the cheaper)",
     "lambda": "best cross-fitted quality (ties: the cheaper)",
 }
-PAIRED_RULE = ("paired 95 % bootstrap CIs over the same held-out test rows: quality (candidate − promoted) upper "
-               "bound ≥ 0 (not worse beyond noise) and cost (candidate − promoted) lower bound ≤ 0 (not dearer beyond "
-               "noise)")
-
-
 @dataclass
 class HeldOut:
     """The run's held-out test rows as every candidate is scored on them: ids, embeddings, effective rewards and
@@ -75,10 +68,14 @@ def held_out_outcome(reg, target: str, rows: HeldOut, agreement=None) -> tuple[n
 
 
 def evidence(name: str, router: str, target: str, rows: HeldOut, reward: np.ndarray, cost: np.ndarray) -> dict:
-    """What a promotion stores for the next run to pair with: the per-row outcome at the target, on which rows."""
+    """What the gate judges a candidate on, stored for `router-lite promote` and the next run to pair with: the
+    per-row outcome at the target, on which rows, beside the best single agent's on the same rows."""
+    b = rows.best
     return {"name": name, "router": router, "target": target, "agents": list(rows.agents),
             "held_out": held_out_figures(reward, cost, rows), "task_ids": [str(t) for t in rows.task_ids],
-            "reward": [float(r) for r in reward], "cost": [float(c) for c in cost]}
+            "reward": [float(r) for r in reward], "cost": [float(c) for c in cost],
+            "best_single": rows.agents[b], "best_reward": [float(r) for r in rows.U[:, b]],
+            "best_cost": [float(c) for c in rows.C[:, b]]}
 
 
 def held_out_figures(reward: np.ndarray, cost: np.ndarray, rows: HeldOut) -> dict:
@@ -111,70 +108,19 @@ def choose(figures: dict[str, dict], target: str) -> tuple[str, str]:
     return chosen, CHOICE_RULE[t.kind]
 
 
-def _paired(a: np.ndarray, b: np.ndarray) -> dict:
-    """mean(a − b) with its paired 95 % bootstrap CI (the project's paired_gain_ci on the two columns)."""
-    ci = paired_gain_ci(np.zeros(len(a), np.int64), np.column_stack([a, b]), 1)
-    return {k: ci[k] for k in ("gain", "low", "high", "n")}
+VERDICT_FIELDS = ("passed", "mode", "rule", "reason", "replaces", "dearer")  # what the history keeps of a verdict
 
 
-def pairing(candidate: dict, incumbent: dict | None) -> str | None:
-    """Why the candidate cannot be paired with the promoted router's evidence (None: it can)."""
-    if incumbent is None:
-        return "first promotion: nothing promoted yet"
-    if incumbent.get("target") != candidate["target"]:
-        return f"the serving target changed ({incumbent.get('target')} -> {candidate['target']})"
-    if incumbent.get("agents") != candidate["agents"]:
-        return f"the pool changed ({', '.join(incumbent.get('agents') or [])} -> {', '.join(candidate['agents'])})"
-    if incumbent.get("task_ids") != candidate["task_ids"]:
-        shared = len(set(incumbent.get("task_ids") or []) & set(candidate["task_ids"]))
-        return (f"the task pool changed (held-out rows: {len(incumbent.get('task_ids') or [])} promoted, "
-                f"{len(candidate['task_ids'])} now, {shared} shared)")
-    return None
-
-
-def gate(candidate: dict, incumbent: dict | None, rows: HeldOut, unpaired: str | None = None) -> dict:
-    """The verdict on `candidate` (its `evidence`) against the promoted router's evidence `incumbent` (None:
-    nothing promoted, or no evidence kept: `unpaired` says which): {"passed", "mode" (paired | own), "rule",
-    "reason", the figures and CIs}."""
-    r, c = np.asarray(candidate["reward"]), np.asarray(candidate["cost"])
-    reason = unpaired or pairing(candidate, incumbent)
-    out = {"target": candidate["target"], "candidate": {"name": candidate["name"],
-                                                        **held_out_figures(r, c, rows)}}
-    if reason is None:
-        ri, ci = np.asarray(incumbent["reward"]), np.asarray(incumbent["cost"])
-        q, cost = _paired(r, ri), _paired(1000 * c, 1000 * ci)
-        passed = q["high"] >= 0 and cost["low"] <= 0
-        why = [] if passed else [w for w, bad in (("worse in quality beyond noise", q["high"] < 0),
-                                                  ("dearer beyond noise", cost["low"] > 0)) if bad]
-        return {**out, "passed": bool(passed), "mode": "paired", "rule": PAIRED_RULE,
-                "reason": "same held-out rows: paired with the promoted router" + (f"; refused: {', '.join(why)}"
-                                                                                     if why else ""),
-                "incumbent": {"name": incumbent["name"], **held_out_figures(ri, ci, rows)},
-                "quality_minus_promoted": q, "cost_per_1k_minus_promoted": cost}
-    t = parse_target(candidate["target"])
-    b = rows.U[:, rows.best].astype(np.float64)
-    if t.kind in ("quality", "parity", "max-quality"):
-        f = t.value if t.kind == "quality" else 1.0
-        floor = _paired(r, f * b)
-        passed = floor["high"] >= 0
-        rule = (f"own evidence: held-out quality − {f:g} × best single ({rows.agents[rows.best]}): paired 95 % CI "
-                "upper bound ≥ 0 (the target not missed beyond noise)")
-        extra = {"quality_minus_floor": floor}
-    elif t.kind == "budget":
-        passed = out["candidate"]["cost_per_1k"] <= t.value + 1e-12
-        rule, extra = f"own evidence: held-out cost ≤ {t.value:g} USD per 1k queries", {}
-    else:
-        passed, rule, extra = True, "own evidence: a λ target has no quality floor", {}
-    return {**out, "passed": bool(passed), "mode": "own", "rule": rule,
-            "reason": reason + ("" if passed else "; refused: the candidate misses the target on its own evidence"),
-            "incumbent": None if incumbent is None else {"name": incumbent.get("name")}, **extra}
+def verdict_summary(verdict: dict) -> dict:
+    return {k: verdict.get(k) for k in VERDICT_FIELDS}
 
 
 def decide(root, entry: dict, ev: dict, rows: HeldOut) -> tuple[str, dict]:
     """Gate `entry` (the pointer fields of the candidate: name, path, kind, target, head, star) with its evidence
-    `ev` against the router registry/latest.json serves, and act: "promoted" (pointer re-pointed, evidence stored,
-    history appended), "refused" (pointer untouched, the refusal appended) or "kept" (the candidate is the served
-    router). Returns (action, verdict)."""
+    `ev` against the router registry/latest.json serves, and act: "promoted" (pointer re-pointed, history
+    appended), "refused" (pointer untouched, the refusal appended) or "kept" (the candidate is the served router).
+    The evidence is stored either way: `router-lite promote NAME` shows the same verdict later. Returns (action,
+    verdict)."""
     from pathlib import Path
 
     from pipeline.route import pointer
@@ -184,17 +130,18 @@ def decide(root, entry: dict, ev: dict, rows: HeldOut) -> tuple[str, dict]:
     incumbent = pointer.load_evidence(root, (current or {}).get("evidence"))
     unpaired = (f"the promoted router {current['name']} has no held-out evidence stored (promoted by hand or before "
                 "promotions were gated)") if current and incumbent is None else None
-    verdict = gate(ev, incumbent, rows, unpaired)
-    summary = {k: verdict.get(k) for k in ("passed", "mode", "rule", "reason")}
+    verdict = gate(ev, incumbent, rows, unpaired, served=current)
     if current and current["name"] == entry["name"]:
         return "kept", verdict
+    kept = pointer.save_evidence(root, ev)
     if verdict["passed"]:
-        pointer.promote(root, {**entry, "evidence": pointer.save_evidence(root, ev)}, by="gate",
-                        reason=verdict["reason"], verdict=summary)
+        pointer.promote(root, {**entry, "evidence": kept}, by="gate", reason=verdict["reason"],
+                        verdict=verdict_summary(verdict))
         return "promoted", verdict
     pointer.append_history(root, {"action": "refused", "by": "gate", "name": entry["name"],
                                   "path": pointer.relative(root, entry["path"]), "kind": entry.get("kind"),
-                                  "target": entry.get("target"), "reason": verdict["reason"], "verdict": summary,
+                                  "target": entry.get("target"), "evidence": kept, "reason": verdict["reason"],
+                                  "verdict": verdict_summary(verdict),
                                   "previous": None if current is None else {
                                       "name": current["name"], "path": pointer.relative(root, current["path"])}})
     return "refused", verdict
@@ -236,8 +183,10 @@ def _entry_of(root, name: str, target: str, head: dict | None) -> dict:
             "star": star(key, reg, target, val, (ev or {}).get("held_out") or {}, None)}
 
 
-def promote_named(root, name: str, target: str) -> dict:
-    """`router-lite promote NAME`: serve the registered router NAME, past the gate (the history says by whom)."""
+def judge_named(root, name: str, target: str) -> tuple[dict, dict | None, dict]:
+    """(the pointer fields for NAME, the pointer now, the gate's verdict on NAME against it) for `router-lite
+    promote NAME`: the same gate the lineage's promotion applies, on NAME's stored evidence (every gated candidate's
+    is kept); a router never gated at `target` has none, and the verdict says the gate cannot judge it."""
     from pathlib import Path
 
     from pipeline.route import pointer
@@ -250,7 +199,38 @@ def promote_named(root, name: str, target: str) -> dict:
     if current and current["name"] == name:
         raise RouterLiteError(f"{name} is already the promoted router ({root / pointer.LATEST})")
     entry = _entry_of(root, name, target, (current or {}).get("head"))
-    return pointer.promote(root, entry, by="promote", reason="promoted by hand (router-lite promote)")
+    ev = pointer.load_evidence(root, entry["evidence"])
+    if ev is None:
+        return entry, current, {
+            "target": entry["target"], "replaces": (current or {}).get("name"), "candidate": {"name": name},
+            "passed": None, "mode": "none", "rule": None, "dearer": False,
+            "reason": f"no held-out evidence stored for {name} at {entry['target']} (never a gated candidate of a "
+                      "run at this target): the gate cannot judge it"}
+    incumbent = pointer.load_evidence(root, (current or {}).get("evidence"))
+    unpaired = (f"the promoted router {current['name']} has no held-out evidence stored"
+                if current and incumbent is None else None)
+    return entry, current, gate(ev, incumbent, None, unpaired, served=current)
+
+
+def promote_named(root, name: str, target: str, force: bool = False) -> tuple[dict, dict]:
+    """`router-lite promote NAME`: serve the registered router NAME when the gate passes it or cannot judge it, or
+    when `force` (the history says by whom, the verdict and that it was forced). A refusal without `force` is one
+    error naming NAME, the reason and `--force`; the pointer is untouched. Returns (the history line, the verdict)."""
+    from pathlib import Path
+
+    from pipeline.route import pointer
+
+    root = Path(root)
+    entry, _, verdict = judge_named(root, name, target)
+    refused = verdict["passed"] is False
+    if refused and not force:
+        raise RouterLiteError(f"the gate refuses {name}: {verdict['reason']}; nothing re-pointed "
+                              f"(`router-lite promote {name} --force` promotes it anyway)")
+    why = {True: "promoted by hand (router-lite promote); the gate passes it",
+           None: "promoted by hand (router-lite promote); the gate could not judge it",
+           False: "promoted by hand past the gate's refusal (router-lite promote --force)"}[verdict["passed"]]
+    line = pointer.promote(root, entry, by="promote", reason=why, verdict=verdict_summary(verdict))
+    return line, verdict
 
 
 def rollback(root, target: str) -> dict:
@@ -262,10 +242,12 @@ def rollback(root, target: str) -> dict:
 
     root = Path(root)
     current = pointer.latest_entry(root)  # a malformed pointer: one error naming it
+    repaired = pointer.repair_history(root)  # junk lines set aside first (said in the line returned)
     stack = pointer.served_stack(pointer.history(root))
     if current is None or len(stack) < 2:
         raise RouterLiteError(f"nothing to roll back: {root / pointer.HISTORY} records no promotion before the "
                               f"served router{'' if current is None else ' ' + current['name']}")
     prev = stack[-2]
     entry = _entry_of(root, prev["name"], prev.get("target") or target, (current or {}).get("head"))
-    return pointer.promote(root, entry, by="rollback", reason=f"rolled back from {current['name']}")
+    line = pointer.promote(root, entry, by="rollback", reason=f"rolled back from {current['name']}")
+    return {**line, "repaired": repaired} if repaired else line

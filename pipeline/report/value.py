@@ -1,10 +1,12 @@
-"""What a router is worth, as reported: `report_headline` (the benchmark report's one headline: the ★ router at the
-serving target), `value_line` (one target of the prompt-only head), `targets_markdown` (its held-out per-target table),
+"""What a router is worth, as reported: `report_headline` (one router kind at the serving target; the benchmark
+report's bold headline is the router served, `served_headline`, once the promotion has named it: the one ★),
+`value_line` (one target of the prompt-only head), `targets_markdown` (its held-out per-target table),
 `router_value` (reports/router_value.json) and `ablation_markdown` (the router kinds side by side). The numbers
 come from pipeline/route/value.py (the value and cost scorers, `held_out_value`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +57,8 @@ def targets_markdown(value: dict) -> str:
 
 ROUTER_VALUE_KEYS = ("profile", "pool_verdict", "best_single", "max_quality", "targets", "apgr", "cpt50", "cpt80",
                      "aiq", "label_router", "knn", "oracle", "n_test", "routers", "best_router", "backbone",
-                     "prompt_routers", "shipped_prompt_router", "imputed_cells", "router_arena", "served", "phrasings")
+                     "prompt_routers", "shipped_prompt_router", "imputed_cells", "router_arena", "served",
+                     "held_out_decisions", "phrasings")
 TARGET_KEYS = ("quality", "ci_low", "ci_high", "cost_per_1k", "cost_ratio", "lambda", "shares")
 
 
@@ -145,6 +148,8 @@ def router_value(profile: str, pool_verdict: str | None, head: HeadFigures, aiq:
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
         "prompt_routers": dict(prompt_routers or {}), "shipped_prompt_router": shipped,
         "imputed_cells": int(imputed_cells), "router_arena": arena,
+        "served": None,  # the router served: written by the promotion asset (`with_served`) after this report
+        "held_out_decisions": None, "phrasings": None,  # `with_held_out_served`: what serve decides, per phrasing
     }
 
 
@@ -156,15 +161,16 @@ def prompt_routers_markdown(kinds: dict, shipped: dict | None) -> str:
     """Every prompt-only router kind at max quality: validation reward, cross-fitted reward over train + validation
     (the choice, when selected so) and test reward with its paired 95 % CI of the gain over the best single agent
     and, where measured, of its difference to the chosen kind (the report only: is a gap more than row noise?);
-    ★ = the kind chosen (never on test rows)."""
+    "(chosen)" marks the kind chosen (never on test rows); ★ is kept for the router served (`ablation_markdown`)."""
     import pandas as pd
 
     chosen = (shipped or {}).get("chosen")
-    rows = [{"prompt router": k + (" ★" if k == chosen else ""), "k": r.get("k", ""), "validation": r["validation"],
+    rows = [{"prompt router": k + (" (chosen)" if k == chosen else ""), "k": r.get("k", ""),
+             "validation": r["validation"],
              **({"cross-fitted (train + validation)": r["crossfit"]} if "crossfit" in r else {}), "test": r["test"],
              "test − best single [95 % CI]": f"{r['test_gain']:+.4f} [{r['test_gain_low']:+.4f}, "
                                              f"{r['test_gain_high']:+.4f}]",
-             **({"test − ★ [95 % CI]": _ci_text(r.get("minus_shipped"))}
+             **({"test − chosen [95 % CI]": _ci_text(r.get("minus_shipped"))}
                 if any("minus_shipped" in v for v in kinds.values()) else {})}
             for k, r in kinds.items()]
     note = ""
@@ -183,13 +189,14 @@ ROUTER_LABELS = {"head": "prompt-only (head)", "cascade:cascade": "cascade (answ
 def ablation_markdown(rv: dict, targets=REPORT_TARGETS) -> str:
     """The router kinds side by side (reports/router_value.json `routers`): AIQ on validation and test, and per
     target the held-out quality as a fraction of the best single agent's (95 % paired CI where measured) and the
-    cost as a fraction of its cost. The best router is the one with the best validation AIQ."""
+    cost as a fraction of its cost. ★ marks the router served (`served`, written by the promotion), the only ★."""
     import pandas as pd
 
     bs = rv["best_single"]
     rows = []
+    star = served_key(rv)
     for kind, r in rv["routers"].items():
-        row = {"router": ROUTER_LABELS.get(kind, kind) + (" ★" if kind == rv["best_router"] else ""),
+        row = {"router": ROUTER_LABELS.get(kind, kind) + (" ★" if kind == star else ""),
                "AIQ val": r["aiq_validation"], "AIQ test": r["aiq_test"]}
         for name in targets:
             t = r["targets"].get(name)
@@ -201,7 +208,7 @@ def ablation_markdown(rv: dict, targets=REPORT_TARGETS) -> str:
         rows.append(row)
     a = rv["aiq"]
     return (f"Held-out test n={rv['n_test']}; fractions of {bs['agent']}'s quality (paired 95 % CI) at a fraction "
-            f"of its cost; ★ = best validation AIQ. Baselines' test AIQ: prior {a['prior']:.4f}, individual hull "
+            f"of its cost; {star_note(rv)}. Baselines' test AIQ: prior {a['prior']:.4f}, individual hull "
             f"{a['hull']:.4f}, kNN {a['knn']:.4f}.\n\n"
             + pd.DataFrame(rows).to_markdown(index=False, floatfmt=".4f") + "\n")
 
@@ -286,16 +293,99 @@ def star_line(star: dict, name: str) -> str:
             f"cost (validation {pct(v['quality_ratio'])} at {pct(v['cost_ratio'])})")
 
 
-def report_headline(rv: dict, target: str, models: dict | None = None) -> str:
-    """The benchmark report's one headline: the ★ router of reports/router_value.json (`best_router`, the best
-    validation AIQ) at `target` (the profile's serving target) on held-out test, as `value_line` says a target:
-    '★ cascade (answers only), quality>=0.98: 0.851 (CI 0.821-0.880) at 74 % of gpt-4o's cost (best single 0.855;
-    99.6 % of its quality); routed benchmark (real calls) 0.851 at 73 %; validation AIQ 0.8345'.
-    `models`: agent name -> model name."""
-    key = rv["best_router"]
+def served_key(rv: dict) -> str | None:
+    """The router kind of this report that is served (`served.router`: set by the promotion when the router it
+    serves is one of this run's), else None."""
+    key = (rv.get("served") or {}).get("router")
+    return key if key in rv.get("routers", {}) else None
+
+
+def star_note(rv: dict) -> str:
+    """What the ★ of a report marks: the router served, and where the best validation AIQ stands beside it."""
+    best = ROUTER_LABELS.get(rv["best_router"], rv["best_router"])
+    served = rv.get("served")
+    if not served:
+        return (f"no ★ yet: the `promotion` asset names the router served; best validation AIQ: {best}")
+    if served_key(rv) is None:
+        return (f"no ★ in this table: the router served, {served.get('label')} {served.get('name')}, is not one of "
+                f"this run's; best validation AIQ: {best}")
+    return f"★ = the router served ({served.get('name')}, promoted by {served.get('promoted_by')}); best validation " \
+           f"AIQ: {best}"
+
+
+def with_served(rv: dict, entry: dict | None, run_routers: dict[str, str]) -> dict:
+    """`rv` with `served`: the router registry/latest.json serves (`entry`, None: none), and which of this run's
+    router kinds it is (`run_routers`: kind key -> registered name; `router` None when it is none of them)."""
+    if not entry:
+        return {**rv, "served": None}
+    star = entry.get("star") or {}
+    key = next((k for k, name in run_routers.items() if name == entry["name"]), None)
+    return {**rv, "served": {"router": key, "name": entry["name"], "label": star.get("label") or entry.get("kind"),
+                             "kind": entry.get("kind"), "target": entry.get("target") or star.get("target"),
+                             "promoted_by": entry.get("promoted_by"), "promoted_at": entry.get("promoted_at"),
+                             "held_out": star.get("held_out")}}
+
+
+def served_headline(rv: dict, target: str, models: dict | None = None) -> str:
+    """The report's bold headline once the promotion has named the router served: this run's router kind at
+    `target` (`report_headline`, with its ★), or the served router of an earlier run by its held-out figures."""
+    key = served_key(rv)
+    if key is not None:
+        return report_headline(rv, target, models, key)
+    s = rv.get("served")
+    if not s:
+        return "no router served yet: the `promotion` asset names it"
+    h = s.get("held_out") or {}
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+    return (f"★ {s.get('label')} {s['name']} (an earlier run's router: this run's candidate was not promoted), "
+            f"{s.get('target')}: held-out test {pct(h.get('quality_ratio'))} of the best single agent's quality at "
+            f"{pct(h.get('cost_ratio'))} of its cost")
+
+
+SERVED_PENDING = "★ the router served: named by the `promotion` asset after this report (registry/latest.json)"
+_SERVED_LINE = re.compile(r"^\*\*(★ |no router served).*\*\*$", re.M)
+
+
+def mark_served(report: str, headline: str) -> str:
+    """The benchmark report's text with its bold ★ line (`SERVED_PENDING`, or the one a promotion wrote before)
+    replaced by `headline` (`served_headline`); a report without one gets it on top."""
+    line = f"**{headline}**"
+    if _SERVED_LINE.search(report):
+        return _SERVED_LINE.sub(lambda _: line, report, count=1)
+    return f"{line}\n\n{report}"
+
+
+def mark_served_reports(reports, served: dict | None, run_routers: dict[str, str], target: str,
+                        models: dict | None = None) -> dict | None:
+    """After a promotion: `served` into reports/router_value.json (`with_served`) and the router served into the
+    benchmark report's bold ★ line (`mark_served`): the one ★ is the served router, whatever the verdict (the report
+    was written before the gate decided). Returns the new router_value (None when there is no report)."""
+    import json
+    from pathlib import Path
+
+    from pipeline.core.io import atomic_write_json, atomic_write_text
+
+    rv_file, md_file = Path(reports) / "router_value.json", Path(reports) / "benchmark_report.md"
+    if not rv_file.is_file():
+        return None
+    rv = with_served(json.loads(rv_file.read_text()), served, run_routers)
+    atomic_write_json(rv, rv_file)
+    if md_file.is_file():
+        atomic_write_text(mark_served(md_file.read_text(), served_headline(rv, target, models)), md_file)
+    return rv
+
+
+def report_headline(rv: dict, target: str, models: dict | None = None, key: str | None = None) -> str:
+    """One router kind of reports/router_value.json (`key`; by default `best_router`, the best validation AIQ) at
+    `target` (the profile's serving target) on held-out test, as `value_line` says a target: 'cascade (answers
+    only), quality>=0.98: 0.851 (CI 0.821-0.880) at 74 % of gpt-4o's cost (best single 0.855; 99.6 % of its
+    quality); routed benchmark (real calls) 0.851 at 73 %; validation AIQ 0.8345', led by '★ ' when the kind is the
+    router served (`served_key`) and by 'best validation AIQ: ' otherwise. `models`: agent name -> model name."""
+    key = key or rv["best_router"]
     r = rv["routers"][key]
     aiq = "" if r.get("aiq_validation") is None else f"; validation AIQ {r['aiq_validation']:.4f}"
-    head = f"★ {ROUTER_LABELS.get(key, key)}, "
+    lead = "★ " if key == served_key(rv) else ("best validation AIQ: " if key == rv["best_router"] else "")
+    head = f"{lead}{ROUTER_LABELS.get(key, key)}, "
     t = r["targets"].get(target)
     if t is None:
         return f"{head}{target}: not evaluated on held-out test{aiq}"
@@ -307,17 +397,17 @@ def report_headline(rv: dict, target: str, models: dict | None = None) -> str:
             + routed + aiq)
 
 
-SERVED_NOTE = ("held-out figures are what `router-lite serve` decides on each test row (table `served_decisions`): "
+HELD_OUT_NOTE = ("held-out figures are what `router-lite serve` decides on each test row (table `served_decisions`): "
                "the user text embedded, the OOD guard, the prompt shortcuts and a cascade's answer-format guess "
                "included; each agent's reward and cost as recorded for that question")
 
 
-def with_served(rv: dict, served: dict, phrasings: dict | None = None) -> dict:
+def with_held_out_served(rv: dict, served: dict, phrasings: dict | None = None) -> dict:
     """reports/router_value.json with every router's held-out targets replaced by what it serves (`served`:
     {router: {target: pipeline.route.served.served_figures}}), the fit's plan and λ kept; the prompt router's
     top-level `targets` / `max_quality` too; and how the served routers fare on each phrasing of the held-out
     questions (`phrasings`: the `phrasings` asset)."""
-    out = {**rv, "routers": {k: dict(v) for k, v in rv["routers"].items()}, "served": SERVED_NOTE,
+    out = {**rv, "routers": {k: dict(v) for k, v in rv["routers"].items()}, "held_out_decisions": HELD_OUT_NOTE,
            "phrasings": phrasings}
     for router, by_target in served.items():
         if router not in out["routers"]:

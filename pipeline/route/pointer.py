@@ -12,17 +12,20 @@ promoted router stands for at the serving target), `target`, `evidence` (relativ
 figures). Only `name` and `path` are required (a pointer of an older release has no more).
 
 History: one JSON object per line, appended for every verdict: `at`, `action` (promoted | refused | rolled back),
-`by` (gate | promote | rollback), `name`, `path`, `kind`, `target`, `reason`, `evidence`, `previous` {name, path}.
+`by` (gate | promote | rollback), `name`, `path`, `kind`, `target`, `reason`, `evidence`, `verdict`, `previous`
+{name, path}. No line is appended after a junk one: each writer first sets lines that are not JSON objects aside,
+verbatim, in promotions.invalid.jsonl and says so (`repaired` in the line it appends).
 """
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.core.io import atomic_write_json
+from pipeline.core.io import atomic_write_json, atomic_write_text
 
 LATEST = "latest.json"
 HISTORY = "promotions.jsonl"
@@ -128,37 +131,96 @@ def latest_path(root: Path) -> Path | None:
     return Path(entry["path"]) if entry else None
 
 
-def append_history(root: Path, record: dict) -> dict:
-    """One line of registry/promotions.jsonl (`at` stamped now when absent), written in one append."""
-    record = {"at": utc_now(), **record}
-    line = json.dumps(record, sort_keys=True, default=str) + "\n"
-    f = Path(root) / HISTORY
-    f.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-    return record
+INVALID = "promotions.invalid.jsonl"  # lines set aside from the history (not JSON objects), kept as they were
+_HISTORY_LOCK = ".promotions.lock"  # serialises a repair with the appends (a gate in the daemon, a CLI override)
 
 
-def history(root: Path) -> list[dict]:
-    """The promotion history, oldest first (a line that is not a JSON object -> one error naming the line)."""
-    f = Path(root) / HISTORY
+@contextmanager
+def _history_locked(root: Path):
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / _HISTORY_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, even on kill -9
+        yield
+
+
+def _parsed(f: Path) -> tuple[list[dict], list[tuple[int, str]], list[str]]:
+    """(the history's records, its lines that are not JSON objects as (line number, text), the records' lines as
+    written), blank lines skipped."""
+    good, bad, kept = [], [], []
     if not f.exists():
-        return []
-    out = []
-    for i, line in enumerate(f.read_text().splitlines(), 1):
+        return good, bad, kept
+    for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except ValueError:
             rec = None
-        if not isinstance(rec, dict):
-            raise RouterLiteError(f"{f}: line {i} is not a JSON object")
-        out.append(rec)
-    return out
+        if isinstance(rec, dict):
+            good.append(rec)
+            kept.append(line)
+        else:
+            bad.append((i, line))
+    return good, bad, kept
+
+
+def _repair(root: Path) -> str | None:
+    """Under the history lock: set the junk lines aside (appended to INVALID, verbatim) and rewrite the history
+    without them, atomically; what was done, or None when the history was clean."""
+    f = root / HISTORY
+    _, bad, kept = _parsed(f)
+    if not bad:
+        return None
+    with open(root / INVALID, "a") as out:  # first kept, then removed: a crash in between loses nothing
+        out.writelines(f"{line}\n" for _, line in bad)
+        out.flush()
+        os.fsync(out.fileno())
+    atomic_write_text("".join(f"{line}\n" for line in kept), f)
+    lines = ", ".join(str(i) for i, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (f"repaired {f}: line{'s' if len(bad) > 1 else ''} {lines} {'were' if len(bad) > 1 else 'was'} not a "
+            f"JSON object; set aside verbatim in {root / INVALID}, the history goes on without "
+            f"{'them' if len(bad) > 1 else 'it'}")
+
+
+def repair_history(root: Path) -> str | None:
+    """Set aside the history's lines that are not JSON objects (a hand edit, a truncated write), saying so: the
+    message (None: nothing to repair). Every writer repairs first, so no record is appended after a junk line."""
+    root = Path(root)
+    if not (root / HISTORY).exists():
+        return None
+    with _history_locked(root):
+        return _repair(root)
+
+
+def append_history(root: Path, record: dict) -> dict:
+    """One line of registry/promotions.jsonl (`at` stamped now when absent), written in one append, after the
+    history's junk lines are set aside (`repair_history`; the record then says so in `repaired`)."""
+    root = Path(root)
+    record = {"at": utc_now(), **record}
+    with _history_locked(root):
+        repaired = _repair(root)
+        if repaired:
+            record["repaired"] = repaired
+        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        fd = os.open(root / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    return record
+
+
+def history(root: Path) -> list[dict]:
+    """The promotion history, oldest first (a line that is not a JSON object -> one error naming the line and the
+    repair: `router-lite promotions --repair`, or any promotion, sets it aside)."""
+    f = Path(root) / HISTORY
+    good, bad, _ = _parsed(f)
+    if bad:
+        raise RouterLiteError(f"{f}: line {bad[0][0]} is not a JSON object (`router-lite promotions --repair` sets "
+                              "such lines aside, kept verbatim)")
+    return good
 
 
 def served_stack(records: list[dict]) -> list[dict]:
