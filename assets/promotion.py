@@ -19,6 +19,7 @@ from pipeline.report.value import mark_served_reports, star_line
 from pipeline.route import pointer, registry
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
+from pipeline.route.formats import format_guess
 from pipeline.route.targets import parse_target
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -28,7 +29,8 @@ HISTORY_SHOWN = 20  # latest lines of the history in the UI
 
 def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame,
              agent_answers: pd.DataFrame, best_single: int) -> gate_rules.HeldOut:
-    """The run's held-out test rows, as the value report scores them (effective rewards, OOD tasks apart)."""
+    """The run's held-out test rows, as the value report scores them (effective rewards, OOD tasks apart; a cascade
+    decides with the answer-format guess serve has)."""
     arrays = reward_arrays(reward_matrix, training_split(reward_matrix, task_pool), "test")
     te = arrays.masks["held_out"]
     ids = reward_matrix["task_id"].astype(str).to_numpy()[te]
@@ -36,7 +38,8 @@ def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embedd
     return gate_rules.HeldOut(list(ids), reward_embeddings(prompt_embeddings, reward_matrix)[te], arrays.R_eff[te],
                               arrays.C[te], answers_matrix(agent_answers, reward_matrix["task_id"][te],
                                                            arrays.agents),
-                              graders.to_numpy(dtype=object)[te], list(arrays.agents), best_single)
+                              graders.to_numpy(dtype=object)[te], list(arrays.agents), best_single,
+                              format_guess(task_pool, prompt_embeddings))  # decided as serve decides
 
 
 def history_table(root) -> MetadataValue:

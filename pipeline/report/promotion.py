@@ -45,15 +45,24 @@ class HeldOut:
     graders: np.ndarray
     agents: list[str]
     best: int
+    formats: object = None  # a cascade's answer-format guess (pipeline.route.formats.FormatGuess), as serve has it
 
 
 def held_out_outcome(reg, target: str, rows: HeldOut, agreement=None) -> tuple[np.ndarray, np.ndarray]:
     """(reward, cost) per held-out row of the registered router `reg` at `target`, as the value report scores it:
-    a prompt router's picks after its OOD guard; a cascade's plan at the target run on the recorded answers
-    (`agreement`: a pipeline.collect.answers.Agreement over `rows`, shared between candidates)."""
+    what serve decides (pipeline.route.served: the OOD guard, the shortcuts, a cascade's answer-format guess) where
+    the rows carry the format guess; else a prompt router's picks after its OOD guard and a cascade's plan at the
+    target run on the recorded answers under their own formats (`agreement`: a pipeline.collect.answers.Agreement
+    over `rows`, shared between candidates)."""
     names = [a["name"] for a in reg.agents]
     if names != list(rows.agents):
         raise RouterLiteError(f"router {reg.name} routes to {names}, not the run's agents {rows.agents}")
+    if reg.needs_grader and rows.formats is not None:
+        from pipeline.collect.answers import agreement_maker
+        from pipeline.route.served import served_outcomes
+
+        o = served_outcomes(reg, rows.X, target, rows.U, rows.C, rows.answers, rows.formats, agreement_maker())
+        return np.asarray(o.outcome.reward, np.float64), np.asarray(o.outcome.cost, np.float64)
     if reg.needs_grader:
         from pipeline.collect.answers import Agreement
         from pipeline.route.cascade import run_plan
