@@ -97,7 +97,12 @@ class SpendLedger:
         self._now_lock = threading.Lock()
         if not self.postgres:
             self._now = self._open_sqlite(busy_timeout_s=0.0)
-        self.replay()  # what an earlier outage left: written now (a ledger that fails here cannot be opened)
+        try:
+            self.replay()  # what an earlier outage left: written now (a ledger that fails here cannot be opened)
+        except Exception as exc:  # noqa: BLE001 - one line: the settlements stay in the journal
+            self.close()
+            raise RouterLiteError(f"spend ledger {shown(self.url)}: the settlements kept in {self.journal.file} "
+                                  f"cannot be written ({type(exc).__name__}: {_first_line(exc)})") from None
 
     # --------------------------------------------------------------------------------------------- connection
     def _connect(self, create: bool = False) -> None:

