@@ -174,6 +174,12 @@ class Workers(Multiprocess):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGHUP)
 
+    def handle_ttou(self) -> None:
+        super().handle_ttou()
+        for slots in (self.retry_at, self.failures):  # a slot removed: its retry goes with it
+            for idx in [i for i in slots if i >= len(self.processes)]:
+                del slots[idx]
+
     def keep_subprocess_alive(self) -> None:
         from uvicorn.config import STARTUP_FAILURE
 
