@@ -374,8 +374,8 @@ class SpendLedger:
 class PendingSettlements:
     """The journal of settlements a ledger could not take: `<folder>/<ledger>.jsonl` (the ledger named by a digest of
     its file or its URL without password, so servers of one home on different ledgers never write each other's),
-    one JSON line per settlement, appended under an exclusive `flock` and fsync'd before the request's end is
-    logged; `claimed()` hands them to one replayer at a time, which empties the file once they are written."""
+    one JSON line per settlement, appended under an exclusive `flock` and fsync'd as soon as the ledger refused it;
+    `claimed()` hands them to one replayer at a time, which empties the file once they are written."""
 
     def __init__(self, folder: Path, ledger: str):
         self.folder = Path(folder)
