@@ -467,15 +467,17 @@ def cmd_serve(args) -> int:
     # torch's OpenMP threads spin-wait by default: next to the event loop (or other processes) on a small CPU that
     # multiplies embedding latency (measured 2 cores, loaded: 1.4 s vs 67 ms per prompt). Set before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from pipeline.serve.server import bind_listener
+    from pipeline.serve.server import KeysOnHangup, bind_listener
 
     _check_serve_args(args)
     _take_stop_signals()
+    hangup = KeysOnHangup().install()  # SIGHUP re-reads the keys (--workers N: the supervisor's, then every worker's)
     served = _serve_setup(args)  # every check: a bad input fails before anything listens or loads
+    hangup.attach(served.keyring)
     # bind before the backbone loads: a taken port is one line at once (--workers N: the workers serve this socket)
     sock = bind_listener(args.host, args.port)
     if args.workers > 1:
-        return _serve_workers(args, served.settings, sock)
+        return _serve_workers(args, served.settings, sock, served.keyring)
     app, lines = _serve_app(args, served, sock.getsockname()[1])
     print("".join(line + "\n" for line in lines), end="", file=sys.stderr, flush=True)
     return _run_uvicorn(app, sock, served.settings, args.verbose)
@@ -545,9 +547,10 @@ def serve_worker_app(args, reports):
 
     from uvicorn.config import STARTUP_FAILURE
 
-    from pipeline.serve.server import die_with_parent
+    from pipeline.serve.server import KeysOnHangup, die_with_parent
 
     die_with_parent(multiprocessing.parent_process().pid)  # no orphan on the port, however the supervisor dies
+    hangup = KeysOnHangup(announce=False).install()  # the supervisor forwards SIGHUP: re-read the keys here too
     # tqdm (sentence-transformers' batch loop, disabled or not) would make a named multiprocessing lock, registered
     # with the supervisor's resource tracker and never released at the worker's exit: "leaked semaphore objects" at
     # every stop. A worker's bars never cross processes: a thread lock does.
@@ -558,7 +561,9 @@ def serve_worker_app(args, reports):
     tqdm.set_lock(threading.RLock())
     _logging(args.verbose)
     try:
-        app, lines = _serve_app(args, _serve_setup(args), args.port)
+        served = _serve_setup(args)
+        hangup.attach(served.keyring)
+        app, lines = _serve_app(args, served, args.port)
     except Exception as exc:
         if isinstance(exc, RouterLiteError) and not debug_enabled():
             print(f"router-lite: error: {one_line(exc)}", file=sys.stderr, flush=True)
@@ -607,7 +612,9 @@ def _client_keys(args):
 
     allowed = parse_targets(args.allowed_targets)
     path = args.api_keys or os.environ.get(KEYS_ENV) or None
-    keyring = load_keys(path, allowed) if path else None
+    keyring = getattr(args, "keys_in_force", None)  # a worker of --workers N: its supervisor's, the file not read
+    if keyring is None:
+        keyring = load_keys(path, allowed) if path else None
     try:
         loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
     except ValueError:
@@ -787,11 +794,12 @@ def _serve_settings(args, profile, target: str | None = None):
                                          **{name: getattr(args, name) for name in SERVE_OPTIONS})
 
 
-def _serve_workers(args, settings, sock) -> int:
+def _serve_workers(args, settings, sock, keyring=None) -> int:
     """`serve --workers N`: N processes under uvicorn's supervisor (pipeline/serve/server.py `Workers`) that each
     build the app (`serve_worker_app`) and accept on the one socket bound here (the kernel hands each new connection
     to one of them); their metrics in files of one folder, summed by /metrics. Each worker's backend gets cores / N
-    threads unless --threads says otherwise."""
+    threads unless --threads says otherwise. `keyring`: the keys in force, which each worker starts with (the
+    supervisor's copy, re-read on SIGHUP): a keys file made invalid since never keeps a worker from starting."""
     import contextlib
     import functools
     import multiprocessing
@@ -800,14 +808,15 @@ def _serve_workers(args, settings, sock) -> int:
     from pipeline.serve.server import WorkerConfig, Workers
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    worker = argparse.Namespace(**{**vars(args), "port": sock.getsockname()[1], "threads": threads, "worker": True})
+    worker = argparse.Namespace(**{**vars(args), "port": sock.getsockname()[1], "threads": threads, "worker": True,
+                                   "keys_in_force": keyring})  # pickled into each worker as it starts
     reports, reporter = multiprocessing.Pipe(duplex=False)  # (a Queue would start multiprocessing's resource tracker)
     config = WorkerConfig(functools.partial(serve_worker_app, worker, reporter), settings, workers=args.workers,
                           log_level="info" if args.verbose else "warning", access_log=bool(args.verbose))
     with contextlib.ExitStack() as stack:
         if not args.no_metrics:
             stack.enter_context(multiprocess_dir())  # the workers inherit PROMETHEUS_MULTIPROC_DIR
-        return Workers(config, sock, reports, threads).serve()
+        return Workers(config, sock, reports, threads, keyring).serve()
 
 
 def build_parser() -> argparse.ArgumentParser:

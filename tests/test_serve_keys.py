@@ -491,7 +491,7 @@ def test_an_admission_on_the_event_loop_never_waits_for_the_ledger_lock(tmp_path
     assert ledger.admit_now(*args) is None and time.monotonic() - t0 < 1.0
     other._conn.execute("COMMIT")
     seen = []
-    ledger.admit(*args[:5], lambda spend, reserved, hits: seen.append(reserved))  # the thread's path
+    ledger.admit(*args[:5], lambda spend, held, hits: seen.append(sum(u for _, u in held)))  # the thread's path
     assert seen == [pytest.approx(0.25)]  # the first reservation only: the refused try wrote nothing
     ledger.close(), other.close()
 

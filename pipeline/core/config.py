@@ -225,16 +225,17 @@ def _expanded_values(raw: Any) -> None:
     size(raw, 0)
 
 
-def _read_yaml(path: Path) -> Any:
-    """The one read of a profile file (a test counts these): at most MAX_PROFILE_BYTES of UTF-8 YAML, within the
-    nesting and alias-expansion bounds; anything else is one RouterLiteError naming the file."""
+def _read_yaml(path: Path, max_bytes: int = MAX_PROFILE_BYTES, what: str = "a profile is a short YAML file") -> Any:
+    """The one read of a profile file (a test counts these): at most `max_bytes` of UTF-8 YAML, within the
+    nesting and alias-expansion bounds; anything else is one RouterLiteError naming the file (a larger one: `what`
+    says why it may not be). Other YAML files read with the same guards pass their own limit and reason."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(MAX_PROFILE_BYTES + 1)
+            data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise RouterLiteError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
-    if len(data) > MAX_PROFILE_BYTES:
-        raise RouterLiteError(f"{path}: larger than {MAX_PROFILE_BYTES:,} bytes; a profile is a short YAML file")
+    if len(data) > max_bytes:
+        raise RouterLiteError(f"{path}: larger than {max_bytes:,} bytes; {what}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

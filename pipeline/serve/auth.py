@@ -18,7 +18,9 @@ no agent); then it
   `X-Router-Cost-Usd` header), or, for a streamed prompt-routed reply, the stream's own `usage` priced as the app
   prices replies (`reply_usage`). A request whose client left (499) or that failed inside the router is charged its
   worst case: its calls may have been paid. Settlements are recorded in the ledger's thread, those that gather
-  while it is busy in one transaction.
+  while it is busy in one transaction; one the ledger cannot take is kept in the home's journal and written, once,
+  when it answers again (resources/ledger.py). Every keyed request asks the ledger, a key without budget or rate
+  too: while it cannot be reached each is refused with 503 `ledger_unavailable`, never served unmetered.
 
 The access log line of a request names its key (`key`); a refused request gets a line of its own. A key is never
 logged: only its name.
@@ -159,15 +161,14 @@ class ClientGuard:
         return hit
 
     async def _admit(self, key, need: float, state):
-        """The reservation id (None for a key without limits), or (the 429 or 503 to answer, its headers)."""
-        if not key.metered:
-            return None
+        """The reservation id, or (the 429 or 503 to answer, its headers). Every keyed request asks the ledger, a
+        key without limits too: one that cannot be reached refuses it rather than let its spend go unrecorded."""
         now = time.time()
         expires = now + _longest_request_s(state)
         since = (now - key.window_s, now - spend.RPM_WINDOW_S)
 
-        def decide(spent, reserved, hits):
-            return spend.admission(key, spend.KeyUsage(spent, reserved, hits), need, now)
+        def decide(spent, held, hits):
+            return spend.admission(key, spend.KeyUsage(spent, sum(usd for _, usd in held), hits, held), need, now)
 
         loop = asyncio.get_running_loop()
         try:
@@ -192,7 +193,9 @@ class ClientGuard:
             batch.append(self.unsettled.popleft())
         try:
             self.ledger.settle_many(batch)
-        except Exception as exc:  # noqa: BLE001 - logged with the figures, so they can be entered by hand
+        except spend.LedgerOutage as exc:  # kept in the home's journal, written when the ledger answers again
+            log.error("%s", exc)
+        except Exception as exc:  # noqa: BLE001 - not even kept: logged with the figures, to be entered by hand
             for name, _, cost, _ in batch:
                 log.error("spend ledger: could not record $%.8f for key %s: %s: %s", cost, name,
                           type(exc).__name__, exc)

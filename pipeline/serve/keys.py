@@ -1,7 +1,8 @@
 """Client keys of `router-lite serve --api-keys FILE`: who may call the endpoint, and within which limits.
 
-The file is YAML, read with the profile reader's guards (size, UTF-8, nesting, alias expansion: pipeline/core/config.py)
-and checked at load; any problem is one `RouterLiteError` "<file>: keys[i].<field>: <problem>":
+The file is YAML (at most MAX_KEYS_FILE_BYTES), read with the profile reader's guards (UTF-8, nesting, alias
+expansion: pipeline/core/config.py) and checked at load; any problem is one `RouterLiteError` "<file>:
+keys[i].<field>: <problem>":
 
     keys:
       - name: team-a                       # required: what the access log and the ledger call this key
@@ -14,6 +15,10 @@ and checked at load; any problem is one `RouterLiteError` "<file>: keys[i].<fiel
 
 Only the digests are kept: `Keyring.find` hashes the bearer token and compares it with every key's digest in
 constant time (`hmac.compare_digest`), so neither the key nor the time taken says which key was close.
+
+`Keyring.reload()` reads the file again (`serve` does on SIGHUP, in every process: pipeline/serve/server.py): a valid
+file replaces the keys at once (a key no longer listed is refused from the next request on: how a key is revoked),
+an invalid one leaves the keys in force as they were.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import hashlib
 import hmac
 import math
 import re
+import threading
 from pathlib import Path
 
 from pipeline.core.config import Int, Number, _read_yaml, from_yaml
@@ -31,6 +37,7 @@ from pipeline.route.targets import parse_target
 KEYS_ENV = "ROUTER_LITE_API_KEYS"  # names the keys file when --api-keys is not given
 DEFAULT_WINDOW = "1d"
 MIN_KEY_CHARS = 16  # a clear `key:` shorter than this is refused (guessable)
+MAX_KEYS_FILE_BYTES = 256 * 1024  # ~2,000 keys of one line each: read again (pure-Python YAML) at every SIGHUP
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}")
 _WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -94,10 +101,39 @@ def digest_of(key: str) -> bytes:
 
 
 class Keyring:
-    """The server's client keys (digests only)."""
+    """The server's client keys (digests only), from the file `source` (checked against `allowed` targets)."""
 
-    def __init__(self, keys: list[ClientKey], source: str = ""):
-        self.keys, self.source = list(keys), source
+    def __init__(self, keys: list[ClientKey], source: str = "", allowed: tuple[str, ...] = ()):
+        self.keys, self.source, self.allowed = list(keys), source, tuple(allowed)
+        self._reloading = threading.Lock()
+
+    def __getstate__(self) -> dict:  # handed to each worker process of `serve --workers N` (the keys in force)
+        return {k: v for k, v in vars(self).items() if k != "_reloading"}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state, _reloading=threading.Lock())
+
+    def reload(self) -> tuple[bool, str]:
+        """Read `source` again: (True, what changed) when it is valid, its keys now in force (one list swapped:
+        a request being checked sees the old keys or the new, never a mix); (False, why) when it is not, the keys
+        in force left as they were. The text is one line naming key names, never a key."""
+        with self._reloading:
+            try:
+                new = load_keys(self.source, self.allowed)
+            except RouterLiteError as exc:
+                why = " ".join(str(exc).split())
+                return False, (f"router-lite serve: keys not reloaded: {why}; the {len(self.keys)} keys in force "
+                               "stay")
+            old = {k.name: k for k in self.keys}
+            now = {k.name: k for k in new.keys}
+            self.keys = new.keys
+        added = [n for n in now if n not in old]
+        removed = [n for n in old if n not in now]
+        changed = [n for n in now if n in old and now[n] != old[n]]
+        what = "; ".join(f"{label}: {', '.join(names)}" for label, names in (("added", added), ("removed", removed),
+                                                                             ("changed", changed)) if names)
+        return True, (f"router-lite serve: keys reloaded from {self.source}: {len(self.keys)} keys "
+                      f"({what or 'no change'})")
 
     def find(self, token: str | None) -> ClientKey | None:
         """The key whose digest is the token's SHA-256, comparing with every key in constant time (no early exit)."""
@@ -127,14 +163,15 @@ def load_keys(path: str | Path, allowed_targets: tuple[str, ...] = ()) -> Keyrin
         raise RouterLiteError(f"{path}: keys: no key listed; every request would be refused (write "
                               "keys: [{name, sha256}])")
     _unique(keys, path)
-    return Keyring(keys, str(path))
+    return Keyring(keys, str(path), allowed_targets)
 
 
 def _read_keys_yaml(path: Path):
-    """The profile reader's bounded read; a syntax error is told by line and column only: the YAML parser's own
-    message quotes the file's lines, which may hold a clear `key:`."""
+    """The profile reader's bounded read, with the keys file's own size limit; a syntax error is told by line and
+    column only: the YAML parser's own message quotes the file's lines, which may hold a clear `key:`."""
     try:
-        return _read_yaml(path)
+        return _read_yaml(path, MAX_KEYS_FILE_BYTES, f"the most a keys file may hold ({MAX_KEYS_FILE_BYTES // 1024} "
+                                                     "KiB, about 2,000 keys of one line each)")
     except RouterLiteError as exc:
         if "not valid YAML" not in str(exc):
             raise

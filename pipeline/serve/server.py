@@ -1,13 +1,18 @@
 """Running the app: `serve_in_thread(app)` under uvicorn on a loopback port in a daemon thread (tests, benchmarks)
 with the connection limits of the app's `ServeSettings` (`RouterServer`); `router-lite serve` (cli/main.py) runs it
 in the foreground, after `return_big_buffers_to_the_os`, and `serve --workers N` in N processes under uvicorn's
-supervisor (`Workers`, `WorkerConfig`), each worker stopped by the kernel with it (`die_with_parent`)."""
+supervisor (`Workers`, `WorkerConfig`), each worker stopped by the kernel with it (`die_with_parent`). SIGHUP
+re-reads the client keys in every process (`KeysOnHangup`; the supervisor's `Workers.handle_hup`)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 
 import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess
@@ -72,6 +77,42 @@ def die_with_parent(parent: int, sig: int = 15) -> None:
         os.kill(os.getpid(), sig)
 
 
+class KeysOnHangup:
+    """SIGHUP re-reads the client keys of this serving process (`Keyring.reload`, pipeline/serve/keys.py) in a
+    thread of its own, and prints one line: what changed, or why the file was not taken (the keys in force stay).
+    `install()` first thing (a SIGHUP's default would end the process), `attach(keyring)` once the keys are read (a
+    SIGHUP before is answered then). `announce=False` (a worker of `serve --workers N`, whose supervisor says it
+    once): only a file that this process could not take is printed."""
+
+    def __init__(self, announce: bool = True):
+        self.announce, self.keyring, self.asked, self.attached = announce, None, False, False
+        self.lock = threading.Lock()
+
+    def install(self) -> KeysOnHangup:
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, name="keys-reload",
+                                                                 daemon=True).start())
+        return self
+
+    def attach(self, keyring) -> None:
+        with self.lock:
+            self.keyring, self.attached = keyring, True
+            asked = self.asked
+        if asked:
+            self.reload()
+
+    def reload(self) -> None:
+        with self.lock:
+            if not self.attached:
+                self.asked = True
+                return
+            if self.keyring is None:
+                ok, line = True, "router-lite serve: SIGHUP: no client keys to re-read (serve without --api-keys)"
+            else:
+                ok, line = self.keyring.reload()
+        if self.announce or not ok:
+            print(line, file=sys.stderr, flush=True)
+
+
 class WorkerConfig(uvicorn.Config):
     """uvicorn's Config of `serve --workers N`: the app factory `app`, with the connection limits of `settings`.
     It is pickled into each worker, where its guarded protocol class (made at run time, one per process: it holds
@@ -79,8 +120,7 @@ class WorkerConfig(uvicorn.Config):
 
     def __init__(self, app, settings: ServeSettings, **kw):
         self.settings = settings
-        # a worker that answers no health ping for this long is replaced; SIGHUP's rolling restart waits as long
-        # for each new worker to load (seconds on a loaded CPU)
+        # a worker that answers no health ping for this long is replaced (loading takes seconds on a loaded CPU)
         super().__init__(app, factory=True, timeout_worker_healthcheck=WORKER_TIMEOUT_S, **kw,
                          **settings.uvicorn_options())
 
@@ -94,32 +134,108 @@ class WorkerConfig(uvicorn.Config):
 
 class Workers(Multiprocess):
     """uvicorn's supervisor of `serve --workers N` on the bound socket `sock`: it starts the workers, replaces one
-    that dies after it started, stops them all on SIGTERM / Ctrl-C (and when one fails to start), replaces them one
-    by one on SIGHUP. Added here: the startup lines (the first worker's report on the pipe `reports`) printed once,
-    when every worker is ready; a dead worker's metrics files retired."""
+    that dies after it started, stops them all on SIGTERM / Ctrl-C (and when one fails to start while the server
+    starts), adds or removes one on SIGTTIN / SIGTTOU. Changed here:
 
-    def __init__(self, config: WorkerConfig, sock: socket.socket, reports, threads: int):
+    - SIGHUP re-reads the client keys (`keyring`, the keys in force: a new worker starts with them, never reads
+      the file itself) and, when the file is valid, has every worker re-read it too (one line, printed here);
+    - once every worker was ready, a worker that fails to start (a keys file, a profile or a registry that became
+      invalid since) stops nothing: one line, the others serve on, and it is tried again 1, 2, 4 ... 60 s later;
+    - the startup lines (the first worker's report on the pipe `reports`) are printed once, when every worker is
+      ready; a dead worker's metrics files are retired."""
+
+    RETRY_MAX_S = 60.0
+
+    def __init__(self, config: WorkerConfig, sock: socket.socket, reports, threads: int, keyring=None):
         super().__init__(config, [sock])
         self.reports, self.threads, self.report, self.told = reports, threads, None, False
+        self.keyring, self.failed_start = keyring, False
+        self.retry_at: dict[int, float] = {}  # worker slot -> when its failed start is tried again
+        self.failures: dict[int, int] = {}  # worker slot -> failed starts in a row
 
     def serve(self) -> int:
-        """Run until stopped: 0, or 2 when a worker failed to start: its one `router-lite: error:` line is printed,
-        and 2 is what that line means everywhere else in the CLI (one process, `serve --workers 1`, says the same)."""
-        from uvicorn.config import STARTUP_FAILURE
-
+        """Run until stopped: 0, or 2 when a worker failed to start while the server started: its one
+        `router-lite: error:` line is printed, and 2 is what that line means everywhere else in the CLI (one
+        process, `serve --workers 1`, says the same)."""
         self.run()
-        return 2 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
+        return 2 if self.failed_start else 0
+
+    def handle_hup(self) -> None:
+        if self.keyring is None:
+            print("router-lite serve: SIGHUP: no client keys to re-read (serve without --api-keys)", file=sys.stderr,
+                  flush=True)
+            return
+        ok, line = self.keyring.reload()
+        print(line, file=sys.stderr, flush=True)
+        if not ok:  # the workers keep the keys in force too
+            return
+        for p in self.processes:  # one still loading may die of it: it is replaced, with the keys now in force
+            if p.process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGHUP)
+
+    def handle_ttou(self) -> None:
+        super().handle_ttou()
+        for slots in (self.retry_at, self.failures):  # a slot removed: its retry goes with it
+            for idx in [i for i in slots if i >= len(self.processes)]:
+                del slots[idx]
 
     def keep_subprocess_alive(self) -> None:
-        before = list(self.processes)
-        super().keep_subprocess_alive()
-        for gone in set(before) - set(self.processes):
-            print(f"router-lite serve: worker {gone.pid} exited with {gone.exitcode}; a new worker replaces it",
-                  file=sys.stderr, flush=True)
+        from uvicorn.config import STARTUP_FAILURE
+
+        if self.should_exit.is_set():
+            return
+        for idx, process in enumerate(self.processes):
+            if idx in self.retry_at:
+                if time.monotonic() >= self.retry_at[idx]:
+                    del self.retry_at[idx]
+                    self._start(idx)
+                continue
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung: killed
+            process.join()
             if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # its live gauges would count on (metrics.py)
                 from prometheus_client import multiprocess
 
-                multiprocess.mark_process_dead(gone.pid)
+                multiprocess.mark_process_dead(process.pid)
+            if process.exitcode == STARTUP_FAILURE and not self.told:
+                # while the server starts: the set-up is broken and every worker would fail the same way
+                print(f"router-lite serve: worker {process.pid} failed to start; stopping", file=sys.stderr,
+                      flush=True)
+                self.failed_start = True
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            if process.exitcode == STARTUP_FAILURE:
+                n = self.failures[idx] = self.failures.get(idx, 0) + 1
+                wait = min(self.RETRY_MAX_S, 2.0 ** (n - 1))
+                serving = sum(p.process.is_alive() for j, p in enumerate(self.processes) if j != idx)
+                print(f"router-lite serve: a new worker ({process.pid}) failed to start; the other {serving} "
+                      f"worker(s) serve on with the keys in force; trying again in {wait:g} s", file=sys.stderr,
+                      flush=True)
+                self.retry_at[idx] = time.monotonic() + wait
+                continue
+            self.failures.pop(idx, None)
+            print(f"router-lite serve: worker {process.pid} exited with {process.exitcode}; a new worker replaces "
+                  "it", file=sys.stderr, flush=True)
+            self._start(idx)
+        self._tell_ready()
+
+    def _start(self, idx: int) -> None:
+        from uvicorn.supervisors.multiprocess import Process
+
+        process = Process(self.config, self.sockets)
+        process.start()
+        self.processes[idx] = process
+
+    def _tell_ready(self) -> None:
+        for idx in [i for i in self.failures if i not in self.retry_at]:  # a worker that failed before, ready now
+            process = self.processes[idx]
+            if process.is_ready(timeout=1):
+                print(f"router-lite serve: worker {process.pid} started, after {self.failures.pop(idx)} failed "
+                      "start(s)", file=sys.stderr, flush=True)
         while self.reports.poll():  # every worker reports (a restarted one too): the first is printed
             report = self.reports.recv()
             self.report = self.report or report

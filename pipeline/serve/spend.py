@@ -5,7 +5,8 @@ functions; the ledger that stores the figures is resources/ledger.py, the middle
 requests admitted over the last 60 s), whenever one asks: a fixed window (midnight to midnight) would let a client
 spend twice its budget across a boundary, and says nothing better about when to retry. Spend is kept in buckets of
 window / 120 (at least 1 s) per key, so a check reads at most ~121 rows; a bucket counts until its end leaves the
-window, which makes the window up to 1/120 longer, never shorter. `Retry-After` is when enough old buckets leave.
+window, which makes the window up to 1/120 longer, never shorter. `Retry-After` is when enough has gone to make room:
+old buckets leaving the window, reservations reaching their deadlines (their requests have settled by then).
 
 **Reserve, then settle** (as the collection budget, pipeline/collect/budget.py): before a request calls an agent its
 worst case is reserved (`worst_case_usd`: every agent the plan at its target may call, at its list prices, for the
@@ -28,15 +29,22 @@ BUCKETS_PER_WINDOW = 120
 EPS_USD = 1e-12
 
 
+class LedgerOutage(RouterLiteError):
+    """Settlements the ledger could not take, kept in the home's journal until it can (resources/ledger.py); the
+    message says how many, where and why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class KeyUsage:
     """One key's figures in the ledger at a moment: settled spend buckets still in the window `(end, usd)` and
-    admitted requests per second `(second, n)` over the last RPM_WINDOW_S, each oldest first, and the worst cases
-    reserved by its requests in flight."""
+    admitted requests per second `(second, n)` over the last RPM_WINDOW_S, each oldest first, the worst cases
+    reserved by its requests in flight (`reserved`, their sum) and those reservations `(deadline, usd)`, earliest
+    deadline first (`held`: a request has settled by its deadline; () when not known)."""
 
     spend: tuple = ()
     reserved: float = 0.0
     hits: tuple = ()
+    held: tuple = ()
 
     @property
     def spent(self) -> float:
@@ -83,7 +91,7 @@ def admission(key, usage: KeyUsage, need_usd: float, now: float) -> Refusal | No
                                           f"its whole budget of {key.budget_text()}: lower max_tokens or shorten the "
                                           "messages", math.ceil(key.window_s))
     return Refusal("budget_exceeded", f"key {key.name!r} is over its budget of {key.budget_text()}: {figures}",
-                   _budget_retry(usage.spend, over, key.window_s, now))
+                   _budget_retry(usage.spend, usage.held, over, key.window_s, now))
 
 
 def _rate_retry(hits, excess: int, now: float) -> int:
@@ -96,14 +104,15 @@ def _rate_retry(hits, excess: int, now: float) -> int:
     return 1
 
 
-def _budget_retry(spend, over: float, window_s: float, now: float) -> int:
-    """Seconds until `over` USD of settled spend leaves the window; 1 when what holds the budget is requests in
-    flight (their reservations go as they settle)."""
+def _budget_retry(spend, held, over: float, window_s: float, now: float) -> int:
+    """Seconds until `over` USD of what holds the budget is gone: settled spend as its bucket leaves the window,
+    a reservation by its deadline (its request has settled by then: what it cost replaces it, usually far less
+    than its worst case). 1 when even all of that is not enough."""
     gone = 0.0
-    for end, usd in spend:
+    for when, usd in sorted([(end + window_s, usd) for end, usd in spend] + [tuple(h) for h in held]):
         gone += usd
         if gone >= over - EPS_USD:
-            return max(1, math.ceil(end + window_s - now))
+            return max(1, math.ceil(when - now))
     return 1
 
 
