@@ -22,7 +22,7 @@ from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
 from pipeline.serve.app import build_app
-from pipeline.serve.formats import FormatGuess
+from pipeline.route.formats import FormatGuess
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source
