@@ -4,6 +4,7 @@ the ledger resources/ledger.py), on the real app in process: a tiny registered h
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import json
 import logging
@@ -153,6 +154,7 @@ def test_no_key_or_a_wrong_one_is_401_and_healthz_stays_open(world, tmp_path, ca
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "router_lite.access"]
     assert [x["key"] for x in lines if x["status"] == 200] == ["team-a", "team-b"]
     assert sum(x["status"] == 401 and x["key"] is None for x in lines) == len(refused)
+    assert all(datetime.datetime.fromisoformat(x["ts"]).utcoffset() == datetime.timedelta(0) for x in lines)
     text = caplog.text + json.dumps(lines)
     assert KEY_A not in text and KEY_B not in text and "0123456788" not in text
     # /metrics counts the refused requests too, by status and key name (none for a refused one)

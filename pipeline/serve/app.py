@@ -81,6 +81,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
@@ -273,16 +274,17 @@ def _summed_usage(result, cost_header: str) -> dict:
 
 
 def _log_access(request, resp, rid: str, t_start: float) -> None:
-    """One JSON line (logger `router_lite.access`): request id, router, target, answer format, agents called, the
-    agent that answered, cost, latency (to the response headers, for a stream), status; the prompt only when the
-    server was started with `log_prompts`. Read from the request's `ChatRequest` (`request.state.chat`: what the
-    handler did), not from the response's headers."""
+    """One JSON line (logger `router_lite.access`): when it was written (`ts`, ISO 8601 UTC), request id, router,
+    target, answer format, agents called, the agent that answered, cost, latency (to the response headers, for a
+    stream), status; the prompt only when the server was started with `log_prompts`. Read from the request's
+    `ChatRequest` (`request.state.chat`: what the handler did), not from the response's headers."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     state = getattr(request.state, "served", None) or request.app.state.served  # who answered
     chat = getattr(request.state, "chat", None)
     a = chat.answer if chat is not None else Answer()
-    line = {"request_id": rid, "router": state.router_name, "target": a.target, "grader": a.grader,
+    line = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "request_id": rid,
+            "router": state.router_name, "target": a.target, "grader": a.grader,
             "agents_called": list(a.agents_called), "agent": a.agent, "cost_usd": a.cost_usd,
             "latency_ms": round((time.perf_counter() - t_start) * 1000.0, 3), "status": resp.status_code,
             "ood": a.ood, "stream": resp.media_type == "text/event-stream"}

@@ -32,6 +32,7 @@ import json
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, parse_target, request_target
@@ -280,6 +281,7 @@ async def _refuse(scope, receive, send, key, err: RequestError, headers: dict | 
     if getattr(state, "metrics", None) is not None:
         state.metrics.refused(err.status, state.served.router_name, key.name if key is not None else "")
     if access_log.isEnabledFor(logging.INFO):
-        access_log.info(json.dumps({"request_id": rid, "router": state.served.router_name, "key": key and key.name,
+        access_log.info(json.dumps({"ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                                    "request_id": rid, "router": state.served.router_name, "key": key and key.name,
                                     "path": scope["path"], "status": err.status, "error": err.code}))
     await resp(scope, receive, send)
