@@ -6,7 +6,8 @@ A small asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) that answers
 
 Faults:
   rate_limit       429 + Retry-After: <retry_after> (seconds)      rate_limit_date  429 + Retry-After as HTTP date
-  server_error     500 JSON error                                   timeout          sleep `hang_s`, then answer
+  server_error     500 JSON error                                   timeout          wait `hang_s`, then answer
+                   (a caller that hangs up meanwhile ends it: the seconds it waited are kept in `hung_up`)
   reset            TCP reset (SO_LINGER 0, no response)             empty            content ""
   null_content     content null                                     length           finish_reason "length", cut text
   malformed        200 with a truncated JSON body                   no_usage         no `usage` object
@@ -57,6 +58,7 @@ class FaultServer:
         self.hits: collections.Counter = collections.Counter()
         self.faults_served: collections.Counter = collections.Counter()
         self.auth_seen: set[str] = set()
+        self.hung_up: list[float] = []  # `timeout` calls whose caller closed the connection: seconds it waited
         self._queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self._always: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -122,7 +124,7 @@ class FaultServer:
                         k, v = line.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                keep = await self._respond(method, path, headers, body, writer)
+                keep = await self._respond(method, path, headers, body, writer, reader)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -144,7 +146,7 @@ class FaultServer:
     def _err(message: str, type_: str, code) -> bytes:
         return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
 
-    async def _respond(self, method: str, path: str, headers: dict, body: bytes, writer) -> bool:
+    async def _respond(self, method: str, path: str, headers: dict, body: bytes, writer, reader=None) -> bool:
         if method == "GET" and path.rstrip("/").endswith("/models"):
             self._send(writer, 200, json.dumps({"object": "list", "data": []}).encode())
             await writer.drain()
@@ -169,7 +171,15 @@ class FaultServer:
             writer.transport.abort()
             return False
         if fault == "timeout":
-            await asyncio.sleep(self.hang_s)
+            t = time.monotonic()
+            try:  # the caller sends nothing more on this connection: a read ends only when it hangs up
+                gone = await asyncio.wait_for(reader.read(1), self.hang_s) == b""
+            except (TimeoutError, ConnectionError):
+                gone = False
+            if gone:
+                with self._lock:
+                    self.hung_up.append(time.monotonic() - t)
+                return False
         if fault in ("rate_limit", "rate_limit_date"):
             ra = (self.retry_after if fault == "rate_limit"
                   else email.utils.formatdate(time.time() + 1, usegmt=True))

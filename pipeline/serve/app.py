@@ -413,12 +413,15 @@ async def _answer(request):
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
     payload = {"model": spec.model, **req.upstream}
     t_up, deadline = time.perf_counter(), deadline_of(state.upstream_opts)  # the whole call: head and body
-    try:
-        resp = await post_chat(client, payload, state.upstream_opts, deadline, stream=True)
+    try:  # a client that leaves before the agent's response head cancels the call (as a cascade's stages)
+        resp = await unless_disconnected(request, post_chat(client, payload, state.upstream_opts, deadline,
+                                                            stream=True))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
         return error_response(upstream_error(spec, client, exc), upstream_timing(headers, t_up, "failed"))
+    if resp is None:
+        return _gone()
     ctype = resp.headers.get("content-type", "")
     if req.stream and ctype.startswith("text/event-stream"):  # the headers go out before the stream: time to them
         return StreamingResponse(relay(resp, spec, client, info, deadline), status_code=200,
