@@ -577,13 +577,14 @@ def _check_guard(args, keyring, allowed, target) -> None:
 
 
 def _guarded(app, args, keyring, allowed):
-    from pipeline.serve.auth import guard_clients
+    from pipeline.serve.auth import budget_warnings, guard_clients
     from resources.ledger import SpendLedger, shown
 
-    if keyring is not None:  # (the app, its startup line)
+    if keyring is not None:  # (the app, its startup lines: the keys, and a key whose budget refuses a default request)
         url = _ledger_url(args)
         return guard_clients(app, keyring, SpendLedger(url), allowed), \
-            [f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger {shown(url)}"]
+            [f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger {shown(url)}",
+             *budget_warnings(app, keyring, allowed)]
     return guard_clients(app, None, None, allowed), []
 
 

@@ -519,8 +519,8 @@ def test_a_request_naming_a_retired_router_is_priced_and_charged_like_any(world,
         app2.state.endpoint.retired.add("head-served-before")
         with serve_in_thread(app2) as srv2:
             paid = ask(srv2, KEY_A, model="head-served-before")
-    assert plain.status_code == 429 and pinned.status_code == 429, pinned.text
-    assert pinned.json()["error"]["code"] == "budget_exceeded"
+    assert plain.status_code == 402 and pinned.status_code == 402, pinned.text
+    assert pinned.json()["error"]["code"] == "request_over_budget"
     recorded = SpendLedger(ledger2).totals()["team-a"]
     assert paid.status_code == 200 and recorded["requests"] == 1
     assert abs(recorded["usd"] - paid.json()["usage"]["cost"]) < 1e-12
@@ -548,3 +548,34 @@ def test_a_keyed_request_is_parsed_once_and_a_cascade_reply_priced_once(world, t
     assert line["cost_usd"] == r.json()["usage"]["cost"] == pytest.approx(COST["m1"] + COST["m2"])
     assert line["agents_called"] == ["a1", "a2"] and line["grader"] == "integer" and line["key"] == "team-a"
     assert abs(SpendLedger(ledger).totals()["team-a"]["usd"] - r.json()["usage"]["cost"]) < 1e-12
+
+
+def test_a_request_over_the_whole_budget_is_402_which_the_sdk_does_not_retry(world, tmp_path, caplog):
+    """A key whose whole budget is below one request's worst case: 402 request_over_budget naming the budget, the
+    worst case and the max_tokens that fits, no Retry-After (before: 429 with Retry-After of the window, which the
+    openai SDK retries); that max_tokens is then admitted; and `serve` warns at start about such a key."""
+    from pipeline.serve.auth import budget_warnings
+
+    keys = keys_file(tmp_path, budget_usd=0.02, budget_window="1h")  # below a 100-token request's worst case
+    app, _ = _guarded(world, tmp_path, keys)
+    with caplog.at_level(logging.INFO, logger="router_lite.access"), serve_in_thread(app) as srv:
+        r = ask(srv, KEY_A)
+        fits = int(re.search(r"max_tokens of at most (\d+)", r.json()["error"]["message"]).group(1))
+        client = openai.OpenAI(base_url=srv.base_url, api_key=KEY_A, max_retries=2)
+        with pytest.raises(openai.APIStatusError) as sdk:
+            client.chat.completions.create(model=world[0].name, max_tokens=100,
+                                           messages=[{"role": "user", "content": "What is 6 x 7?"}])
+        ok = ask(srv, KEY_A, max_tokens=fits)
+        over = ask(srv, KEY_A, max_tokens=fits + 1)
+    err = r.json()["error"]
+    assert r.status_code == 402 and "retry-after" not in r.headers, (r.status_code, dict(r.headers))
+    assert err["code"] == "request_over_budget" and err["param"] == "max_tokens", err
+    assert "$0.020000 per 1h" in err["message"] and "may cost up to $" in err["message"], err["message"]
+    assert sdk.value.status_code == 402
+    refused = [json.loads(x.getMessage()) for x in caplog.records if x.name == "router_lite.access"]
+    assert sum(x["status"] == 402 for x in refused) == 3  # the SDK's call was sent once: not retried
+    assert 0 < fits < 100 and ok.status_code == 200 and over.status_code == 402, (fits, ok.text, over.text)
+    lines = budget_warnings(app, load_keys(keys))  # the server default: no max_tokens -> the cap, 32768 tokens
+    assert len(lines) == 1 and "key 'team-a' has a budget of $0.020000 per 1h" in lines[0] and \
+        "402 request_over_budget" in lines[0], lines
+    assert budget_warnings(app, load_keys(keys_file(tmp_path, budget_usd=1e6))) == []

@@ -64,6 +64,32 @@ def guard_clients(app, keyring=None, ledger=None, allowed_targets=()):
     return app
 
 
+def budget_warnings(app, keyring, allowed_targets=()) -> list[str]:
+    """A startup line for each key whose budget is below the worst case of a default request (the shortest messages,
+    no max_tokens: the server's default, at the key's default target): every such request would be refused."""
+    state = app.state
+    served, settings = state.served, state.settings
+    tokens = spend.request_tokens({"messages": [{"role": "user", "content": ""}], **settings.defaults},
+                                  settings.max_tokens_cap)
+    lines = []
+    for key in keyring.keys if keyring is not None else ():
+        if key.budget_usd is None:
+            continue
+        allowed = [t for t in key.targets if not allowed_targets or t in allowed_targets] or list(allowed_targets)
+        target = parse_target(settings.default_target).name
+        target = target if not allowed or target in allowed else allowed[0]
+        bounds = spend.price_bounds(served.registered, served.specs, target)
+        need = spend.worst_case_usd(bounds, *tokens)
+        if need > key.budget_usd + spend.EPS_USD:
+            fits = spend.affordable_completion_tokens(bounds, tokens[0], key.budget_usd)
+            lines.append(f"router-lite serve: warning: key {key.name!r} has a budget of {key.budget_text()}, below "
+                         f"the worst case of a request without max_tokens at its default target {target} "
+                         f"(${need:.6f} for up to {tokens[1]} completion tokens): such requests are refused (402 "
+                         f"request_over_budget); its clients must send max_tokens of at most {fits}, or raise its "
+                         "budget_usd")
+    return lines
+
+
 class ClientGuard:
     """The ASGI middleware of `guard_clients` (module doc)."""
 
@@ -111,8 +137,12 @@ class ClientGuard:
         scope.setdefault("state", {}).update(chat=req, served=served)
         if key is None:
             return await self.app(scope, receive, send)
-        need = spend.worst_case_usd(self._bounds(served, target), *spend.request_tokens(
-            req.upstream, settings.max_tokens_cap))
+        bounds, tokens = self._bounds(served, target), spend.request_tokens(req.upstream, settings.max_tokens_cap)
+        need = spend.worst_case_usd(bounds, *tokens)
+        whole = spend.over_whole_budget(key, bounds, *tokens)
+        if whole is not None:  # no retry fits it: 402, as OpenRouter answers it (a 429 is retried by the SDKs)
+            return await _refuse(scope, receive, send, key, RequestError(402, whole, "request_over_budget",
+                                                                         "max_tokens", type_="insufficient_quota"))
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
