@@ -503,16 +503,21 @@ def serve_worker_app(args, reports):
 
 
 def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
-    """Serve `app` on `sock` until stopped; Ctrl-C: uvicorn shuts down gracefully, then re-raises the signal, which
-    ends here (rc 130, no traceback)."""
+    """Serve `app` on `sock` until stopped: SIGTERM drains (pipeline/serve/drain.py) and returns 0; Ctrl-C drains
+    too, then uvicorn re-raises the signal, which ends here (rc 130, no traceback)."""
     import uvicorn
+
+    from pipeline.serve.drain import DrainingServer, exit_drained
 
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=bool(verbose),
                             **settings.uvicorn_options())
+    server = DrainingServer(config, delay_s=settings.drain_delay_s)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         return 130
+    if server.stopped_by_sigterm:  # drained: exit 0 now (pipeline/serve/drain.py)
+        exit_drained(0)
     return 0
 
 
@@ -744,10 +749,16 @@ def _serve_workers(args, settings, sock) -> int:
     reports, reporter = multiprocessing.Pipe(duplex=False)  # (a Queue would start multiprocessing's resource tracker)
     config = WorkerConfig(functools.partial(serve_worker_app, worker, reporter), settings, workers=args.workers,
                           log_level="info" if args.verbose else "warning", access_log=bool(args.verbose))
+    workers = Workers(config, sock, reports, threads)
     with contextlib.ExitStack() as stack:
         if not args.no_metrics:
             stack.enter_context(multiprocess_dir())  # the workers inherit PROMETHEUS_MULTIPROC_DIR
-        return Workers(config, sock, reports, threads).serve()
+        rc = workers.serve()
+    if workers.stopped_by_sigterm:  # the workers drained: exit now (pipeline/serve/drain.py)
+        from pipeline.serve.drain import exit_drained
+
+        exit_drained(rc)
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -833,7 +844,7 @@ TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship
 
 # the `ServeSettings` options `router-lite serve` takes: defaults and help are ServeSettings' own (its docstring table)
 SERVE_OPTIONS = ("max_body_bytes", "max_messages", "max_batch", "batch_wait_ms", "max_connections",
-                 "max_idle_per_client", "reserved_connections")
+                 "max_idle_per_client", "reserved_connections", "drain_delay_s")
 
 
 # where TrainConfig's meaning names fields the command line does not take, its short form for --help

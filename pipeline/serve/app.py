@@ -508,8 +508,11 @@ async def _not_found(request, exc):
 async def _readyz(request):
     from starlette.responses import JSONResponse
 
-    state = request.app.state
-    return JSONResponse(state.readiness.body(state.served, state.follower), 200 if state.readiness.ready else 503)
+    from pipeline.serve.drain import draining
+
+    state, stopping = request.app.state, draining(request)  # a server that stops is not ready (pipeline/serve/drain.py)
+    return JSONResponse(state.readiness.body(state.served, state.follower, stopping),
+                        200 if state.readiness.ready and not stopping else 503)
 
 
 async def _metrics(request):
