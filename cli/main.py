@@ -503,8 +503,8 @@ def serve_worker_app(args, reports):
 
 
 def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
-    """Serve `app` on `sock` until stopped: SIGTERM drains (pipeline/serve/drain.py) and returns 0; Ctrl-C drains
-    too, then uvicorn re-raises the signal, which ends here (rc 130, no traceback)."""
+    """Serve `app` on `sock` until stopped: SIGTERM drains (pipeline/serve/drain.py) and exits 0; Ctrl-C drains
+    too, then uvicorn re-raises the signal, which ends here (exit 130, no traceback)."""
     import uvicorn
 
     from pipeline.serve.drain import DrainingServer, exit_drained
@@ -515,8 +515,8 @@ def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
-        return 130
-    if server.stopped_by_sigterm:  # drained: exit 0 now (pipeline/serve/drain.py)
+        exit_drained(130)  # drained: exit now (pipeline/serve/drain.py)
+    if server.stopped_by_sigterm:
         exit_drained(0)
     return 0
 
@@ -754,7 +754,7 @@ def _serve_workers(args, settings, sock) -> int:
         if not args.no_metrics:
             stack.enter_context(multiprocess_dir())  # the workers inherit PROMETHEUS_MULTIPROC_DIR
         rc = workers.serve()
-    if workers.stopped_by_sigterm:  # the workers drained: exit now (pipeline/serve/drain.py)
+    if workers.stopped_by_signal:  # the workers drained: exit now (pipeline/serve/drain.py)
         from pipeline.serve.drain import exit_drained
 
         exit_drained(rc)

@@ -323,7 +323,8 @@ def test_retry_after_is_when_enough_old_spend_leaves_the_rolling_window():
     assert spend.admission(key, usage, 0.05, now=3500) is None  # 0.9 + 0.05 + 0.05 fits
     r = spend.admission(key, usage, 0.2, now=3500)  # 0.15 over: the first bucket (0.5) must leave, at 1000 + 3600
     assert r.code == "budget_exceeded" and r.retry_after_s == 1100
-    assert spend.admission(key, usage, 1.5, now=3500).retry_after_s == 3600  # never fits: more than the budget
+    # never fits, more than the whole budget: refused before the ledger is asked, without a time to retry
+    assert "no retry can fit it" in spend.over_whole_budget(key, [(0.0, 1e6)], 0, 2)  # $2 of completion tokens
     rate = ClientKey("k", b"", rpm=2)
     assert spend.admission(rate, spend.KeyUsage(hits=((100, 1), (130, 1))), 0.0, now=140).retry_after_s == 20
 

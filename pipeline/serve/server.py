@@ -105,8 +105,11 @@ class DrainingProcess(multiprocess.Process):
         return self._server
 
     def target(self, sockets=None) -> None:
-        super().target(sockets)
-        if self.server.stopped_by_sigterm:  # drained: exit 0 now
+        try:
+            super().target(sockets)
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: this worker drained on it too
+            pass
+        if self.server.drain.draining:  # drained (SIGTERM from the supervisor, or Ctrl-C): exit 0 now
             exit_drained(0)
 
 
@@ -132,11 +135,15 @@ class Workers(Multiprocess):
             multiprocess.Process = uvicorns
         return 2 if any(p.exitcode == STARTUP_FAILURE for p in self.processes) else 0
 
-    stopped_by_sigterm = False
+    stopped_by_signal = False  # SIGTERM or Ctrl-C: the workers drained
 
     def handle_term(self) -> None:
-        self.stopped_by_sigterm = True
+        self.stopped_by_signal = True
         super().handle_term()
+
+    def handle_int(self) -> None:
+        self.stopped_by_signal = True
+        super().handle_int()
 
     def terminate_all(self) -> None:
         """SIGTERM to every worker (each drains: pipeline/serve/drain.py), then the supervisor's copy of the
