@@ -16,6 +16,8 @@ Faults:
   drip             the headers at once, then the body one byte every `drip_s` (per-read timeouts never fire)
   cost_inf         usage.cost Infinity (the JSON literal)       cost_inf_str     usage.cost "inf"
   cost_huge        usage.cost 1e308 (finite, absurd: two sum to inf)
+  sse_drip         an SSE chat.completion.chunk stream, one event every `drip_s` (60 of them); a caller that hangs up
+                   is seen at the next write (`hung_up`)
 
 In-process:  `with FaultServer(latency_s=0.05) as srv: srv.script("rate_limit", times=2); ... srv.base_url`
 As a process: `python tests/fault_server.py --latency-ms 100` prints `listening <base_url>` and serves until killed.
@@ -37,7 +39,7 @@ from collections.abc import Callable
 
 FAULTS = ("rate_limit", "rate_limit_date", "server_error", "timeout", "reset", "empty", "null_content", "length",
           "malformed", "no_usage", "cost", "not_found", "auth_echo", "drip", "cost_inf", "cost_inf_str",
-          "cost_huge")
+          "cost_huge", "sse_drip")
 DEFAULT_ANSWER = "Let me think. The answer is (A)."
 
 
@@ -216,6 +218,8 @@ class FaultServer:
                     resp["usage"]["cost"] = {"cost_inf": float("inf"), "cost_inf_str": "inf", "cost_huge": 1e308}[fault]
             if fault == "drip":
                 return await self._drip(writer, json.dumps(resp).encode())
+            if fault == "sse_drip":
+                return await self._sse_drip(writer, resp)
             self._send(writer, 200, json.dumps(resp).encode())
         try:
             await writer.drain()
@@ -230,6 +234,24 @@ class FaultServer:
             writer.write(body[i:i + 1])
             await writer.drain()
             await asyncio.sleep(self.drip_s)
+        return False
+
+    async def _sse_drip(self, writer, resp: dict) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        base = {k: resp[k] for k in ("id", "created", "model")}
+        t = time.monotonic()
+        try:
+            for i in range(60):
+                chunk = {**base, "object": "chat.completion.chunk",
+                         "choices": [{"index": 0, "delta": {"content": f"{i} "}, "finish_reason": None}]}
+                writer.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                await writer.drain()
+                await asyncio.sleep(self.drip_s)
+            writer.write(b"data: [DONE]\n\n")
+            await writer.drain()
+        except ConnectionError:
+            with self._lock:
+                self.hung_up.append(time.monotonic() - t)
         return False
 
     # ------------------------------------------------------------------------------------------------ lifecycle
