@@ -575,16 +575,21 @@ def serve_worker_app(args, reports):
 
 
 def _run_uvicorn(app, sock, settings, verbose: bool) -> int:
-    """Serve `app` on `sock` until stopped; Ctrl-C: uvicorn shuts down gracefully, then re-raises the signal, which
-    ends here (rc 130, no traceback)."""
+    """Serve `app` on `sock` until stopped: SIGTERM drains (pipeline/serve/drain.py) and exits 0; Ctrl-C drains
+    too, then uvicorn re-raises the signal, which ends here (exit 130, no traceback)."""
     import uvicorn
+
+    from pipeline.serve.drain import DrainingServer, exit_drained
 
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=bool(verbose),
                             **settings.uvicorn_options())
+    server = DrainingServer(config, delay_s=settings.drain_delay_s)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
-        return 130
+        exit_drained(130)  # drained: exit now (pipeline/serve/drain.py)
+    if server.stopped_by_sigterm:
+        exit_drained(0)
     return 0
 
 
@@ -651,13 +656,14 @@ def _check_guard(args, keyring, allowed, target) -> None:
 
 
 def _guarded(app, args, keyring, allowed):
-    from pipeline.serve.auth import guard_clients
+    from pipeline.serve.auth import budget_warnings, guard_clients
     from resources.ledger import SpendLedger, shown
 
-    if keyring is not None:  # (the app, its startup line)
+    if keyring is not None:  # (the app, its startup lines: the keys, and a key whose budget refuses a default request)
         url = _ledger_url(args)
         return guard_clients(app, keyring, SpendLedger(url), allowed), \
-            [f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger {shown(url)}"]
+            [f"router-lite serve: {len(keyring.keys)} client keys from {keyring.source}; spend ledger {shown(url)}",
+             *budget_warnings(app, keyring, allowed)]
     return guard_clients(app, None, None, allowed), []
 
 
@@ -813,10 +819,16 @@ def _serve_workers(args, settings, sock, keyring=None) -> int:
     reports, reporter = multiprocessing.Pipe(duplex=False)  # (a Queue would start multiprocessing's resource tracker)
     config = WorkerConfig(functools.partial(serve_worker_app, worker, reporter), settings, workers=args.workers,
                           log_level="info" if args.verbose else "warning", access_log=bool(args.verbose))
+    workers = Workers(config, sock, reports, threads, keyring)
     with contextlib.ExitStack() as stack:
         if not args.no_metrics:
             stack.enter_context(multiprocess_dir())  # the workers inherit PROMETHEUS_MULTIPROC_DIR
-        return Workers(config, sock, reports, threads, keyring).serve()
+        rc = workers.serve()
+    if workers.stopped_by_signal:  # the workers drained: exit now (pipeline/serve/drain.py)
+        from pipeline.serve.drain import exit_drained
+
+        exit_drained(rc)
+    return rc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -902,7 +914,7 @@ TRAIN_OPTIONS = ("hidden_dim", "sigma0", "generations", "popsize", "seed", "ship
 
 # the `ServeSettings` options `router-lite serve` takes: defaults and help are ServeSettings' own (its docstring table)
 SERVE_OPTIONS = ("max_body_bytes", "max_messages", "max_batch", "batch_wait_ms", "max_connections",
-                 "max_idle_per_client", "reserved_connections")
+                 "max_idle_per_client", "reserved_connections", "drain_delay_s")
 
 
 # where TrainConfig's meaning names fields the command line does not take, its short form for --help

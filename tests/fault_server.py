@@ -6,7 +6,8 @@ A small asyncio HTTP/1.1 server (keep-alive, Content-Length bodies) that answers
 
 Faults:
   rate_limit       429 + Retry-After: <retry_after> (seconds)      rate_limit_date  429 + Retry-After as HTTP date
-  server_error     500 JSON error                                   timeout          sleep `hang_s`, then answer
+  server_error     500 JSON error                                   timeout          wait `hang_s`, then answer
+                   (a caller that hangs up meanwhile ends it: the seconds it waited are kept in `hung_up`)
   reset            TCP reset (SO_LINGER 0, no response)             empty            content ""
   null_content     content null                                     length           finish_reason "length", cut text
   malformed        200 with a truncated JSON body                   no_usage         no `usage` object
@@ -15,6 +16,8 @@ Faults:
   drip             the headers at once, then the body one byte every `drip_s` (per-read timeouts never fire)
   cost_inf         usage.cost Infinity (the JSON literal)       cost_inf_str     usage.cost "inf"
   cost_huge        usage.cost 1e308 (finite, absurd: two sum to inf)
+  sse_drip         an SSE chat.completion.chunk stream, one event every `drip_s` (60 of them); a caller that hangs up
+                   is seen at the next write (`hung_up`)
 
 In-process:  `with FaultServer(latency_s=0.05) as srv: srv.script("rate_limit", times=2); ... srv.base_url`
 As a process: `python tests/fault_server.py --latency-ms 100` prints `listening <base_url>` and serves until killed.
@@ -36,7 +39,7 @@ from collections.abc import Callable
 
 FAULTS = ("rate_limit", "rate_limit_date", "server_error", "timeout", "reset", "empty", "null_content", "length",
           "malformed", "no_usage", "cost", "not_found", "auth_echo", "drip", "cost_inf", "cost_inf_str",
-          "cost_huge")
+          "cost_huge", "sse_drip")
 DEFAULT_ANSWER = "Let me think. The answer is (A)."
 
 
@@ -57,6 +60,7 @@ class FaultServer:
         self.hits: collections.Counter = collections.Counter()
         self.faults_served: collections.Counter = collections.Counter()
         self.auth_seen: set[str] = set()
+        self.hung_up: list[float] = []  # `timeout` calls whose caller closed the connection: seconds it waited
         self._queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self._always: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -122,7 +126,7 @@ class FaultServer:
                         k, v = line.split(":", 1)
                         headers[k.strip().lower()] = v.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                keep = await self._respond(method, path, headers, body, writer)
+                keep = await self._respond(method, path, headers, body, writer, reader)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -144,7 +148,7 @@ class FaultServer:
     def _err(message: str, type_: str, code) -> bytes:
         return json.dumps({"error": {"message": message, "type": type_, "code": code}}).encode()
 
-    async def _respond(self, method: str, path: str, headers: dict, body: bytes, writer) -> bool:
+    async def _respond(self, method: str, path: str, headers: dict, body: bytes, writer, reader=None) -> bool:
         if method == "GET" and path.rstrip("/").endswith("/models"):
             self._send(writer, 200, json.dumps({"object": "list", "data": []}).encode())
             await writer.drain()
@@ -169,7 +173,15 @@ class FaultServer:
             writer.transport.abort()
             return False
         if fault == "timeout":
-            await asyncio.sleep(self.hang_s)
+            t = time.monotonic()
+            try:  # the caller sends nothing more on this connection: a read ends only when it hangs up
+                gone = await asyncio.wait_for(reader.read(1), self.hang_s) == b""
+            except (TimeoutError, ConnectionError):
+                gone = False
+            if gone:
+                with self._lock:
+                    self.hung_up.append(time.monotonic() - t)
+                return False
         if fault in ("rate_limit", "rate_limit_date"):
             ra = (self.retry_after if fault == "rate_limit"
                   else email.utils.formatdate(time.time() + 1, usegmt=True))
@@ -206,6 +218,8 @@ class FaultServer:
                     resp["usage"]["cost"] = {"cost_inf": float("inf"), "cost_inf_str": "inf", "cost_huge": 1e308}[fault]
             if fault == "drip":
                 return await self._drip(writer, json.dumps(resp).encode())
+            if fault == "sse_drip":
+                return await self._sse_drip(writer, resp)
             self._send(writer, 200, json.dumps(resp).encode())
         try:
             await writer.drain()
@@ -220,6 +234,24 @@ class FaultServer:
             writer.write(body[i:i + 1])
             await writer.drain()
             await asyncio.sleep(self.drip_s)
+        return False
+
+    async def _sse_drip(self, writer, resp: dict) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+        base = {k: resp[k] for k in ("id", "created", "model")}
+        t = time.monotonic()
+        try:
+            for i in range(60):
+                chunk = {**base, "object": "chat.completion.chunk",
+                         "choices": [{"index": 0, "delta": {"content": f"{i} "}, "finish_reason": None}]}
+                writer.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                await writer.drain()
+                await asyncio.sleep(self.drip_s)
+            writer.write(b"data: [DONE]\n\n")
+            await writer.drain()
+        except ConnectionError:
+            with self._lock:
+                self.hung_up.append(time.monotonic() - t)
         return False
 
     # ------------------------------------------------------------------------------------------------ lifecycle

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from attack_kit import REPO, chat, cli, one_line, peer_closed, read_all, server, world_files
 
 
@@ -282,3 +283,54 @@ def test_body_refused_closes() -> None:
         with httpx.Client(base_url=srv.base_url, timeout=10) as c:
             assert chat(c).status_code == 200
     print("; ".join(out))
+
+
+@pytest.mark.parametrize(("stream", "fault"), [(False, "timeout"), (True, "timeout"), (True, "sse_drip")],
+                         ids=["whole reply", "stream", "mid-stream"])
+def test_disconnect_cancels_the_prompt_routed_call(stream: bool, fault: str) -> None:
+    """serve: a client of a prompt-routed router that hangs up while its agent has not answered (or, mid-stream,
+    while its agent streams an event every 0.2 s) cancels the agent's call within a second (before: the call was
+    kept to the agent's deadline)"""
+    import json
+
+    import numpy as np
+    from attack_kit import RowBackbone, fault_client_for, fault_server
+
+    from pipeline.collect.agents import AgentSpec
+    from pipeline.route import registry
+    from pipeline.serve.app import build_app
+    from pipeline.serve.server import serve_in_thread
+    from pipeline.serve.settings import ServeSettings
+
+    hang_s = 6.0
+    with fault_server(hang_s=hang_s, drip_s=0.2) as fs:
+        fs.always(fault)  # the agent answers after hang_s (or streams for 12 s), unless its caller hangs up first
+        specs = [AgentSpec("expensive", "big-model", "test", None, 10.0, 30.0),
+                 AgentSpec("cheap", "small-model", "test", None, 0.1, 0.3)]
+        X = np.load(world_files().parent.parent / "X.npy")
+        app = build_app(registry.load(world_files()), RowBackbone(X), specs, fault_client_for(fs),
+                        ServeSettings(upstream_timeout_s=20.0))
+        with serve_in_thread(app) as srv:
+            body = json.dumps({"messages": [{"role": "user", "content": "row 3"}], "stream": stream}).encode()
+            s = socket.create_connection((srv.host, srv.port), timeout=5)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 10
+            while fs.total_hits < 1 and time.monotonic() < deadline:  # the agent's call is in flight
+                time.sleep(0.02)
+            if fault == "sse_drip":  # the stream is relayed: its head and a first event reached the client
+                got = b""
+                while b"data: {" not in got and time.monotonic() < deadline:
+                    got += s.recv(65536)
+                assert got.startswith(b"HTTP/1.1 200") and b"text/event-stream" in got, got[:300]
+            time.sleep(0.3)
+            s.close()
+            hung_up_at = time.monotonic()
+            while not fs.hung_up and time.monotonic() - hung_up_at < hang_s - 1:
+                time.sleep(0.02)
+            cancelled_after = time.monotonic() - hung_up_at if fs.hung_up else None
+    assert fs.total_hits == 1
+    assert cancelled_after is not None and cancelled_after < 1.0, \
+        f"the agent's call was not cancelled within {hang_s - 1:.0f} s of the client hanging up"
+    print(f"stream={stream}, agent {fault}: the agent's call ended {cancelled_after * 1000:.0f} ms after the client "
+          f"hung up (its caller waited {fs.hung_up[0]:.2f} s; the agent would end at {hang_s:.0f}-12 s)")

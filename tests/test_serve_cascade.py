@@ -4,7 +4,9 @@ the plan changes with the target; a request without an answer format is routed p
 accepted reply."""
 from __future__ import annotations
 
+import datetime
 import json
+import time
 
 import httpx
 import numpy as np
@@ -157,6 +159,8 @@ def test_a_cascade_reply_counts_what_every_call_paid_and_logs_one_line(world, ca
     assert line["router"] == reg.name and line["target"] == "quality>=0.5" and line["status"] == 200
     assert line["agents_called"] == r.headers["x-router-agents-called"].split(",") and line["cost_usd"] == cost
     assert line["latency_ms"] > 0 and "prompt" not in line and differ not in json.dumps(lines)
+    when = datetime.datetime.fromisoformat(line["ts"])  # ISO 8601 UTC, when the line was written
+    assert when.utcoffset() == datetime.timedelta(0) and abs(time.time() - when.timestamp()) < 60, line["ts"]
 
 
 def test_a_prompt_only_reply_carries_its_cost_too(world):

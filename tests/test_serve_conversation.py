@@ -19,10 +19,10 @@ from pipeline.collect.standin import OpenRouterStandIn, StandInServer
 from pipeline.core.prompts import user_text
 from pipeline.route import registry
 from pipeline.route.cascade import CascadeRouter, Plan, Policy, Stage
+from pipeline.route.formats import FormatGuess
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
 from pipeline.serve.app import build_app
-from pipeline.route.formats import FormatGuess
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
 from pipeline.tasks.sources import load_source

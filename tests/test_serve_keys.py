@@ -4,6 +4,7 @@ the ledger resources/ledger.py), on the real app in process: a tiny registered h
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import json
 import logging
@@ -153,6 +154,7 @@ def test_no_key_or_a_wrong_one_is_401_and_healthz_stays_open(world, tmp_path, ca
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "router_lite.access"]
     assert [x["key"] for x in lines if x["status"] == 200] == ["team-a", "team-b"]
     assert sum(x["status"] == 401 and x["key"] is None for x in lines) == len(refused)
+    assert all(datetime.datetime.fromisoformat(x["ts"]).utcoffset() == datetime.timedelta(0) for x in lines)
     text = caplog.text + json.dumps(lines)
     assert KEY_A not in text and KEY_B not in text and "0123456788" not in text
     # /metrics counts the refused requests too, by status and key name (none for a refused one)
@@ -321,7 +323,8 @@ def test_retry_after_is_when_enough_old_spend_leaves_the_rolling_window():
     assert spend.admission(key, usage, 0.05, now=3500) is None  # 0.9 + 0.05 + 0.05 fits
     r = spend.admission(key, usage, 0.2, now=3500)  # 0.15 over: the first bucket (0.5) must leave, at 1000 + 3600
     assert r.code == "budget_exceeded" and r.retry_after_s == 1100
-    assert spend.admission(key, usage, 1.5, now=3500).retry_after_s == 3600  # never fits: more than the budget
+    # never fits, more than the whole budget: refused before the ledger is asked, without a time to retry
+    assert "no retry can fit it" in spend.over_whole_budget(key, [(0.0, 1e6)], 0, 2)  # $2 of completion tokens
     rate = ClientKey("k", b"", rpm=2)
     assert spend.admission(rate, spend.KeyUsage(hits=((100, 1), (130, 1))), 0.0, now=140).retry_after_s == 20
 
@@ -517,8 +520,8 @@ def test_a_request_naming_a_retired_router_is_priced_and_charged_like_any(world,
         app2.state.endpoint.retired.add("head-served-before")
         with serve_in_thread(app2) as srv2:
             paid = ask(srv2, KEY_A, model="head-served-before")
-    assert plain.status_code == 429 and pinned.status_code == 429, pinned.text
-    assert pinned.json()["error"]["code"] == "budget_exceeded"
+    assert plain.status_code == 402 and pinned.status_code == 402, pinned.text
+    assert pinned.json()["error"]["code"] == "request_over_budget"
     recorded = SpendLedger(ledger2).totals()["team-a"]
     assert paid.status_code == 200 and recorded["requests"] == 1
     assert abs(recorded["usd"] - paid.json()["usage"]["cost"]) < 1e-12
@@ -546,3 +549,34 @@ def test_a_keyed_request_is_parsed_once_and_a_cascade_reply_priced_once(world, t
     assert line["cost_usd"] == r.json()["usage"]["cost"] == pytest.approx(COST["m1"] + COST["m2"])
     assert line["agents_called"] == ["a1", "a2"] and line["grader"] == "integer" and line["key"] == "team-a"
     assert abs(SpendLedger(ledger).totals()["team-a"]["usd"] - r.json()["usage"]["cost"]) < 1e-12
+
+
+def test_a_request_over_the_whole_budget_is_402_which_the_sdk_does_not_retry(world, tmp_path, caplog):
+    """A key whose whole budget is below one request's worst case: 402 request_over_budget naming the budget, the
+    worst case and the max_tokens that fits, no Retry-After (before: 429 with Retry-After of the window, which the
+    openai SDK retries); that max_tokens is then admitted; and `serve` warns at start about such a key."""
+    from pipeline.serve.auth import budget_warnings
+
+    keys = keys_file(tmp_path, budget_usd=0.02, budget_window="1h")  # below a 100-token request's worst case
+    app, _ = _guarded(world, tmp_path, keys)
+    with caplog.at_level(logging.INFO, logger="router_lite.access"), serve_in_thread(app) as srv:
+        r = ask(srv, KEY_A)
+        fits = int(re.search(r"max_tokens of at most (\d+)", r.json()["error"]["message"]).group(1))
+        client = openai.OpenAI(base_url=srv.base_url, api_key=KEY_A, max_retries=2)
+        with pytest.raises(openai.APIStatusError) as sdk:
+            client.chat.completions.create(model=world[0].name, max_tokens=100,
+                                           messages=[{"role": "user", "content": "What is 6 x 7?"}])
+        ok = ask(srv, KEY_A, max_tokens=fits)
+        over = ask(srv, KEY_A, max_tokens=fits + 1)
+    err = r.json()["error"]
+    assert r.status_code == 402 and "retry-after" not in r.headers, (r.status_code, dict(r.headers))
+    assert err["code"] == "request_over_budget" and err["param"] == "max_tokens", err
+    assert "$0.020000 per 1h" in err["message"] and "may cost up to $" in err["message"], err["message"]
+    assert sdk.value.status_code == 402
+    refused = [json.loads(x.getMessage()) for x in caplog.records if x.name == "router_lite.access"]
+    assert sum(x["status"] == 402 for x in refused) == 3  # the SDK's call was sent once: not retried
+    assert 0 < fits < 100 and ok.status_code == 200 and over.status_code == 402, (fits, ok.text, over.text)
+    lines = budget_warnings(app, load_keys(keys))  # the server default: no max_tokens -> the cap, 32768 tokens
+    assert len(lines) == 1 and "key 'team-a' has a budget of $0.020000 per 1h" in lines[0] and \
+        "402 request_over_budget" in lines[0], lines
+    assert budget_warnings(app, load_keys(keys_file(tmp_path, budget_usd=1e6))) == []

@@ -22,6 +22,7 @@ clients exhaust file descriptors (slowloris). `guarded_h11(...)`:
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import re
 import socket
@@ -145,6 +146,7 @@ class _GuardedH11:
     _head_tail = b""
     _reading = None
     _heard = False  # a byte has been received on this connection
+    _stopping = False  # the server stops: the next request is answered, then the connection closed
     _born = 0.0
 
     def connection_made(self, transport) -> None:
@@ -164,7 +166,41 @@ class _GuardedH11:
         if self.conn.their_state is h11.IDLE and self._head_too_big(data):  # reading a request head: bound it
             return self._refuse(self.limits.head_431)
         super().data_received(data)
+        if self._stopping and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # the request that arrived while stopping: answered, then closed
         self._follow_state()
+
+    def shutdown(self) -> None:
+        """The server stops (uvicorn calls this on every open connection once it stopped accepting): a request in
+        flight is answered, then the connection closed (uvicorn's own rule); so is a request whose bytes have begun
+        to arrive (parsed by h11, or still unread in the kernel), and one a new connection has not had
+        `FRESH_GRACE_S` to send (its client connected before the stop); an idle connection is closed. uvicorn
+        closes a waiting connection at once, and the client of a request already sent gets a reset."""
+        if self._refused or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return super().shutdown()  # keep_alive off: closed after its response
+        self._stopping = True
+        if self._request_begun():
+            return  # served (data_received turns its keep-alive off), then closed
+        fresh = self.limits.grace_s - (self.loop.time() - self._born)
+        if not self._heard and fresh > 0:  # connected just before the stop: its request may be on the way
+            self.loop.call_later(fresh, self._close_if_idle)
+            return
+        self._close_if_idle()
+
+    def _request_begun(self) -> bool:
+        return self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0]) or \
+            _unread_bytes(self.transport) > 0
+
+    def _close_if_idle(self) -> None:
+        if not self.transport.is_closing() and not self._request_begun() and \
+                (self.cycle is None or self.cycle.response_complete):
+            self.limits.unmark_idle(self)
+            self._disarm()
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
 
     def _head_too_big(self, data: bytes) -> bool:
         m = _HEAD_END.search(self._head_tail + data)
@@ -271,15 +307,15 @@ class LoopbackServer:
     """`.url` (http://host:port) and `.base_url` (… /v1); `.stop()` or `with` shuts it down."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "off", name: str = "server",
-                 start_timeout_s: float = 30.0, **uvicorn_options: Any):
+                 start_timeout_s: float = 30.0, server_class=None, **uvicorn_options: Any):
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan,
-                                                    **uvicorn_options))
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan, **uvicorn_options)
+        self._server = (server_class or uvicorn.Server)(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"{name}-{self.port}", daemon=True)
         self._thread.start()

@@ -85,6 +85,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.collect.agents import AgentSpec
@@ -267,16 +268,17 @@ def _summed_usage(result, cost_header: str) -> dict:
 
 
 def _log_access(request, resp, rid: str, t_start: float) -> None:
-    """One JSON line (logger `router_lite.access`): request id, router, target, answer format, agents called, the
-    agent that answered, cost, latency (to the response headers, for a stream), status; the prompt only when the
-    server was started with `log_prompts`. Read from the request's `ChatRequest` (`request.state.chat`: what the
-    handler did), not from the response's headers."""
+    """One JSON line (logger `router_lite.access`): when it was written (`ts`, ISO 8601 UTC), request id, router,
+    target, answer format, agents called, the agent that answered, cost, latency (to the response headers, for a
+    stream), status; the prompt only when the server was started with `log_prompts`. Read from the request's
+    `ChatRequest` (`request.state.chat`: what the handler did), not from the response's headers."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     state = getattr(request.state, "served", None) or request.app.state.served  # who answered
     chat = getattr(request.state, "chat", None)
     a = chat.answer if chat is not None else Answer()
-    line = {"request_id": rid, "router": state.router_name, "target": a.target, "grader": a.grader,
+    line = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds"), "request_id": rid,
+            "router": state.router_name, "target": a.target, "grader": a.grader,
             "agents_called": list(a.agents_called), "agent": a.agent, "cost_usd": a.cost_usd,
             "latency_ms": round((time.perf_counter() - t_start) * 1000.0, 3), "status": resp.status_code,
             "ood": a.ood, "stream": resp.media_type == "text/event-stream"}
@@ -407,12 +409,15 @@ async def _answer(request):
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
     payload = {"model": spec.model, **req.upstream}
     t_up, deadline = time.perf_counter(), deadline_of(state.upstream_opts)  # the whole call: head and body
-    try:
-        resp = await post_chat(client, payload, state.upstream_opts, deadline, stream=True)
+    try:  # a client that leaves before the agent's response head cancels the call (as a cascade's stages)
+        resp = await unless_disconnected(request, post_chat(client, payload, state.upstream_opts, deadline,
+                                                            stream=True))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - every agent failure is a 502
         return error_response(upstream_error(spec, client, exc), upstream_timing(headers, t_up, "failed"))
+    if resp is None:
+        return _gone()
     ctype = resp.headers.get("content-type", "")
     if req.stream and ctype.startswith("text/event-stream"):  # the headers go out before the stream: time to them
         return StreamingResponse(relay(resp, spec, client, info, deadline), status_code=200,
@@ -499,8 +504,11 @@ async def _not_found(request, exc):
 async def _readyz(request):
     from starlette.responses import JSONResponse
 
-    state = request.app.state
-    return JSONResponse(state.readiness.body(state.served, state.follower), 200 if state.readiness.ready else 503)
+    from pipeline.serve.drain import draining
+
+    state, stopping = request.app.state, draining(request)  # a server that stops is not ready (pipeline/serve/drain.py)
+    return JSONResponse(state.readiness.body(state.served, state.follower, stopping),
+                        200 if state.readiness.ready and not stopping else 503)
 
 
 async def _metrics(request):

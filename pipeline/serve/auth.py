@@ -34,6 +34,7 @@ import json
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.route.targets import TARGET_FIELD, TARGET_HEADER, parse_target, request_target
@@ -63,6 +64,32 @@ def guard_clients(app, keyring=None, ledger=None, allowed_targets=()):
                               f"({', '.join(allowed)}): pass --target with one of them")
     app.add_middleware(ClientGuard, keyring=keyring, ledger=ledger, allowed=allowed)
     return app
+
+
+def budget_warnings(app, keyring, allowed_targets=()) -> list[str]:
+    """A startup line for each key whose budget is below the worst case of a default request (the shortest messages,
+    no max_tokens: the server's default, at the key's default target): every such request would be refused."""
+    state = app.state
+    served, settings = state.served, state.settings
+    tokens = spend.request_tokens({"messages": [{"role": "user", "content": ""}], **settings.defaults},
+                                  settings.max_tokens_cap)
+    lines = []
+    for key in keyring.keys if keyring is not None else ():
+        if key.budget_usd is None:
+            continue
+        allowed = [t for t in key.targets if not allowed_targets or t in allowed_targets] or list(allowed_targets)
+        target = parse_target(settings.default_target).name
+        target = target if not allowed or target in allowed else allowed[0]
+        bounds = spend.price_bounds(served.registered, served.specs, target)
+        need = spend.worst_case_usd(bounds, *tokens)
+        if need > key.budget_usd + spend.EPS_USD:
+            fits = spend.affordable_completion_tokens(bounds, tokens[0], key.budget_usd)
+            lines.append(f"router-lite serve: warning: key {key.name!r} has a budget of {key.budget_text()}, below "
+                         f"the worst case of a request without max_tokens at its default target {target} "
+                         f"(${need:.6f} for up to {tokens[1]} completion tokens): such requests are refused (402 "
+                         f"request_over_budget); its clients must send max_tokens of at most {fits}, or raise its "
+                         "budget_usd")
+    return lines
 
 
 class ClientGuard:
@@ -112,8 +139,12 @@ class ClientGuard:
         scope.setdefault("state", {}).update(chat=req, served=served)
         if key is None:
             return await self.app(scope, receive, send)
-        need = spend.worst_case_usd(self._bounds(served, target), *spend.request_tokens(
-            req.upstream, settings.max_tokens_cap))
+        bounds, tokens = self._bounds(served, target), spend.request_tokens(req.upstream, settings.max_tokens_cap)
+        need = spend.worst_case_usd(bounds, *tokens)
+        whole = spend.over_whole_budget(key, bounds, *tokens)
+        if whole is not None:  # no retry fits it: 402, as OpenRouter answers it (a 429 is retried by the SDKs)
+            return await _refuse(scope, receive, send, key, RequestError(402, whole, "request_over_budget",
+                                                                         "max_tokens", type_="insufficient_quota"))
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
@@ -283,6 +314,7 @@ async def _refuse(scope, receive, send, key, err: RequestError, headers: dict | 
     if getattr(state, "metrics", None) is not None:
         state.metrics.refused(err.status, state.served.router_name, key.name if key is not None else "")
     if access_log.isEnabledFor(logging.INFO):
-        access_log.info(json.dumps({"request_id": rid, "router": state.served.router_name, "key": key and key.name,
+        access_log.info(json.dumps({"ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                                    "request_id": rid, "router": state.served.router_name, "key": key and key.name,
                                     "path": scope["path"], "status": err.status, "error": err.code}))
     await resp(scope, receive, send)

@@ -1,4 +1,5 @@
-"""Readiness (`GET /readyz`): 503 until the served router, the backbone and the grading worker are warm, 200 after,
+"""Readiness (`GET /readyz`): 503 until the served router, the backbone and the grading worker are warm, 200 after
+(503 again, `"status": "draining"`, once the server stops: pipeline/serve/drain.py),
 with a JSON body naming what is warm and the router served. `/healthz` stays the liveness probe (the process
 answers). The warm-up runs in the background once the app starts (`warm_up`), so a probe sees 503 meanwhile:
 
@@ -28,8 +29,9 @@ class Readiness:
     def ready(self) -> bool:
         return self.backbone and self.grading and self.router is not None
 
-    def body(self, served, follower=None) -> dict:
-        out = {"status": "ready" if self.ready else "warming",
+    def body(self, served, follower=None, draining: bool = False) -> dict:
+        """`status`: "draining" once the server stops (pipeline/serve/drain.py), else "ready" or "warming"."""
+        out = {"status": "draining" if draining else "ready" if self.ready else "warming",
                "warm": {"backbone": self.backbone, "router": self.router is not None, "grading_worker": self.grading},
                "router": served.router_name, "kind": getattr(served.registered, "kind", None),
                "promoted_at": served.origin.get("promoted_at"),

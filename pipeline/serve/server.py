@@ -15,10 +15,12 @@ import threading
 import time
 
 import uvicorn
+from uvicorn.supervisors import multiprocess
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.http_server import LoopbackServer
+from pipeline.serve.drain import DrainingServer, exit_drained
 from pipeline.serve.settings import ServeSettings
 
 PR_SET_PDEATHSIG = 1
@@ -132,6 +134,25 @@ class WorkerConfig(uvicorn.Config):
         self.http = self.settings.uvicorn_options()["http"]
 
 
+class DrainingProcess(multiprocess.Process):
+    """A worker of `serve --workers N`: uvicorn's, serving with a `DrainingServer` (pipeline/serve/drain.py) so that the
+    supervisor's SIGTERM drains it and it exits 0."""
+
+    @property
+    def server(self) -> DrainingServer:
+        if self._server is None:
+            self._server = DrainingServer(self.config, delay_s=self.config.settings.drain_delay_s)
+        return self._server
+
+    def target(self, sockets=None) -> None:
+        try:
+            super().target(sockets)
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: this worker drained on it too
+            pass
+        if self.server.drain.draining:  # drained (SIGTERM from the supervisor, or Ctrl-C): exit 0 now
+            exit_drained(0)
+
+
 class Workers(Multiprocess):
     """uvicorn's supervisor of `serve --workers N` on the bound socket `sock`: it starts the workers, replaces one
     that dies after it started, stops them all on SIGTERM / Ctrl-C (and when one fails to start while the server
@@ -156,8 +177,12 @@ class Workers(Multiprocess):
     def serve(self) -> int:
         """Run until stopped: 0, or 2 when a worker failed to start while the server started: its one
         `router-lite: error:` line is printed, and 2 is what that line means everywhere else in the CLI (one
-        process, `serve --workers 1`, says the same)."""
-        self.run()
+        process, `serve --workers 1`, says the same). Every worker it starts or restarts drains on SIGTERM."""
+        uvicorns, multiprocess.Process = multiprocess.Process, DrainingProcess
+        try:
+            self.run()
+        finally:
+            multiprocess.Process = uvicorns
         return 2 if self.failed_start else 0
 
     def handle_hup(self) -> None:
@@ -179,6 +204,24 @@ class Workers(Multiprocess):
         for slots in (self.retry_at, self.failures):  # a slot removed: its retry goes with it
             for idx in [i for i in slots if i >= len(self.processes)]:
                 del slots[idx]
+
+    stopped_by_signal = False  # SIGTERM or Ctrl-C: the workers drained
+
+    def handle_term(self) -> None:
+        self.stopped_by_signal = True
+        super().handle_term()
+
+    def handle_int(self) -> None:
+        self.stopped_by_signal = True
+        super().handle_int()
+
+    def terminate_all(self) -> None:
+        """SIGTERM to every worker (each drains: pipeline/serve/drain.py), then the supervisor's copy of the
+        listening socket is closed: once the workers have taken what waits in its queue and closed theirs, a new
+        connection is refused at once rather than left queued until the supervisor exits."""
+        super().terminate_all()
+        for sock in self.sockets:
+            sock.close()
 
     def keep_subprocess_alive(self) -> None:
         from uvicorn.config import STARTUP_FAILURE
@@ -255,7 +298,7 @@ class RouterServer(LoopbackServer):
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
         settings = getattr(getattr(app, "state", None), "settings", None) or ServeSettings()
         super().__init__(app, host, port, lifespan="on", name="router-server", start_timeout_s=start_timeout_s,
-                         **settings.uvicorn_options())
+                         server_class=DrainingServer, **settings.uvicorn_options())
 
 
 def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> RouterServer:

@@ -34,6 +34,10 @@ class ServeSettings:
         proxy's address).
     reserved_connections = 64
         Slots idle connections never take: kept for requests with a complete head.
+    drain_delay_s = 1.0
+        After SIGTERM, how long the server keeps serving (and accepting) with /readyz at 503 before it stops
+        accepting, finishes what it accepted and exits (behind a load balancer: its readiness probe period times its
+        failure threshold).
     """
 
     max_body_bytes: int = 1 << 20
@@ -54,6 +58,7 @@ class ServeSettings:
     max_idle_per_client: int = 128
     reserved_connections: int = 64
     max_head_bytes: int = 16 * 1024  # request line + headers; more -> 431
+    drain_delay_s: float = 1.0
     defaults: dict = dataclasses.field(default_factory=dict)  # forwarded params used when a request omits them
     default_target: str | None = None  # operating point when a request names none (pipeline/route/targets.py)
     default_grader: str | None = None  # a cascade's answer format when a request names none (None: prompt-only)
@@ -67,6 +72,8 @@ class ServeSettings:
         for name in ("embed_cache_size", "reserved_connections"):
             if int(getattr(self, name)) < 0:
                 raise RouterLiteError(f"serve setting {name}={getattr(self, name)!r} must be >= 0")
+        if not 0 <= float(self.drain_delay_s) <= 3600:  # NaN too
+            raise RouterLiteError(f"serve setting drain_delay_s={self.drain_delay_s!r} must lie in [0, 3600] seconds")
         if not 0 <= float(self.batch_wait_ms) <= 1000:
             raise RouterLiteError(f"serve setting batch_wait_ms={self.batch_wait_ms!r} must lie in [0, 1000]")
         for name in ("upstream_timeout_s", "header_timeout_s", "body_timeout_s", "keep_alive_s"):

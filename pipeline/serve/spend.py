@@ -86,10 +86,6 @@ def admission(key, usage: KeyUsage, need_usd: float, now: float) -> Refusal | No
         return None
     figures = (f"${spent:.6f} spent in the window, ${usage.reserved:.6f} reserved by its requests in flight, and "
                f"this request may cost up to ${need_usd:.6f}")
-    if need_usd > budget + EPS_USD:
-        return Refusal("budget_exceeded", f"key {key.name!r}: this request may cost up to ${need_usd:.6f}, more than "
-                                          f"its whole budget of {key.budget_text()}: lower max_tokens or shorten the "
-                                          "messages", math.ceil(key.window_s))
     return Refusal("budget_exceeded", f"key {key.name!r} is over its budget of {key.budget_text()}: {figures}",
                    _budget_retry(usage.spend, usage.held, over, key.window_s, now))
 
@@ -114,6 +110,35 @@ def _budget_retry(spend, held, over: float, window_s: float, now: float) -> int:
         if gone >= over - EPS_USD:
             return max(1, math.ceil(when - now))
     return 1
+
+
+def over_whole_budget(key, bounds: list[tuple[float, float]], prompt_tokens: int,
+                      completion_tokens: int) -> str | None:
+    """Why a request whose worst case is more than `key`'s whole budget can never be admitted (no retry, however
+    late, fits it), naming the budget, its worst case and the largest max_tokens that fits; None when it fits or the
+    key has no budget. Checked before the ledger is asked: such a request is answered 402, not a 429 that clients
+    (the openai SDK) retry."""
+    if key.budget_usd is None:
+        return None
+    need = worst_case_usd(bounds, prompt_tokens, completion_tokens)
+    if need <= key.budget_usd + EPS_USD:
+        return None
+    fits = affordable_completion_tokens(bounds, prompt_tokens, key.budget_usd)
+    how = f"send max_tokens of at most {fits}" if fits > 0 else "shorten the messages: they alone cost more"
+    return (f"key {key.name!r}: this request may cost up to ${need:.6f} ({prompt_tokens} prompt tokens and up to "
+            f"{completion_tokens} completion tokens at the list prices of the agents its target may call), more "
+            f"than the key's whole budget of {key.budget_text()}, so no retry can fit it: {how}, or raise the "
+            "key's budget_usd")
+
+
+def affordable_completion_tokens(bounds: list[tuple[float, float]], prompt_tokens: int, budget_usd: float) -> int:
+    """The most completion tokens a request of `prompt_tokens` may ask for with its worst case within `budget_usd`
+    (0: none; the prompt alone is over it)."""
+    fits = math.inf
+    for p_in, p_out in bounds:
+        room = budget_usd * 1e6 - p_in * prompt_tokens
+        fits = min(fits, -1 if room < 0 else math.inf if p_out <= 0 else room / p_out)
+    return 0 if fits < 1 else int(min(fits, 1 << 31))
 
 
 # ------------------------------------------------------------------------------------------------ worst cases
