@@ -20,7 +20,8 @@ from pipeline.collect.call_log import CallLog, call_key
 from pipeline.collect.client import call_once
 from pipeline.collect.costs import logged_cost
 from pipeline.collect.grading import GRADERS
-from pipeline.collect.judge import JUDGE_GRADER, JudgeSettings, judge_agent, judge_prompts, judge_reply, tie_fields
+from pipeline.collect.judge import JUDGE_GRADER, JudgeSettings, judge_agent, judge_prompts, tie_fields
+from pipeline.collect.judge_call import judge_reply
 from pipeline.collect.settings import CollectionSettings
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.progress import RateLog
@@ -134,16 +135,14 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     check_agents(agents)
     sh = settings.hash()
     judging = _Judging.of(tasks_df, agents, settings, call_log, repetition, sh)
-    clients = {a.name: client_for(a) for a in agents}
-    if judging is not None:
-        clients[judging.judge.name] = client_for(judging.judge)
+    clients = {a.name: client_for(a) for a in [*agents, *([judging.judge] if judging is not None else [])]}
     done = call_log.keys()
     tasks = tasks_df[list(TASK_COLUMNS)].to_dict("records")
     wanted, queues = _call_queues(tasks, agents, repetition, sh, done)
     rounds = [queues] if judging is None else judging.rounds(queues)
     n_todo = sum(len(q) for q in queues.values())
     log.info("collect: %d calls wanted, %d already done, %d to make", len(wanted), len(wanted) - n_todo, n_todo)
-    counts: collections.Counter = collections.Counter()
+    counts = collections.Counter()
     committer = _GroupCommit(call_log)
     progress = RateLog("collect", "calls", log.info, every_s=10.0)  # rate + ETA, in the Dagster step log too
 
@@ -168,20 +167,26 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
             progress(sum(counts.values()), n_todo)
 
     try:
-        async with asyncio.TaskGroup() as tg:
-            commit_task = tg.create_task(committer.run())
-            for qs in rounds:  # a judged collection: the reference agent's replies first, then the others
-                async with asyncio.TaskGroup() as workers:
-                    for q in qs.values():
-                        for _ in range(min(settings.concurrency, len(q))):
-                            workers.create_task(worker(q))
-            committer.close()
-            await commit_task
+        await _run_rounds(rounds, settings.concurrency, worker, committer)
     finally:
         await close_clients(clients)
     log.info("collect: made %d calls (%s)", sum(counts.values()), dict(counts))
     _warn_no_verdict(before, grading)
     return _estimated_refused(_in_order(call_log, wanted), agents)
+
+
+async def _run_rounds(rounds: list[dict], concurrency: int, worker, committer) -> None:
+    """Each round's queues drained by up to `concurrency` workers a queue, round after round (a judged collection:
+    the reference agent's replies first, then the others), the call log's group commit running beside them."""
+    async with asyncio.TaskGroup() as tg:
+        commit_task = tg.create_task(committer.run())
+        for qs in rounds:
+            async with asyncio.TaskGroup() as workers:
+                for q in qs.values():
+                    for _ in range(min(concurrency, len(q))):
+                        workers.create_task(worker(q))
+        committer.close()
+        await commit_task
 
 
 def _warn_no_verdict(before: dict, grading: bounded.Budget) -> None:
@@ -269,7 +274,7 @@ class _Judging:
 
                 return unjudgeable_fields(self.js, "the collection budget stopped before the judge call")
         out = await judge_reply(clients[self.judge.name], self.judge, self.js, self.settings, task_id, a.name,
-                                str(t["prompt"]), text, reference)
+                                str(t["prompt"]), (text, reference))
         if held is not None:
             await budget.settle(held, out["judge_cost_usd"])
         return out

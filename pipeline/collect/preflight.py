@@ -88,7 +88,8 @@ def preflight_judge(client_for: Callable[[AgentSpec], Any], agents: list[AgentSp
     on up to `n_calls` of `prompts`, the reference agent and one other agent answer, and the judge compares the two
     replies; passed when every comparison has a readable verdict. Returns {judge, model, n_calls, n_judged, cost_usd,
     passed, reason}; the calls are not logged."""
-    from pipeline.collect.judge import JudgeSettings, judge_agent, judge_reply
+    from pipeline.collect.judge import JudgeSettings, judge_agent
+    from pipeline.collect.judge_call import judge_reply
 
     js = getattr(settings, "judge", None) or JudgeSettings()
     js.check([a.name for a in agents])
@@ -111,7 +112,7 @@ def preflight_judge(client_for: Callable[[AgentSpec], Any], agents: list[AgentSp
                                 "judge_reason": f"no replies to judge ({r['status']}, {o['status']})"})
                     continue
                 out.append(await judge_reply(clients[judge.name], judge, js, settings, f"preflight/{i}", other.name,
-                                             p, o["response_text"], r["response_text"]))
+                                             p, (o["response_text"], r["response_text"])))
         finally:
             await close_clients(clients)
         return out

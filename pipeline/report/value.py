@@ -148,8 +148,7 @@ def router_value(profile: str, pool_verdict: str | None, head: HeadFigures, aiq:
         "oracle": value["oracle"]["quality"], "n_test": value["n_test"], "backbone": backbone,
         "prompt_routers": dict(prompt_routers or {}), "shipped_prompt_router": shipped,
         "imputed_cells": int(imputed_cells), "router_arena": arena,
-        "served": None,  # the router served: written by the promotion asset (`with_served`) after this report
-        "held_out_decisions": None, "phrasings": None,  # `with_held_out_served`: what serve decides, per phrasing
+        "served": None, "held_out_decisions": None, "phrasings": None,  # by the promotion / with_held_out_served
     }
 
 
