@@ -128,8 +128,7 @@ async def collect(tasks_df: pd.DataFrame, agents: list[AgentSpec], repetition: i
     worst case first, settles once logged; once it stops, no call starts (`budget.stopped`), the rows made return.
     """
     settings = settings or CollectionSettings()
-    grading = bounded.Budget.of(settings)  # the time budget of grading one reply (not the USD `budget`)
-    before = bounded.counts()
+    grading, before = bounded.Budget.of(settings), bounded.counts()  # grading's time budget (not the USD `budget`)
     grade_fn = grade_fn or (lambda text, gold, grader: _bounded_grade(text, gold, grader, grading))
     _check_tasks(tasks_df)
     check_agents(agents)
