@@ -373,7 +373,7 @@ def _table_steps(spec, answers: Iterable[str | None], budget: Budget) -> Steps:
     distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
     out, bad = {}, 0
     for i, a in enumerate(distinct):
-        for b in distinct[i + 1:]:
+        for b in distinct[i:]:  # each answer with itself too: one without a usable value agrees with nothing
             o = yield from _agree_steps(spec, a, b, budget)
             bad += o.status != "ok"
             out[(a, b)] = out[(b, a)] = bool(o.value)
@@ -437,7 +437,8 @@ async def extract_async(text: str | None, grader: str, budget: Budget | None = N
 
 async def agree_table_async(answers: Iterable[str | None], grader: str,
                             budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed), off
+    """({(a, b): agree} for every pair of answers, each with itself included, both orders; how many comparisons
+    overran or failed), off
     the event loop (serve's cascade: its agreement rule then reads the table)."""
     budget = budget or _default
     return await _drive_async(_table_steps(grader_spec(grader), list(answers), budget), grader, budget)
