@@ -370,10 +370,13 @@ def _agree_steps(spec, a: str | None, b: str | None, budget: Budget) -> Steps:
 
 
 def _table_steps(spec, answers: Iterable[str | None], budget: Budget) -> Steps:
-    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
+    given = collections.Counter(str(a) for a in answers if a is not None and not is_empty(a))
+    distinct = sorted(given)
     out, bad = {}, 0
     for i, a in enumerate(distinct):
-        for b in distinct[i:]:  # each answer with itself too: one without a usable value agrees with nothing
+        # an answer two agents gave is compared with itself too: identical text is no verdict (an integer task's
+        # 2.5 agrees with nothing), and the cascade reads the table for every pair of agents
+        for b in distinct[i if given[a] > 1 else i + 1:]:
             o = yield from _agree_steps(spec, a, b, budget)
             bad += o.status != "ok"
             out[(a, b)] = out[(b, a)] = bool(o.value)
@@ -437,8 +440,8 @@ async def extract_async(text: str | None, grader: str, budget: Budget | None = N
 
 async def agree_table_async(answers: Iterable[str | None], grader: str,
                             budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """({(a, b): agree} for every pair of answers, each with itself included, both orders; how many comparisons
-    overran or failed), off
+    """({(a, b): agree} for every pair of distinct answers, both orders, and each answer given twice with itself; how
+    many comparisons overran or failed), off
     the event loop (serve's cascade: its agreement rule then reads the table)."""
     budget = budget or _default
     return await _drive_async(_table_steps(grader_spec(grader), list(answers), budget), grader, budget)

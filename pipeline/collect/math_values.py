@@ -39,8 +39,8 @@ _DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
 _INTEGER_RE = re.compile(_SIGN + _DIGITS + r"(?:\.0+)?", re.ASCII)
 _PLAIN_RE = re.compile(_SIGN + r"(?:" + _DIGITS + r"(?:\.\d*)?|\.\d+)(?:[eE][-+\u2212]?\d{1,6})?", re.ASCII)
 _SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+\u2212]?\d+)(?![\w.])", re.ASCII)
-# number-only arithmetic (digits, + - * / ^, braces, \frac, \cdot, \times): its value may be an integer (\frac{36}{2})
-_ARITHMETIC_RE = re.compile(r"(?:[\d\s+\-*/^(){}]|\\d?frac|\\cdot|\\times|\\left|\\right)+", re.ASCII)
+# number-only arithmetic (digits, + - * / ^, braces, \frac, \sqrt, \cdot, \times): its value may be an integer
+_ARITHMETIC_RE = re.compile(r"(?:[\d\s+\-*/^(){}]|\\d?frac|\\sqrt|\\cdot|\\times|\\left|\\right)+", re.ASCII)
 
 
 class Degenerate:
