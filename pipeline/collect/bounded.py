@@ -5,7 +5,9 @@ the agreement tensor, collection and regrade run goes through here.
   last-first); an extracted answer longer than it compares with nothing.
 - A fast path in process: the graders' text work is linear in the capped text (pipeline/collect/grading.py), and
   runs under `sympy_refused()`, so it stops with `NeedsSympy` where sympy would evaluate.
-- sympy cannot be interrupted inside a thread, so what needs it runs in a persistent worker process (a pool of
+- sympy (math-verify's parsing and comparison, pipeline/collect/math_values.py) cannot be interrupted inside a
+  thread, and math-verify's own SIGALRM timeout works in the main thread only, so what needs it runs in a persistent
+  worker process (a pool of
   `POOL_SIZE`, forked from a forkserver that imported the graders once) with a deadline of `budget_ms`: past it the
   worker is killed and a fresh one forked for the next job.
 - An overrun or any exception is "no answer" (`Outcome.status` "overrun" / "error"): an extraction gives None, a
