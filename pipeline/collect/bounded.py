@@ -5,7 +5,9 @@ the agreement tensor, collection and regrade run goes through here.
   last-first); an extracted answer longer than it compares with nothing.
 - A fast path in process: the graders' text work is linear in the capped text (pipeline/collect/grading.py), and
   runs under `sympy_refused()`, so it stops with `NeedsSympy` where sympy would evaluate.
-- sympy cannot be interrupted inside a thread, so what needs it runs in a persistent worker process (a pool of
+- sympy (math-verify's parsing and comparison, pipeline/collect/math_values.py) cannot be interrupted inside a
+  thread, and math-verify's own SIGALRM timeout works in the main thread only, so what needs it runs in a persistent
+  worker process (a pool of
   `POOL_SIZE`, forked from a forkserver that imported the graders once) with a deadline of `budget_ms`: past it the
   worker is killed and a fresh one forked for the next job.
 - An overrun or any exception is "no answer" (`Outcome.status` "overrun" / "error"): an extraction gives None, a
@@ -370,10 +372,13 @@ def _agree_steps(spec, a: str | None, b: str | None, budget: Budget) -> Steps:
 
 
 def _table_steps(spec, answers: Iterable[str | None], budget: Budget) -> Steps:
-    distinct = sorted({str(a) for a in answers if a is not None and not is_empty(a)})
+    given = collections.Counter(str(a) for a in answers if a is not None and not is_empty(a))
+    distinct = sorted(given)
     out, bad = {}, 0
     for i, a in enumerate(distinct):
-        for b in distinct[i + 1:]:
+        # an answer two agents gave is compared with itself too: identical text is no verdict (an integer task's
+        # 2.5 agrees with nothing), and the cascade reads the table for every pair of agents
+        for b in distinct[i if given[a] > 1 else i + 1:]:
             o = yield from _agree_steps(spec, a, b, budget)
             bad += o.status != "ok"
             out[(a, b)] = out[(b, a)] = bool(o.value)
@@ -437,7 +442,8 @@ async def extract_async(text: str | None, grader: str, budget: Budget | None = N
 
 async def agree_table_async(answers: Iterable[str | None], grader: str,
                             budget: Budget | None = None) -> tuple[dict[tuple[str, str], bool], int]:
-    """({(a, b): agree} for every pair of distinct answers, both orders; how many comparisons overran or failed), off
+    """({(a, b): agree} for every pair of distinct answers, both orders, and each answer given twice with itself; how
+    many comparisons overran or failed), off
     the event loop (serve's cascade: its agreement rule then reads the table)."""
     budget = budget or _default
     return await _drive_async(_table_steps(grader_spec(grader), list(answers), budget), grader, budget)

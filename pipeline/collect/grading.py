@@ -5,15 +5,19 @@ the ZeroEval prompts ask for), a tagged answer, a boxed answer, a labelled answe
 last-resort fallback (last number; for multiple choice only a final line that is a bare letter). Each stage is
 scanned from the end of the reply, because models often revise themselves.
 
-Graders: `mcq_letter`, `integer`, `math_expression` (MATH-style equivalence) and `python_literal` (CRUXEval output
+Graders: `mcq_letter`, `integer` (read strictly: pipeline/collect/math_values.py), `math_expression` (values
+parsed and compared by HF's math-verify, plain numbers exactly in process) and `python_literal` (CRUXEval output
 prediction: both sides compared as Python literals with `==`, the semantics of CRUXEval's own `assert f(x) == pred`,
 when both parse with `ast.literal_eval`; else as whitespace-trimmed strings).
 
-Degenerate answers: an answer whose value is nan, a complex or real infinity (`\\frac{1}{0}`, `\\infty`, `\\log(0)`,
-`0\\cdot\\infty`) or of a magnitude beyond `MAX_MAGNITUDE` (`(9^{99})^{99}`), and a Python literal holding a
-non-finite float (`1e999`), has no usable value. It is no answer: extraction gives None (no earlier candidate and no
-fallback stand in for it), and it equals and agrees with nothing, itself included. Only an interval's or a tuple's
-items may be +-infinity (`(-\\infty, 2]`). A relative tolerance cannot compare such values (inf - inf is nan, and
+Degenerate answers: a math answer whose parsed value is nan, a complex or real infinity (`\\frac{1}{0}`,
+`\\infty`, `\\log(0)`, `\\csc(0)`, `(-1)!`, `\\pm\\infty`, a set or matrix holding one), a function math-verify
+does not know (`\\zeta(1)`), or of a magnitude beyond `MAX_MAGNITUDE` (`(9^{99})^{99}`, `1e309`, `10^{300}+1`), a
+math answer math-verify cannot parse at all (`\\tilde\\infty`), an integer answer that is not an integer by the
+strict grammar, and a Python literal holding a non-finite float (`1e999`, `[nan]`, `float('inf')`), has no usable
+value. Decided on the value, never on the text: it is no answer (extraction gives None; no earlier candidate and
+no fallback stand in for it), and it equals and agrees with nothing, itself included. Only an interval's endpoints
+may be +-infinity (`(-\\infty, 2]`). A relative tolerance cannot compare such values (inf - inf is nan, and
 `nan > tol` is False; `tol * inf` is inf), and a reply cannot mean them. Where the bound sits: the largest value among
 the bundled golds is 11,111,111,100 (~1.1e10, MATH-500), but replies to a bundled MATH task about f(10^{100}) reach
 4*10^{100}, so a bound near a googol would drop meant values; the float comparison holds up to ~1.8e308 (beyond,
@@ -29,29 +33,21 @@ import ast
 import cmath
 import contextlib
 import contextvars
-import functools
 import re
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 
-import sympy
-
+from pipeline.collect import math_values
 from pipeline.core.errors import RouterLiteError
 from pipeline.core.tables import Table
 
 # Bounds that keep sympy fast on pathological replies (huge towers, megabyte expressions).
-_MAX_SYMPY_CHARS = 200
-_MAX_EXPONENT = 100
-_MAX_DIGITS = 30
-_MAX_NUMBER_CHARS = 400
 _SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
-_REL_TOL = 1e-9
-MAX_MAGNITUDE = 10 ** 300  # beyond it a value is degenerate (module docstring: why there)
-_MAX_MAGNITUDE_F = float(MAX_MAGNITUDE)
+MAX_MAGNITUDE = math_values.MAX_MAGNITUDE  # beyond it a value is degenerate (module docstring: why there)
 
 # an "answer" key of a JSON (or Python-dict style, single-quoted) object
 _JSON_KEY_RE = re.compile(r"""(["'])answer\1\s*:\s*""", re.I)
@@ -70,13 +66,14 @@ _MAX_UNWRAP = 8  # \text{\textbf{...}} levels unwrapped
 
 
 class NeedsSympy(BaseException):  # noqa: N818 - a signal, not an error: no `except Exception` may swallow it
-    """Raised where sympy would evaluate while `sympy_refused()` is active: the caller must grade in a process it can
-    stop (pipeline/collect/bounded.py). Everything before that point is linear in the (capped) text."""
+    """Raised where math-verify (sympy) would run while `sympy_refused()` is active: the caller must grade in a
+    process it can stop (pipeline/collect/bounded.py). Everything before that point is linear in the (capped) text."""
 
 
-class _Degenerate(Exception):  # noqa: N818 - a signal: the candidate read is degenerate
-    """Raised by `_integer` on a candidate whose value is degenerate (module docstring), where it would otherwise
-    read a number out of it: the reply has no answer (`extract_answer_with` stops: no other candidate, no fallback)."""
+class _NotInteger(Exception):  # noqa: N818 - a signal: the candidate read is no integer
+    """Raised by `_integer` on an explicit answer that is no usable integer (its docstring), where a number could
+    otherwise be read out of it: the reply has no answer (`extract_answer_with` stops: no other candidate, no
+    fallback)."""
 
 
 _SYMPY_REFUSED = contextvars.ContextVar("sympy_refused", default=False)
@@ -97,12 +94,19 @@ _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*")
 _LABEL_RE = re.compile(r"\banswer(?:\s++(?:is|would\s++be|should\s++be)|\s*+\**+\s*+:)[\s*]*+:?[\s*]*+", re.I)
 _LETTER_RE = re.compile(r"((?:option|choice)\s+)?([(\[])?([A-J])([)\]])?(?![\w'])", re.I)
 _BARE_LETTER_LINE_RE = re.compile(r"^(?:(?:option|choice|answer)\s*+:?\s*+)?[(\[]?([A-J])[)\]]?\.?$")
-_NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?\d+(?:\.\d+)?")
-_PLAIN_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+# a number standing alone in prose: no letter, digit, point, `^`, `_`, `/` or `^{` / `_{` touches it, so no
+# number is read out of `2^{1000}`, `1e309`, `1/2`, `42i`, `0x2A` or `1_000_000`
+_NUMBER_RE = re.compile(r"(?:(?<![\w)])-)?(?<![\w.^_/])(?<!\^\{)(?<!_\{)\d+(?:\.\d+)?(?![\w^_/]|\.\d)")
 
 _UNITS = (r"(?:square\s+|sq\s+|cubic\s+)?(?:cm|mm|km|meters?|metres?|centimeters?|inches|inch|feet|foot|ft|yards?|"
           r"miles?|units?|degrees?|dollars?|cents?|hours?|minutes?|seconds?|days?|weeks?|months?|years?|mph|"
           r"pounds?|lbs?|kg|grams?|liters?|people|students|ways)")
+# what an integer answer may carry glued to its digits (48g, 156kgs, 6th, $25,000/year), read off after normalize_math
+# (no spaces left); nothing else is: `42i`, `0x2A`, `2^{10}` are no integers (math_values.strict_integer)
+_WORDED_INTEGER_RE = re.compile(r"([-+\u2212]?[\d,]+(?:\.0+)?)\s+[a-zA-Z][a-zA-Z\s'./-]*")  # 18 apples, 5 pounds/day
+_CURRENCY_RE = re.compile(r"\\?\$|[€£¥₹]|\\(?:euro|pounds)\b")
+_INTEGER_SUFFIX_RE = re.compile(r"(?<=\d)(?:kgs?|g|mg|ml|lbs|st|nd|rd|th|[FC])?"
+                                r"(?:/(?:year|yr|month|week|day|hour|hr|minute|min|person|item|unit|kg|lb|pound)s?)?$")
 _TEXT_UNIT_RE = re.compile(r"\\(?:text|mbox|mathrm)\{\s*(?:" + _UNITS + r"|m|g|in)\s*\}(?:\^\{?[23]\}?)?")
 # a unit at the end, after a digit, a brace or whitespace: a match starts after a digit/brace or at the first or
 # second character of a whitespace run (never deeper inside it: the same match, found once, keeps the scan linear)
@@ -113,17 +117,6 @@ _VAR_PREFIX_RE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*(?:=|\\in)\s*(?=\S)")
 _SPACING_RE = re.compile(r"\\\\|\\[!,;: ]")
 _DROP_TOKENS = ("\\displaystyle", "\\left", "\\right", "\\bigl", "\\bigr", "\\Bigl", "\\Bigr", "\\$", "$", "\\%",
                 "%", "^{\\circ}", "^\\circ", "\\circ", "°")
-
-_FUNCS = {"sqrt": sympy.sqrt, "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "log": sympy.log,
-          "exp": sympy.exp}
-_NON_FINITE_WORDS = {"inf": sympy.oo, "infty": sympy.oo, "infinity": sympy.oo, "nan": sympy.nan}  # in any case
-_CONSTS = {"pi": sympy.pi, "oo": sympy.oo, **_NON_FINITE_WORDS}
-_ENDPOINTS = {"\\infty": 1, "+\\infty": 1, "-\\infty": -1}  # +-infinity as an interval's or a tuple's item
-_LATEX_WORDS = {"pi": "pi", "infty": "oo", "cdot": "*", "times": "*", "div": "/", "sin": "sin", "cos": "cos",
-                "tan": "tan", "ln": "log", "log": "log", "exp": "exp"}
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b, ast.Pow: lambda a, b: a ** b}
-
 
 def is_empty(text) -> bool:
     return text is None or not str(text).strip()
@@ -307,40 +300,30 @@ def _bare_letter_line(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _canonical_number(s: str) -> str | None:
-    """'018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'; None when s is not a plain number or is beyond
-    `MAX_MAGNITUDE`."""
-    if len(s) > _MAX_NUMBER_CHARS or not _PLAIN_NUMBER_RE.fullmatch(s):  # a runaway digit string is no answer
-        return None
-    try:
-        d = Decimal(s)
-    except InvalidOperation:
-        return None
-    if abs(d) > MAX_MAGNITUDE:
-        return None
-    if d == d.to_integral_value():
-        return str(int(d))
-    return format(d.normalize(), "f")
-
-
 def _integer(candidate: str) -> str | None:
-    candidate = _math(candidate) or ""
-    norm = normalize_math(candidate)
-    number = _canonical_number(norm)
-    if number is not None:
-        return number
-    if norm and _degenerate_norm(norm):  # no number is read out of it ("\\frac{1}{0}" is not 1)
-        raise _Degenerate(candidate)
-    exact = _rational_value(norm)  # "\frac{36}{2}" -> 18, without sympy
-    if exact is not None:
-        value = exact.numerator if exact.denominator == 1 else None
-    else:
-        value = _sympy_value(norm)
-        value = value if value is not None and value.is_Integer else None
-    if value is not None:
-        return str(value)
-    m = _NUMBER_RE.search(_strip_markup(candidate).replace(",", ""))  # "18 apples (since ...)"
-    return _canonical_number(m.group(0)) if m else None
+    """An explicit answer read as an integer: by the strict grammar (math_values.strict_integer, a unit glued to the
+    digits dropped: `48g`), an integer followed by words (`18 apples`), or number-only arithmetic whose exact value
+    math-verify finds to be an integer (`\\frac{36}{2}`, `2^{10}`). Anything else (`1/2`, `42i`, `2^{1000}`,
+    `(1, 2)`, `\\{1, \\csc(0)\\}`, `2:00 pm`) is the reply's answer and no integer: the reply has none, and no
+    stray number elsewhere (the `0` of `\\csc(0)`) stands in for it. Prose (`_math` gives None) is no candidate."""
+    text = _math(candidate)
+    if text is None or not any(ch.isalnum() for ch in text):  # prose, or a template's placeholder (`___`)
+        return None
+    text = _CURRENCY_RE.sub("", text).strip()
+    worded = _WORDED_INTEGER_RE.fullmatch(text)
+    norm = _integer_text(worded.group(1) if worded else text)
+    number = math_values.strict_integer(norm)
+    if isinstance(number, int):
+        return str(number)
+    if number is None and isinstance(math_values.plain_number(norm), Fraction):  # 106.12: a number, wrong, kept
+        return _canonical_decimal(norm)
+    if number is None and norm and math_values.is_arithmetic(norm) and math_values.plain_number(norm) is None:
+        _needs_sympy(norm)
+        value = math_values.parsed_or_none(norm)
+        exact = None if value is None or value is math_values.DEGENERATE else math_values.exact_integer(value)
+        if exact is not None:
+            return str(exact)
+    raise _NotInteger(candidate)
 
 
 def _math(candidate: str) -> str | None:
@@ -358,10 +341,25 @@ def _math(candidate: str) -> str | None:
 
 
 def _last_number(text: str) -> str | None:
+    """The last number standing alone in the reply (`_NUMBER_RE`), thousands separators and U+2212 read."""
     clean = text.replace("**", "").replace("\\$", "").replace("$", "").replace("{,}", "")
+    clean = clean.replace(math_values.MINUS, "-")
     clean = re.sub(r"(?<=\d),(?=\d{3}\b)", "", clean)  # thousands separators
     numbers = _NUMBER_RE.findall(clean)
-    return _canonical_number(numbers[-1]) if numbers else None
+    if not numbers:
+        return None
+    return _canonical_decimal(numbers[-1])
+
+
+def _canonical_decimal(s: str) -> str | None:
+    """A plain number's canonical text ('018' -> '18', '1000.0' -> '1000', '3.50' -> '3.5'); None beyond
+    `MAX_MAGNITUDE` or for a runaway digit string."""
+    number = math_values.plain_number(s)
+    if not isinstance(number, Fraction):
+        return None
+    if number.denominator == 1:
+        return str(number.numerator)
+    return format(Decimal(s.replace(",", "").replace(math_values.MINUS, "-")).normalize(), "f")
 
 
 _ASSERT_PREFIX_RE = re.compile(r"^(?:assert\s+)?f\(.*\)\s*==\s*", re.S)
@@ -393,7 +391,7 @@ def extract_answer_with(spec: GraderSpec, text: str) -> str | None:
                 answer = spec.parse(candidate)
                 if answer:
                     return _usable(spec, answer)
-    except _Degenerate:
+    except _NotInteger:
         return None
     answer = spec.fallback(text) if spec.fallback is not None else None
     return _usable(spec, answer) if answer else answer
@@ -408,6 +406,7 @@ def _usable(spec: GraderSpec, answer: str) -> str | None:
 # ------------------------------------------------------------------------------------------ normalisation
 def normalize_math(s: str) -> str:
     """MATH-style canonical string: no spacing/sizing macros, units, degrees, %, \\text wrappers, 'x =' prefix."""
+    s = s.replace(math_values.MINUS, "-")  # U+2212 is a minus sign
     s = re.sub(r"[₀-₉]+", lambda m: "_" + m.group(0).translate(_SUBSCRIPT_DIGITS), s)  # 1112₃ -> 1112_3 (a base)
     s = _SPACING_RE.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s.strip())
     for token in _DROP_TOKENS:
@@ -430,331 +429,69 @@ def normalize_math(s: str) -> str:
     return re.sub(r"^(-?\d+)\.0+$", r"\1", s)  # 18.0 -> 18
 
 
-def _split_top(s: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside (), [], {}."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(s):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and s.startswith(sep, i):
-            parts.append(s[start:i])
-            start = i + len(sep)
-    return parts + [s[start:]]
-
-
-# ------------------------------------------------------------------------------------------ LaTeX -> sympy
-def _latex_group(s: str, i: int) -> tuple[str, int]:
-    """The argument of a macro at s[i]: a balanced {...}, a \\command or one character."""
-    while i < len(s) and s[i] == " ":
-        i += 1
-    if i >= len(s):
-        raise ValueError("missing macro argument")
-    if s[i] == "{":
-        group = _brace_group(s, i)
-        if group is None:
-            raise ValueError("unbalanced braces")
-        return group
-    m = re.match(r"\\[a-zA-Z]+", s[i:])
-    return (m.group(0), i + m.end()) if m else (s[i], i + 1)
-
-
-def _latex_to_py(s: str) -> str:
-    """Small LaTeX -> Python-expression converter (fractions, roots, pi, powers, a few functions).
-
-    sympy's own parse_latex needs antlr4 4.11 exactly and the environment ships 4.13, so it cannot be used.
-    """
-    out, i = [], 0
-    while i < len(s):
-        if s[i] != "\\":
-            out.append({"{": "(", "}": ")", "^": "**", "∞": " oo "}.get(s[i], s[i]))
-            i += 1
-            continue
-        m = re.match(r"\\([a-zA-Z]+)", s[i:])
-        if not m:
-            raise ValueError(f"unsupported LaTeX near {s[i:i + 10]!r}")
-        name, i = m.group(1), i + m.end()
-        if name == "frac":
-            num, i = _latex_group(s, i)
-            den, i = _latex_group(s, i)
-            out.append(f"(({_latex_to_py(num)})/({_latex_to_py(den)}))")
-        elif name == "sqrt":
-            index = None
-            if s[i:i + 1] == "[":
-                j = s.index("]", i)
-                index, i = s[i + 1:j], j + 1
-            arg, i = _latex_group(s, i)
-            arg = _latex_to_py(arg)
-            out.append(f"(({arg})**(1/({_latex_to_py(index)})))" if index else f"sqrt({arg})")
-        elif name in _LATEX_WORDS:
-            out.append(f" {_LATEX_WORDS[name]} ")
-        else:
-            raise ValueError(f"unsupported LaTeX command \\{name}")
-    return "".join(out)
-
-
-_PY_TOKEN_RE = re.compile(r"\s*(?:(\d+\.?\d*|\.\d+)|([a-zA-Z]+)|(\*\*|[-+*/()]))")
-
-
-def _py_tokens(py: str) -> list[tuple[str, str]]:
-    """(kind, text) tokens; multi-letter names that are not functions/constants become single-letter symbols."""
-    tokens, pos = [], 0
-    while pos < len(py.rstrip()):
-        m = _PY_TOKEN_RE.match(py, pos)
-        if not m:
-            raise ValueError(f"unsupported characters in {py!r}")
-        number, name, op = m.groups()
-        if number:
-            tokens.append(("num", number))
-        elif name in _FUNCS:
-            tokens.append(("func", name))
-        elif name:
-            name = name.lower() if name.lower() in _NON_FINITE_WORDS else name
-            tokens += [("name", name)] if name in _CONSTS else [("name", ch) for ch in name]
-        else:
-            tokens.append(("op", op))
-        pos = m.end()
-    return tokens
-
-
-def _explicit_products(py: str) -> str:
-    """Insert the '*' that maths leaves implicit ("2x", "3sqrt(2)", ")(", "xy")."""
-    out, prev = [], None
-    for kind, text in _py_tokens(py):
-        left = prev is not None and (prev[0] in ("num", "name") or prev[1] == ")")
-        if left and (kind in ("num", "name", "func") or text == "("):
-            out.append("*")
-        out.append(text)
-        prev = (kind, text)
-    return " ".join(out)
-
-
-def _has_pow(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node))
-
-
-def _build(node: ast.AST, pow_depth: int = 0):
-    """sympy expression from a whitelisted AST (no eval of model text).
-
-    Exact powers are what can blow up (10^{10^{10}}), so exponents hold no power and small constants only, and
-    powers nest at most two deep in a base: the largest value stays around 10^300000, computed in milliseconds.
-    """
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        if isinstance(node.op, ast.Pow):
-            if pow_depth >= 2 or _has_pow(node.right) or any(
-                    isinstance(n, ast.Constant) and abs(n.value) > _MAX_EXPONENT for n in ast.walk(node.right)):
-                raise ValueError("exponent too large to evaluate safely")
-            return _build(node.left, pow_depth + 1) ** _build(node.right, pow_depth + 1)
-        return _BINOPS[type(node.op)](_build(node.left, pow_depth), _build(node.right, pow_depth))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _build(node.operand, pow_depth)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        text = str(node.value)
-        if len(text) > _MAX_DIGITS:
-            raise ValueError("number too long")
-        return sympy.Rational(text)  # exact: 0.5 == 1/2
-    if isinstance(node, ast.Name):
-        return _CONSTS[node.id] if node.id in _CONSTS else sympy.Symbol(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS \
-            and len(node.args) == 1 and not node.keywords:
-        return _FUNCS[node.func.id](_build(node.args[0], pow_depth))
-    raise ValueError(f"unsupported expression node {type(node).__name__}")
-
-
-def _to_sympy(latex: str):
-    if len(latex) > _MAX_SYMPY_CHARS:
-        raise ValueError("expression too long")
-    py = _explicit_products(_latex_to_py(latex))
-    tree = ast.parse(py, mode="eval").body
+# ------------------------------------------------------------------------------------------ values (math-verify)
+def _needs_sympy(latex: str) -> None:
     if _SYMPY_REFUSED.get():
         raise NeedsSympy(latex)
-    return _build(tree)
 
 
-def _sympy_value(latex: str):
-    try:
-        return _to_sympy(latex)
-    except Exception:  # sympy/ast raise many exception types on odd input; unparseable just means "no value"
-        return None
+def _clean(s: str) -> str:
+    """The answer without dollar signs, a trailing unit (`5 dollars`, `12\\text{ cm}^2`: math-verify would read
+    the letters as a product of symbols) and outer spaces."""
+    s = _TEXT_UNIT_RE.sub("", s.replace("\\$", "").replace("$", "")).strip()
+    return _TRAILING_UNIT_RE.sub("", s).strip()
 
 
-_RATIONAL_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div,
-                   ast.USub, ast.UAdd)
+def _math_value(answer: str):
+    """The value of a math answer (pipeline/collect/math_values.py): a plain number in process, else math-verify's
+    (`NeedsSympy` under `sympy_refused()`)."""
+    number = math_values.plain_number(_clean(answer))
+    if number is not None:
+        return number
+    _needs_sympy(answer)
+    return math_values.parsed(_clean(answer))
 
 
-def _rational_value(latex: str) -> Fraction | None:
-    """The exact value of a number-only expression (numbers, + - * /, signs: what `_build` makes a sympy Rational
-    of), as a Fraction, in process and in bounded time; None when sympy must decide (anything else, a constant
-    `_build` refuses, a division by zero)."""
-    try:
-        if len(latex) > _MAX_SYMPY_CHARS:
-            return None
-        tree = ast.parse(_explicit_products(_latex_to_py(latex)), mode="eval")
-        if not all(isinstance(n, _RATIONAL_NODES) for n in ast.walk(tree)):
-            return None
-
-        def ev(node) -> Fraction:
-            if isinstance(node, ast.Constant):
-                text = str(node.value)
-                if not isinstance(node.value, (int, float)) or isinstance(node.value, bool) or len(text) > _MAX_DIGITS:
-                    raise ValueError(text)
-                return Fraction(text)
-            if isinstance(node, ast.UnaryOp):
-                return -ev(node.operand) if isinstance(node.op, ast.USub) else ev(node.operand)
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-
-        return ev(tree.body)
-    except Exception:  # noqa: BLE001 - undecided here: sympy's path says what it says
-        return None
-
-
-def _rational_equal(a: str, b: str) -> bool | None:
-    """`_sympy_equal` for two number-only expressions, exactly as sympy decides it (equal values, else floats within
-    the relative tolerance; a value beyond `MAX_MAGNITUDE` equals nothing), without sympy; None when it does not
-    apply."""
-    fa, fb = _rational_value(a), _rational_value(b)
-    if fa is None or fb is None:
-        return None
-    if abs(fa) > MAX_MAGNITUDE or abs(fb) > MAX_MAGNITUDE:
-        return False
-    if fa == fb:
-        return True
-    va, vb = float(fa), float(fb)  # both within MAX_MAGNITUDE: finite
-    return abs(va - vb) <= _REL_TOL * max(1.0, abs(vb))
-
-
-def _numeric(expr, subs: dict) -> complex:
-    return complex(expr.evalf(30, subs=subs))
-
-
-def _points(symbols) -> list[dict]:
-    """Where a symbolic answer is evaluated: a few arbitrary points (bounded, unlike simplify()/expand())."""
-    symbols = sorted(symbols, key=str)
-    return [{s: 0.37 + 0.61 * k + 0.13 * j for j, s in enumerate(symbols)} for k in range(3 if symbols else 1)]
-
-
-def _bounded(v: complex) -> bool:
-    """A usable value: finite, of magnitude at most `MAX_MAGNITUDE` (a tolerance compares nothing else)."""
-    return cmath.isfinite(v) and abs(v) <= _MAX_MAGNITUDE_F
-
-
-_NON_FINITE = (sympy.nan, sympy.zoo, sympy.oo, -sympy.oo)
-
-
-def _degenerate_value(expr) -> bool:
-    """nan / zoo / +-oo anywhere in a sympy value, or its value (at the first point, for a symbolic one) unusable."""
-    try:
-        return expr.has(*_NON_FINITE) or not _bounded(_numeric(expr, _points(expr.free_symbols)[0]))
-    except Exception:  # noqa: BLE001 - no finite number comes out (overflow, Python's digit limit): degenerate
-        return True
-
-
-@functools.lru_cache(maxsize=4096)
-def _value_degenerate(s: str) -> bool:
-    """Whether one normalised item (no list, union or brackets around it) has a degenerate value: a plain number by
-    its digits, a number-only expression exactly, else by sympy. An item without a value (LaTeX the converter does
-    not read, longer than `_MAX_SYMPY_CHARS`) is not degenerate: it is compared as text. Cached: identical answers
-    are checked again by the comparisons that follow an extraction (NeedsSympy is raised, never cached)."""
-    if _PLAIN_NUMBER_RE.fullmatch(s):
-        return _canonical_number(s) is None
-    exact = _rational_value(s)
-    if exact is not None:
-        return abs(exact) > MAX_MAGNITUDE
-    value = _sympy_value(s)
-    return value is not None and _degenerate_value(value)
-
-
-def _degenerate_norm(s: str) -> bool:
-    """`math_degenerate` of a normalised answer, split as `math_equal` splits it: any degenerate part (an interval's
-    or a tuple's +-infinity items excepted) makes the whole answer degenerate."""
-    union = _split_top(s, "\\cup")
-    if len(union) > 1:
-        return any(map(_degenerate_norm, union))
-    if _bracketed(s):
-        return any(item not in _ENDPOINTS and _degenerate_norm(item) for item in _split_top(s[1:-1]))
-    items = _split_top(s)
-    if len(items) > 1:
-        return any(map(_degenerate_norm, items))
-    return _value_degenerate(s)
-
-
-@functools.lru_cache(maxsize=4096)
 def math_degenerate(answer: str) -> bool:
     """Whether a MATH-style answer has no usable value (module docstring, "Degenerate answers")."""
-    if _PLAIN_NUMBER_RE.fullmatch(answer):  # most answers: no normalisation needed
-        return _canonical_number(answer) is None
-    return _degenerate_norm(normalize_math(answer))
-
-
-def _sympy_equal(a: str, b: str) -> bool:
-    exact = _rational_equal(a, b)  # plain numbers (most answers) need no sympy, nor a grading worker
-    if exact is not None:
-        return exact
-    if _value_degenerate(a) or _value_degenerate(b):
-        return False
-    ea, eb = _sympy_value(a), _sympy_value(b)
-    if ea is None or eb is None:
-        return False
-    try:
-        if ea == eb:
-            return True
-        for subs in _points((ea - eb).free_symbols):  # compare values, at a few points for symbolic answers
-            va, vb = _numeric(ea, subs), _numeric(eb, subs)
-            if not (_bounded(va) and _bounded(vb)) or abs(va - vb) > _REL_TOL * max(1.0, abs(vb)):
-                return False
-        return True
-    except Exception:  # noqa: BLE001 - an evaluation that fails: not provably equal
-        return False
-
-
-# ------------------------------------------------------------------------------------------ comparison
-def _bracketed(s: str) -> bool:
-    return len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and len(_split_top(s[1:-1])) > 1
+    return _math_value(answer) is math_values.DEGENERATE
 
 
 def math_equal(pred: str, gold: str) -> bool:
-    """Equivalence of two MATH-style LaTeX answers: canonical strings, then element-wise, then sympy."""
-    p, g = normalize_math(pred), normalize_math(gold)
-    if p == g:
-        return not _degenerate_norm(p)
-    if len(p) > _MAX_SYMPY_CHARS or len(g) > _MAX_SYMPY_CHARS:
+    """Equivalence of two MATH-style LaTeX answers: two plain numbers exactly in process, else math-verify on their
+    parsed values; an answer without a usable value equals nothing."""
+    p, g = _math_value(pred), _math_value(gold)
+    if p is math_values.DEGENERATE or g is math_values.DEGENERATE:
         return False
-    p_union, g_union = _split_top(p, "\\cup"), _split_top(g, "\\cup")
-    if len(p_union) > 1 or len(g_union) > 1:
-        return len(p_union) == len(g_union) and all(map(math_equal, p_union, g_union))
-    if _bracketed(p) or _bracketed(g):  # tuples and intervals: same brackets, equal elements in order
-        if not (_bracketed(p) and _bracketed(g)) or (p[0], p[-1]) != (g[0], g[-1]):
+    if isinstance(p, Fraction) and isinstance(g, Fraction):
+        if p == g:
+            return True
+        if p.denominator == g.denominator == 1:  # two integers: exact is math-verify's verdict too
             return False
-        p_items, g_items = _split_top(p[1:-1]), _split_top(g[1:-1])
-        return len(p_items) == len(g_items) and all(map(_item_equal, p_items, g_items))
-    p_items, g_items = _split_top(p), _split_top(g)
-    if len(p_items) > 1 or len(g_items) > 1:  # a bare list of solutions: order does not matter
-        return len(p_items) == len(g_items) and _match_unordered(p_items, g_items)
-    return _sympy_equal(p, g)
+    _needs_sympy(pred)
+    return math_values.verify(math_values.to_sympy(g, _clean(gold)), math_values.to_sympy(p, _clean(pred)))
 
 
-def _item_equal(p: str, g: str) -> bool:
-    """An interval's or a tuple's items: +-infinity here is an endpoint, equal to the same infinity only."""
-    if p in _ENDPOINTS or g in _ENDPOINTS:
-        return _ENDPOINTS.get(p) == _ENDPOINTS.get(g)
-    return math_equal(p, g)
+def _integer_value(answer: str) -> int | None:
+    """The integer an answer is, by the strict grammar (math_values.strict_integer) after normalisation (units,
+    `\\text{}`, `x =`); None otherwise (a degenerate one too)."""
+    n = math_values.strict_integer(_integer_text(answer))
+    return n if isinstance(n, int) else None
 
 
-def _match_unordered(pred_items: list[str], gold_items: list[str]) -> bool:
-    remaining = list(gold_items)
-    for item in pred_items:
-        hit = next((i for i, g in enumerate(remaining) if math_equal(item, g)), None)
-        if hit is None:
-            return False
-        remaining.pop(hit)
-    return True
+def _integer_text(answer: str) -> str:
+    """An integer answer's text, normalised (normalize_math) and without a unit glued to its digits."""
+    return _INTEGER_SUFFIX_RE.sub("", normalize_math(answer), count=1)
 
 
 def _integer_equal(pred: str, gold: str) -> bool:
-    p, g = _canonical_number(normalize_math(pred)), _canonical_number(normalize_math(gold))
-    return p is not None and p == g
+    p = _integer_value(pred)
+    return p is not None and p == _integer_value(gold)
+
+
+def _number_degenerate(answer: str) -> bool:
+    """A plain number beyond `MAX_MAGNITUDE` (what the integer grader's fallback may read: 400 nines)."""
+    return math_values.plain_number(_clean(answer)) is math_values.DEGENERATE
 
 
 _NO_VALUE = object()
@@ -788,14 +525,61 @@ def _non_finite(value) -> bool:
     return False
 
 
+_NON_FINITE_NAMES = {"nan": float("nan"), "inf": float("inf"), "infinity": float("inf")}  # any case
+_NON_FINITE_MODULES = {"math", "numpy", "np", "torch", "cmath"}
+
+
+def _printed_value(node: ast.AST):
+    """The value of a literal as Python prints one, non-finite floats included: `nan` / `inf` names (`[nan]` is how
+    a list holding nan prints), `float('nan')`, `math.inf`; containers, signs and complex sums of them. Raises
+    ValueError on anything else (a call of another function, a variable)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id.lower() in _NON_FINITE_NAMES:
+        return _NON_FINITE_NAMES[node.id.lower()]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in _NON_FINITE_MODULES \
+            and node.attr.lower() in _NON_FINITE_NAMES:
+        return _NON_FINITE_NAMES[node.attr.lower()]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("float", "complex") \
+            and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        return (float if node.func.id == "float" else complex)(node.args[0].value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _printed_value(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):  # 1+2j, inf-nanj
+        a, b = _printed_value(node.left), _printed_value(node.right)
+        return a + b if isinstance(node.op, ast.Add) else a - b
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_printed_value(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        return [_printed_value(e) for e in (*node.keys, *node.values) if e is not None]
+    raise ValueError(f"not a printed literal: {type(node).__name__}")
+
+
+def _non_finite_printed(text: str) -> bool:
+    """Whether `text`, read as Python prints values, holds a non-finite float (`[nan]`, `float('inf')`)."""
+    if len(text) > _MAX_LITERAL_CHARS:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return _non_finite(_printed_value(ast.parse(text, mode="eval").body))
+    except Exception:  # noqa: BLE001 - not a literal (SyntaxError, ValueError, RecursionError): no such value
+        return False
+
+
 def literal_degenerate(answer: str) -> bool:
-    """A CRUXEval answer without a usable value: a bare inf / nan, or a literal holding a non-finite float. Python
-    compares them (`1e999 == 1e400`: both overflow to inf); they cannot be what a reply means."""
+    """A CRUXEval answer without a usable value, decided on its value as Python prints it: a bare inf / nan, a
+    literal holding a non-finite float (`1e999`, `[nan]`, `float('nan')`, `{'a': inf}`). Python compares some of
+    them (`1e999 == 1e400`: both overflow to inf) and nan equals nothing under CRUXEval's `==`; they cannot be what
+    a reply means."""
     return _literal_degenerate(answer.strip(), _py_literal(answer.strip()))
 
 
 def _literal_degenerate(text: str, value) -> bool:
-    return bool(_NON_FINITE_WORD_RE.fullmatch(text)) or _non_finite(value)
+    return bool(_NON_FINITE_WORD_RE.fullmatch(text)) or _non_finite(value) or \
+        (value is _NO_VALUE and _non_finite_printed(text))
 
 
 def literal_equal(pred: str, gold: str) -> bool:
@@ -845,22 +629,32 @@ class GraderSpec:
     description: str
     fallback: Callable[[str], str | None] | None = None
     # do two agents' extracted answers say the same thing? (a cascade's agreement test). None: `equal` both ways,
-    # which makes the grader's own comparison symmetric (gold-side conveniences apply to either answer)
+    # which makes the grader's own comparison symmetric (gold-side conveniences apply to either answer); the integer
+    # grader's: both integers by the strict grammar and equal (two agents answering 2.5 to an integer task agree on
+    # no integer)
     same: Callable[[str, str], bool] | None = None
     # does an answer have no usable value (module docstring, "Degenerate answers")? It then agrees with nothing,
     # itself included. None: every answer has one
     degenerate: Callable[[str], bool] | None = None
 
     def agree(self, a: str | None, b: str | None) -> bool:
-        """Symmetric equivalence of two extracted answers; a missing or degenerate answer agrees with nothing."""
+        """Symmetric equivalence of two extracted answers; a missing or degenerate answer agrees with nothing,
+        itself included (decided on its value: identical text is no shortcut past it)."""
         if a is None or b is None or is_empty(a) or is_empty(b):
             return False
         a, b = str(a), str(b)
-        if a == b:
-            return self.degenerate is None or not self.degenerate(a)
-        if self.same is not None:
+        if self.degenerate is not None and (self.degenerate(a) or self.degenerate(b)):
+            return False
+        if self.same is not None:  # the grader's own symmetric test decides, identical text included
             return bool(self.same(a, b))
+        if a == b:
+            return True
         return bool(self.equal(a, b) or self.equal(b, a))
+
+
+def _no_letter(answer: str) -> bool:
+    """The letter grader's "no usable value": no letter A-J reads out of it."""
+    return _letter(answer) is None
 
 
 def _letter_equal(pred: str, gold: str) -> bool:
@@ -869,10 +663,10 @@ def _letter_equal(pred: str, gold: str) -> bool:
 
 GRADER_SPECS: Table[GraderSpec] = Table("grader", {g.name: g for g in [
     GraderSpec("mcq_letter", _letter, _letter_equal, "multiple choice: one letter A-J",
-               fallback=_bare_letter_line),  # never guess from a stray letter in the reasoning
-    GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME): equal as canonical numbers",
-               fallback=_last_number, degenerate=math_degenerate),
-    GraderSpec("math_expression", _math, math_equal, "MATH-style LaTeX: canonical strings, then sympy equivalence",
+               fallback=_bare_letter_line, degenerate=_no_letter),  # never guess from a stray letter
+    GraderSpec("integer", _integer, _integer_equal, "an integer (GSM8K, AIME), read strictly: equal as integers",
+               fallback=_last_number, same=_integer_equal, degenerate=_number_degenerate),
+    GraderSpec("math_expression", _math, math_equal, "MATH-style LaTeX: equal as values (math-verify)",
                fallback=_last_number, degenerate=math_degenerate),
     GraderSpec("python_literal", _literal_text, literal_equal,  # never guessed from the reasoning
                "CRUXEval output: equal as Python literals, else as trimmed strings", degenerate=literal_degenerate),

@@ -135,8 +135,10 @@ async def run_cascade(policy: Policy, order: Sequence[int], specs: Sequence[Agen
             for r in got:
                 r.answer, r.grading, r.text = graded[r.agent].value, graded[r.agent].status, None
             bad += n_bad
+        # the table holds a verdict for every pair the rule can ask (an answer two agents gave, with itself too):
+        # a pair without one agrees with nothing, identical text included
         j = stage_step(stage, {a: r.answer for a, r in replies.items()}, K, order,
-                       lambda x, y, tb=table: tb.get((str(x), str(y)), str(x) == str(y)))
+                       lambda x, y, tb=table: tb.get((str(x), str(y)), False))
         if j is not None:  # an agreeing class's reply has an answer; the last agent's may have failed
             return CascadeResult(replies[j] if replies[j].data else None, done, t, walls, bad)
     raise AssertionError("a policy's last stage answers without condition")  # Policy.__post_init__ guarantees it
