@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.report.phrasing import phrasing_markdown  # noqa: E402
+from pipeline.report.phrasing import WRAPPERS  # noqa: E402
 from pipeline.report.value import (  # noqa: E402
     ROUTER_LABELS,
     ablation_markdown,
@@ -113,13 +113,21 @@ def bare_lines(rv: dict) -> list[str]:
     q, c = bare["quality_ratio_ci"], bare["cost_ratio_ci"]
     label = ("the ★ " if key else "the best validation AIQ router, ") + ROUTER_LABELS.get(key or rv["best_router"],
                                                                                          rv["best_router"])
+    other = {k: f for k, f in star["phrasings"].items() if k not in ("bare", "templated")}
+    span = lambda key, fmt: (f"{min(f[key] for f in other.values()):{fmt}}–"  # noqa: E731
+                             f"{max(f[key] for f in other.values()):{fmt}}")
+    oe = star.get("open_ended") or {}
     return [f"**The question as a user types it** (held-out test, bare, decided as `router-lite serve` decides: "
             f"OOD guard and fallbacks included; each agent's reward and cost as recorded for that question): "
             f"{label} at `{ph['target']}` gives **{bare['quality_ratio']:.1%} of {rv['best_single']['agent']}'s "
             f"quality (paired 95 % CI {q[0]:.1%}–{q[1]:.1%}) at {bare['cost_ratio']:.0%} of its cost (CI "
-            f"{c[0]:.0%}–{c[1]:.0%})**; the OOD guard fires on {bare['guard_rate']:.1%} of them (templated: "
-            f"{tmpl['quality_ratio']:.1%} at {tmpl['cost_ratio']:.0%}, guard {tmpl['guard_rate']:.1%}).", "",
-            phrasing_markdown({**ph, **star}), ""]
+            f"{c[0]:.0%}–{c[1]:.0%})**; the OOD guard fires on {bare['guard_rate']:.1%} of them. Templated (the "
+            f"benchmark's prompt pasted): {tmpl['quality_ratio']:.1%} at {tmpl['cost_ratio']:.0%}, guard "
+            f"{tmpl['guard_rate']:.1%}; under RouterArena's perturbations and {len(WRAPPERS)} conversational wrappers: "
+            f"{span('quality_ratio', '.1%')} at {span('cost_ratio', '.0%')}, guard {span('guard_rate', '.1%')}, the "
+            f"same decision as bare on {span('robustness', '.1%')} of them"
+            + (f"; open-ended instructions (no gold answer, n={oe['n']}): guard {oe['guard_rate']:.1%}" if oe else "")
+            + " (the phrasing table: the benchmark report, docs/training.md \"What a router learns from\").", ""]
 
 
 def served_lines(rv: dict) -> list[str]:
