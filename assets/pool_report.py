@@ -16,22 +16,36 @@ from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
-from pipeline.route.fit import reward_embeddings, training_split
+from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
+from pipeline.route.served import served_table
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
 
 
+def _as_served(summary: dict, rewards: pd.DataFrame, tasks: pd.DataFrame, decisions: pd.DataFrame) -> dict:
+    """The cascade fit's summary with each variant's held-out targets as served (`served_decisions`), so the pool
+    report says what the benchmark report says."""
+    arrays = reward_arrays(rewards, training_split(rewards, tasks), "test")
+    te, best = arrays.masks["held_out"], int(summary["best_single"])
+    served = served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
+                          rewards["task_id"][te].tolist())
+    variants = {v: {**s, "targets": {**s.get("targets", {}), **served.get(f"cascade:{v}", {})}}
+                for v, s in (summary.get("variants") or {}).items()}
+    return {**summary, "variants": variants}
+
+
 @asset(group_name="report", io_manager_key="io_manager",
        description="Pool report: accuracy with 95 % CI per agent × domain and × difficulty, the leader of each "
                    "domain, the verdict (quality-dominated or complementary) and the routable headroom "
-                   "(label router and kNN, 5-fold CV on the training split); whether a cascade pays (read off "
-                   "cascade_router's fit); the agents the collection quality rules quarantined, with their reasons, "
+                   "(label router and kNN, 5-fold CV on the training split); whether a cascade pays (the "
+                   "answers-only cascade as served on held-out test: served_decisions); the agents the collection "
+                   "quality rules quarantined, with their reasons, "
                    "and the costs that are only lower bounds.")
 def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, task_pool: pd.DataFrame,
-                prompt_embeddings: pd.DataFrame, cascade_router: FittedRouter, graded_calls: pd.DataFrame,
-                preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
+                prompt_embeddings: pd.DataFrame, cascade_router: FittedRouter, served_decisions: pd.DataFrame,
+                graded_calls: pd.DataFrame, preflight: pd.DataFrame, pool: PoolResource, profile: ProfileResource,
                 storage: StorageResource) -> Output[dict]:
     rewards, tasks = reward_matrix, task_pool
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
@@ -41,7 +55,8 @@ def pool_report(context: AssetExecutionContext, reward_matrix: pd.DataFrame, tas
     rep = build_report(R, C, agents, labels_of(t, col), split, X=reward_embeddings(prompt_embeddings, rewards),
                        difficulty=labels_of(t, "difficulty") if "difficulty" in t else None, domain_name=col)
     rep["costs_estimated"] = costs_are_estimated(rewards)
-    rep["cascade"] = cascade_pays(cascade_router.summary, int((split == "test").sum()))  # the lineage's own fit
+    rep["cascade"] = cascade_pays(_as_served(cascade_router.summary, rewards, tasks, served_decisions),
+                                  int((split == "test").sum()))  # the lineage's own cascade, as serve decides
     # the agents the collection quality rules left out, and the costs that are only lower bounds
     rep["quarantined"] = quarantine_of(profile.get(), graded_calls)
     rep["cost_lower_bound"] = (cost_lower_bounds(pool_of(pool, preflight), agents)

@@ -1,4 +1,4 @@
-"""Grading on a kept verifier (issue 45): math answers are parsed and compared by math-verify, and the project's
+"""Grading on a kept verifier: math answers are parsed and compared by math-verify, and the project's
 policy on top holds for every answer a reply can give. Each row of the issue's lists is a case here (each failed on
 the hand-written parser: identical degenerate text agreed, a number was read out of a non-integer); the property
 tests generate more of the same kinds (non-finite, huge, non-integer, unicode signs, sets and matrices, functions

@@ -673,7 +673,8 @@ GRADER_SPECS: Table[GraderSpec] = Table("grader", {g.name: g for g in [
     # open-ended replies: no answer to extract, so two replies never agree (a cascade cannot accept on agreement);
     # the collection grades them with a judge agent against a reference reply (pipeline/collect/judge.py)
     GraderSpec("judge", lambda _text: None, lambda _a, _b: False,
-               "open-ended: a judge agent's probability that the reply is at least as good as a reference reply"),
+               "open-ended: a judge agent's probability that the reply is at least as good as a reference reply",
+               same=lambda _a, _b: False),  # identical text included: nothing was extracted to agree on
 ]})
 GRADERS = GRADER_SPECS.keys()  # a live view: a registered grader is known everywhere that checks names
 
