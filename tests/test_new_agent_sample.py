@@ -337,7 +337,7 @@ def test_an_agent_that_may_join_holds_the_routers_until_it_is_collected():
 
 @pytest.mark.slow
 def test_the_demo_schedule_asks_the_sample_first_and_completes_only_the_joiners(tmp_path, monkeypatch):
-    """The shipped demo profile (a 90-task slice, bootstrap 20) on its wider pool through the assets: graded_calls
+    """The shipped demo profile (a 120-task slice, bootstrap 20) on its wider pool through the assets: graded_calls
     asks each new agent 20 % of each source's tasks; reward_matrix decides and, while an agent that may join has
     unasked cells, fails `matrix_complete` naming it (no router is trained on its estimates) and the completion
     sensor requests every partition's collection; it makes exactly the joiners' remaining calls and nobody else's;
@@ -360,7 +360,9 @@ def test_the_demo_schedule_asks_the_sample_first_and_completes_only_the_joiners(
     from resources.storage import StorageResource, asset_path
 
     over = tmp_path / "o.yaml"
-    over.write_text(yaml.safe_dump({"task_pool": {"size": 90}, "collection": {"new_agent_sample": {"boot": 20}}}))
+    # the slice must hold both kinds of new agent (joiners and not): since the regrade on math-verify all four sampled
+    # agents may join on the 90-task slice this test used; the 60-, 120- and 150-task slices each hold both
+    over.write_text(yaml.safe_dump({"task_pool": {"size": 120}, "collection": {"new_agent_sample": {"boot": 20}}}))
     monkeypatch.setenv("ROUTER_LITE_OVERRIDE", str(over))
     home = tmp_path / "home"
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
