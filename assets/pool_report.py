@@ -31,7 +31,8 @@ def _as_served(summary: dict, rewards: pd.DataFrame, tasks: pd.DataFrame, decisi
     te, best = arrays.masks["held_out"], int(summary["best_single"])
     served = served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
                           rewards["task_id"][te].tolist())
-    variants = {v: {**s, "targets": {**s.get("targets", {}), **served.get(f"cascade:{v}", {})}}
+    variants = {v: {**s, "targets": {t: {**s.get("targets", {}).get(t, {}), **fig}  # the fit's plan and λ kept
+                                     for t, fig in served.get(f"cascade:{v}", {}).items()} or s.get("targets", {})}
                 for v, s in (summary.get("variants") or {}).items()}
     return {**summary, "variants": variants}
 

@@ -36,7 +36,9 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
     metric_dirs = set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*")))
     proc, url, lines = start(home, "mmlu_pro", 2, ("--follow-interval", "0.5"))
     with stopped_by_sigterm(proc):
-        assert len(set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) - metric_dirs) == 1
+        # this server's metrics folder (another test's server on another xdist worker may have made one meanwhile)
+        started = set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) - metric_dirs
+        assert len(started) >= 1
         runs = []
         for k, (src, dst) in enumerate(((a, b), (b, a)), start=1):
             move = lambda dst=dst: registry.mark_latest(root, dst.name, dst)  # noqa: E731
@@ -57,7 +59,7 @@ def test_two_workers_follow_the_pointer_under_load_without_a_failure(tmp_path, t
         assert served == {a.name: 1.0, b.name: 0.0}
     out = "".join(lines)
     assert out.count(f"now serving head {b.name}") == 2 and out.count(f"now serving head {a.name}") == 2, out[-3000:]
-    assert set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*"))) <= metric_dirs  # removed
+    assert started - set(glob.glob(str(Path(tempfile.gettempdir()) / "router-lite-metrics-*")))  # ours removed
 
 
 def test_a_router_of_the_wider_pool_is_swapped_in_without_a_restart(tmp_path, tiny_static):

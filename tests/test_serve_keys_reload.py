@@ -25,7 +25,7 @@ from pipeline.embed.backbone import bundled_model_path
 from pipeline.serve.app import build_app
 from pipeline.serve.auth import guard_clients
 from pipeline.serve.keys import MAX_KEYS_FILE_BYTES, load_keys
-from pipeline.serve.server import KeysOnHangup, serve_in_thread
+from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
 from resources.ledger import SpendLedger
 
@@ -53,29 +53,36 @@ def test_a_key_removed_from_the_file_is_refused_after_a_reload_and_a_bad_file_ch
         assert [ask(srv, k).status_code for k in (KEY_A, KEY_B)] == [200, 401]
 
 
-def test_sighup_reloads_the_keys_of_this_process(tmp_path, capsys):
+_HANGUP_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+from pipeline.serve.keys import load_keys
+from pipeline.serve.server import KeysOnHangup
+keys = sys.argv[1]
+keyring = load_keys(keys)
+hangup = KeysOnHangup().install()
+os.kill(os.getpid(), signal.SIGHUP)  # before the keys are read: answered once they are
+Path(keys).write_text(Path(keys).read_text().split("- key:")[0])
+time.sleep(0.2)
+assert len(keyring.keys) == 2, keyring.keys
+hangup.attach(keyring)
+assert [k.name for k in keyring.keys] == ["team-a"], keyring.keys
+Path(keys).write_text("not: [valid")
+os.kill(os.getpid(), signal.SIGHUP)
+time.sleep(1.0)  # the reload thread's line
+assert [k.name for k in keyring.keys] == ["team-a"], keyring.keys
+print("ok", flush=True)
+"""
+
+
+def test_sighup_reloads_the_keys_of_this_process(tmp_path):
+    """In a process of its own: a SIGHUP sent to the pytest worker itself would end it if anything went wrong."""
     keys = keys_file(tmp_path)
-    keyring = load_keys(keys)
-    before = signal.getsignal(signal.SIGHUP)
-    try:
-        hangup = KeysOnHangup().install()
-        os.kill(os.getpid(), signal.SIGHUP)  # before the keys are read: answered once they are
-        Path(keys).write_text(Path(keys).read_text().split("- key:")[0])
-        time.sleep(0.2)
-        assert len(keyring.keys) == 2
-        hangup.attach(keyring)
-        assert [k.name for k in keyring.keys] == ["team-a"]
-        Path(keys).write_text("not: [valid")
-        os.kill(os.getpid(), signal.SIGHUP)
-        err, deadline = "", time.monotonic() + 10
-        while "not reloaded" not in err:
-            err += capsys.readouterr().err
-            assert time.monotonic() < deadline, err
-            time.sleep(0.05)
-        assert [k.name for k in keyring.keys] == ["team-a"] and "not valid YAML" in err
-        assert err.count("keys reloaded from") == 1  # the one before: printed by this process (announce)
-    finally:
-        signal.signal(signal.SIGHUP, before)
+    out = subprocess.run([sys.executable, "-c", _HANGUP_CHILD, keys], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stdout, out.stderr)
+    assert "not reloaded" in out.stderr and "not valid YAML" in out.stderr, out.stderr
+    assert out.stderr.count("keys reloaded from") == 1, out.stderr  # the one before: printed (announce)
 
 
 def test_a_keys_file_over_its_limit_is_one_line_of_its_own(tmp_path):
