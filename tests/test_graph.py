@@ -220,7 +220,7 @@ def test_a_new_report_needs_only_its_two_modules(smoke_home_copy, monkeypatch, t
         monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
         defs = _defs(home)
         stages = stages_of(defs)
-        report = ["router_arena", "pool_report", "benchmark_report", "toy_report"]
+        report = ["served_decisions", "router_arena", "pool_report", "phrasings", "benchmark_report", "toy_report"]
         assert ("report", sorted(report)) in [(n, sorted(k)) for n, k, _ in stages]  # one stage, whatever order
         run_lineage(defs, "smoke", upto="toy_report", log=lambda m: None)
         print_summary(defs, [k for _, keys, _ in stages_of(defs, "toy_report") for k in keys])

@@ -112,13 +112,13 @@ def test_router_value_and_pool_report(smoke_home):
     assert set(rv["best_single"]) == {"agent", "quality", "cost_per_1k"}
     assert set(rv["max_quality"]) == {"quality", "ci_low", "ci_high", "gain", "cost_per_1k"}
     assert {"max-quality", "parity", "quality>=0.98"} <= set(rv["targets"])
-    for t in rv["targets"].values():
-        assert set(t) == set(TARGET_KEYS) and abs(sum(t["shares"].values()) - 1) < 1e-9
+    for t in rv["targets"].values():  # the prompt router's held-out targets as served (its guard's rate beside)
+        assert set(t) == {*TARGET_KEYS, "guard_rate"} and abs(sum(t["shares"].values()) - 1) < 1e-9
     assert set(rv["aiq"]) == {"head", "prior", "hull", "knn"}
     assert rv["n_test"] > 0 and rv["oracle"] >= rv["best_single"]["quality"]
     rep = json.loads((home / "reports" / "pool_report.json").read_text())
     assert rep["verdict"]["text"] == rv["pool_verdict"]
-    # whether a cascade pays is the lineage's cascade fit (answers only), not a second fit of its own
+    # whether a cascade pays is the lineage's cascade (answers only) as served, not a second fit of its own
     fitted = rv["routers"]["cascade:cascade"]["targets"]["quality>=0.98"]
     assert rep["cascade"]["quality_ratio"] == fitted["quality_ratio"]
     assert rep["cascade"]["cost_ratio"] == fitted["cost_ratio"]
