@@ -20,6 +20,7 @@ from pydantic import Field
 from assets.collection import passed_agents, pool_of
 from assets.metadata import rounded
 from assets.router import entry_dir
+from assets.served import served_figures_of
 from pipeline.collect.call_log import CallLog
 from pipeline.collect.calls import run_collect
 from pipeline.collect.rewards import cost_basis, costs_estimated, to_arrays
@@ -74,9 +75,8 @@ from pipeline.report.value import (
 )
 from pipeline.route import registry
 from pipeline.route.cascade_fit import path_aiq
-from pipeline.route.fit import fitted_knn, reward_arrays, reward_embeddings, training_split
+from pipeline.route.fit import fitted_knn, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
-from pipeline.route.served import served_table
 from pipeline.route.targets import parse_target
 from resources.backbone import BackboneResource
 from resources.pool import PoolResource
@@ -298,14 +298,6 @@ def imputed_lines(rv: dict) -> list[str]:
             "(reward_matrix column `imputed`, reports/new_agents.json).", ""] if n else []
 
 
-def _served(rewards: pd.DataFrame, task_pool: pd.DataFrame, router_head: FittedRouter, decisions: pd.DataFrame):
-    """{router: {target: figures}} of what each router serves on the held-out rows (`served_decisions`)."""
-    arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
-    te, best = arrays.masks["held_out"], int(router_head["best_single"])
-    return served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
-                        rewards["task_id"][te].tolist())
-
-
 STAR_NOTE = ("★ = the router served (the registry's pointer): the `promotion` asset, after this report, writes it in "
              "the bold line above and in `served` of reports/router_value.json, the only ★ of the report; the line "
              "under it is the router kind with the best validation AIQ (`best_router`), at the profile's serving "
@@ -341,7 +333,8 @@ def benchmark_report(context: AssetExecutionContext, config: BenchmarkConfig, re
     fits = _Fits(reward_matrix, task_pool, prompt_embeddings, router_head, cascade_router.summary)
     table, png, aiq, rv = _router_value(prof, fits, reg, verdict, routed, backbone.get_backbone(),
                                         reports / f"frontier_{prof.name}.png", router_arena)
-    rv = with_held_out_served(rv, _served(reward_matrix, task_pool, router_head, served_decisions), phrasings)
+    served = served_figures_of(reward_matrix, task_pool, int(router_head["best_single"]), served_decisions)
+    rv = with_held_out_served(rv, served, phrasings)
     atomic_write_json(rv, reports / "router_value.json")
     value = router_head["value"]
     serving = parse_target(prof.serve.target).name

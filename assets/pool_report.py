@@ -12,13 +12,13 @@ from dagster import (
 )
 
 from assets.collection import cost_lower_bounds, pool_of, quarantine_of
+from assets.served import served_figures_of
 from pipeline.collect.rewards import costs_are_estimated, to_arrays
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.report.pool_report import WARNING, cascade_pays, domain_column, labels_of, report_markdown
 from pipeline.report.pool_report import pool_report as build_report
-from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
+from pipeline.route.fit import reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
-from pipeline.route.served import served_table
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -27,10 +27,7 @@ from resources.storage import StorageResource
 def _as_served(summary: dict, rewards: pd.DataFrame, tasks: pd.DataFrame, decisions: pd.DataFrame) -> dict:
     """The cascade fit's summary with each variant's held-out targets as served (`served_decisions`), so the pool
     report says what the benchmark report says."""
-    arrays = reward_arrays(rewards, training_split(rewards, tasks), "test")
-    te, best = arrays.masks["held_out"], int(summary["best_single"])
-    served = served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
-                          rewards["task_id"][te].tolist())
+    served = served_figures_of(rewards, tasks, int(summary["best_single"]), decisions)
     variants = {v: {**s, "targets": {t: {**s.get("targets", {}).get(t, {}), **fig}  # the fit's plan and λ kept
                                      for t, fig in served.get(f"cascade:{v}", {}).items()} or s.get("targets", {})}
                 for v, s in (summary.get("variants") or {}).items()}

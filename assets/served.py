@@ -17,7 +17,7 @@ from pipeline.route.cascade import GUARD_ACTIONS, GUARD_BEST_SINGLE
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.formats import format_guess
-from pipeline.route.served import served_figures, served_outcomes, with_guard_action
+from pipeline.route.served import served_figures, served_outcomes, served_table, with_guard_action
 from pipeline.route.targets import REPORT_TARGETS, parse_target
 from resources.backbone import BackboneResource
 from resources.profile import ProfileResource
@@ -30,6 +30,15 @@ def served_routers(storage: StorageResource, registered_head: dict, registered_c
     for variant, v in (registered_cascade.get("variants") or {"cascade": registered_cascade}).items():
         out[f"cascade:{variant}"] = registry.load(entry_dir(storage, v))
     return out
+
+
+def served_figures_of(rewards: pd.DataFrame, task_pool: pd.DataFrame, best: int, decisions: pd.DataFrame) -> dict:
+    """{router: {target: figures}} of what each router serves on the held-out rows (`served_decisions`), against
+    the best single agent `best` on the same rows: the one reading the reports share."""
+    arrays = reward_arrays(rewards, training_split(rewards, task_pool), "test")
+    te = arrays.masks["held_out"]
+    return served_table(decisions, arrays.R_eff[te][:, best], arrays.C[te][:, best], arrays.agents,
+                        rewards["task_id"][te].tolist())
 
 
 def report_targets(serve_target: str) -> list[str]:
