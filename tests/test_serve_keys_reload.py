@@ -148,9 +148,11 @@ def test_workers_keep_serving_with_the_keys_in_force_whatever_happens_to_the_fil
     def replace(worker: int) -> None:
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 240
-        while not (len(_children(proc.pid)) == 2 and worker not in _children(proc.pid)):
+        now = _children(proc.pid)  # one snapshot per look: a SIGKILLed worker can be listed, then gone
+        while not (len(now) == 2 and worker not in now):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.2)
+            now = _children(proc.pid)
 
     with stopped_by_sigterm(proc, timeout_s=60):
         wait_for("2 worker processes")

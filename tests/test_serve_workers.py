@@ -174,10 +174,11 @@ def test_a_dead_worker_is_replaced_and_a_second_server_on_the_port_is_one_line(t
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and (len(_children(proc.pid)) < 2 or workers[0] in _children(proc.pid)):
+        now = _children(proc.pid)  # one snapshot per look: a SIGKILLed worker can still be listed in the first of
+        while time.monotonic() < deadline and (len(now) < 2 or workers[0] in now):  # two reads and gone by the next
             assert proc.poll() is None, "".join(lines)
             time.sleep(0.3)
-        now = _children(proc.pid)
+            now = _children(proc.pid)
         assert len(now) == 2 and workers[1] in now and workers[0] not in now, "".join(lines)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": prompts[0]}]}, timeout=60)
