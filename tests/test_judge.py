@@ -318,14 +318,14 @@ def test_judge_calls_are_inside_the_collection_budget(tmp_path, store, chat_agen
     from pipeline.collect.budget import Budget
 
     tasks = load_source("alpaca_eval").head(6)
-    agents = [a for a in chat_agents if a.name in ("gpt4_turbo", "fusechat_8b")]
+    agents = [a for a in chat_agents if a.name in ("gpt4_turbo", "fusechat_3b")]
     js = JudgeSettings(model=JUDGE_MODEL, reference="gpt4_turbo")
     settings = dataclasses.replace(settings_with(js), concurrency=1)
     budget = Budget(0.25, max_tokens=settings.max_tokens)
     calls = run_collect(tasks, agents, 0, CallLog(tmp_path), replay_client(store), settings, budget=budget)
     spent = calls["cost_usd"].fillna(0).sum() + calls["judge_cost_usd"].fillna(0).sum()
     assert budget.spent == pytest.approx(spent) and spent <= 0.25
-    judged = calls[calls["agent"] == "fusechat_8b"]
+    judged = calls[calls["agent"] == "fusechat_3b"]
     assert (judged["judge_cost_usd"] > 0).any()  # judged replies were paid for inside the budget
     stopped = judged[judged["judge_reason"].fillna("").str.contains("budget")]
     assert len(stopped) and stopped["reward"].isna().all() and (stopped["judge_calls"] == 0).all()
