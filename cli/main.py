@@ -495,6 +495,9 @@ def _serve_setup(args):
     keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
     use_override(args)
     profile = load_profile(args.profile)
+    from cli.traffic import traffic_settings
+
+    traffic = traffic_settings(args, profile)  # --explore without its cap: one line, before anything loads
     bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
     if args.workers == 1 or args.worker:  # this process serves: its grading worker starts now, beside the loading
         bounded.warm_up()
@@ -506,9 +509,6 @@ def _serve_setup(args):
     pool.check(agents, needed_by="serve")
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
     _check_guard(args, keyring, allowed, target)
-    from cli.traffic import traffic_settings
-
-    traffic = traffic_settings(args, profile)  # --explore without its cap: one line, before anything listens
     return types.SimpleNamespace(profile=profile, pool=pool, reg=reg, stands_for=stands_for, agents=agents,
                                  wider=wider, settings=settings, keyring=keyring, allowed=allowed, traffic=traffic)
 
@@ -527,11 +527,13 @@ def _serve_app(args, served, port: int):
     formats = _format_guess(reg, profile) if reg.needs_grader else None
     follow = _pointer_follower(args, profile)
     from cli.traffic import traffic_banner, traffic_recorder
+    from pipeline.serve.traffic import record
     from resources.storage import home_of
 
     home = home_of(profile)
     app = build_app(reg, bb, agents, pool.client_for, served.settings, formats=formats, log_prompts=args.log_prompts,
-                    follow=follow, traffic=traffic_recorder(served.traffic, home, served.settings))
+                    follow=follow)
+    record(app, traffic_recorder(served.traffic, home, served.settings))  # each process its own file
     app, keys_line = _guarded(app, args, served.keyring, served.allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)

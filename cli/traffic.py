@@ -21,7 +21,8 @@ def add_traffic_serve_options(p) -> None:
                         "never charged to the client's key (default: the profile's serve.explore, 0)")
     g.add_argument("--explore-usd-per-day", type=float, default=None, metavar="USD",
                    help="the exploration's cap per UTC day, all workers together (required with --explore > 0)")
-    g.add_argument("--explore-seed", type=int, default=0, help="seed of the exploration draw (default %(default)s)")
+    g.add_argument("--explore-seed", type=int, default=0, metavar="N",
+                   help="seed of the exploration draw (default %(default)s)")
 
 
 def traffic_settings(args, profile):
@@ -141,7 +142,7 @@ def exploration_line(fc: dict) -> str:
     if not fc["requests_last_24h"]:
         return "exploration: no request recorded in the last 24 h (serve --record-traffic): nothing to forecast"
     rate = f"{fc['requests_per_day']:,.0f} requests a day" + (
-        f" (extrapolated from {fc['extrapolated_from_hours']:g} h)" if fc["extrapolated_from_hours"] else "")
+        f" (extrapolated from {fc['extrapolated_from_hours']:.1f} h)" if fc["extrapolated_from_hours"] else "")
     cap = "no cap set" if fc["cap_usd_per_day"] is None else f"cap ${fc['cap_usd_per_day']:g} a day" + (
         " (reached: exploration stops for the rest of the day)" if fc["capped"] else "")
     measured = "" if fc["measured_usd_per_request"] is None else \

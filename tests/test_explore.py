@@ -30,7 +30,7 @@ from pipeline.serve.app import build_app
 from pipeline.serve.explore import Explorer, exploration_forecast
 from pipeline.serve.server import serve_in_thread
 from pipeline.serve.settings import ServeSettings
-from pipeline.serve.traffic import TrafficRecorder, TrafficSettings, drawn
+from pipeline.serve.traffic import TrafficRecorder, TrafficSettings, drawn, record
 from resources import traffic
 from resources.ledger import SpendLedger
 from resources.pool import PoolResource
@@ -202,7 +202,7 @@ def _recorder(home, **kw):
 def test_a_stop_finishes_or_cancels_what_is_in_flight_and_abandons_the_queue(slow_pool, tmp_path, caplog, grace_s):
     reg, specs, client_for = slow_pool
     rec = _recorder(tmp_path, explore_drain_s=grace_s)
-    app = build_app(reg, HashBackbone(), specs, client_for, ServeSettings(), traffic=rec)
+    app = record(build_app(reg, HashBackbone(), specs, client_for, ServeSettings()), rec)
     with caplog.at_level(logging.WARNING, logger="pipeline.serve.explore"), serve_in_thread(app) as srv:
         out: list[float] = []
 
@@ -253,7 +253,7 @@ def test_the_forecast_of_a_day_of_exploration(tmp_path, monkeypatch, capsys):
     assert cli.main(["forecast", "--profile", "mmlu_pro", "--exploration", "--explore", "0.25",
                      "--explore-usd-per-day", "0.01"]) == 0
     out = capsys.readouterr().out
-    assert "exploration: 32 requests a day (extrapolated from 6 h) x share 0.25" in out
+    assert "exploration: 32 requests a day (extrapolated from 6.0 h) x share 0.25" in out
     assert f"= ${32 * 0.25 * each:.4f} a day; cap $0.01 a day" in out
 
 

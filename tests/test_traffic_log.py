@@ -276,7 +276,7 @@ def test_a_torn_line_is_taken_back_and_the_next_process_of_the_pid_starts_whole(
     assert torn == 0 and len(rows) == 4 and rows[-1]["request_id"] == "1" and w.failed == 1 and w.written == 1
 
 
-def test_profile_and_options_validate():
+def test_profile_and_options_validate(capsys):
     from pipeline.core.errors import RouterLiteError
     from pipeline.serve.traffic import TrafficSettings
 
@@ -286,6 +286,8 @@ def test_profile_and_options_validate():
                      ({"retention_days": 0}, "must be >= 1 day")):
         with pytest.raises(RouterLiteError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             TrafficSettings(**bad)
+    assert cli.main(["serve", "--profile", "demo", "--explore", "0.5", "--record-traffic"]) == 2  # before loading
+    assert "router-lite: error: --explore needs its cap" in capsys.readouterr().err
     from pipeline.profile import ServeProfileSettings
 
     with pytest.raises(RouterLiteError, match="serve.explore > 0 needs its cap"):

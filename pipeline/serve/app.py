@@ -114,8 +114,7 @@ GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade co
 
 
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
-              settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False, follow=None,
-              traffic=None):
+              settings: ServeSettings | None = None, *, formats=None, log_prompts: bool = False, follow=None):
     """A starlette app serving `registered` (a `pipeline.route.registry.RegisteredRouter`) with `backbone` (a
     `pipeline.embed.backbone.Backbone` of the router's model, pooling and max_seq_length), calling the pool `agents`
     through `client_for(agent) -> openai.AsyncOpenAI` (called once per agent, here, so a missing key fails before
@@ -126,9 +125,8 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     answer format of a request that names none from it (else such a request is routed prompt-only).
     `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt.
     `follow` (a `pipeline.serve.follow.PointerFollower`): the app swaps in the router the registry's pointer names
-    whenever it changes (started and stopped with the app).
-    `traffic` (a `pipeline.serve.traffic.TrafficRecorder`): each decided request recorded in the traffic log once
-    its reply is known, and a share explored (docs/serving.md, "Recording traffic"); closed with the app."""
+    whenever it changes (started and stopped with the app). Traffic is recorded once `pipeline.serve.traffic.record`
+    gave the app a recorder (`state.traffic`; docs/serving.md, "Recording traffic"), closed with the app."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -158,9 +156,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     state.metrics = ServeMetrics() if settings.metrics else None
     if state.metrics is not None:
         state.metrics.router(served)
-    state.traffic = traffic
-    if traffic is not None:
-        traffic.attach(state.metrics)
+    state.traffic = None  # pipeline/serve/traffic.py `record`
     return app
 
 

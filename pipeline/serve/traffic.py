@@ -172,6 +172,14 @@ def request_line(rid: str, served, chat, resp, key_name: str | None, settings: T
             "key_name": key_name}
 
 
+def record(app, recorder: TrafficRecorder | None):
+    """`app` (build_app's) records its traffic with `recorder` (None: nothing recorded); the app."""
+    app.state.traffic = recorder
+    if recorder is not None:
+        recorder.attach(app.state.metrics)
+    return app
+
+
 class StreamTap(StreamCost):
     """A relayed stream's text, finish reason and cost, read as its chunks go out (`elapsed_ms`: since the first)."""
 
