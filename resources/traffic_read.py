@@ -31,3 +31,11 @@ def logged_days(home: str | Path) -> list[str]:
 def day_rows(home: str | Path, day: str) -> int:
     """Whole lines logged on `day` (each ends with a newline): the size the traffic sensor compares."""
     return sum(p.read_bytes().count(b"\n") for p in day_files(home, day))
+
+
+def derived_files(home: str | Path, day: str) -> list[Path]:
+    """What the lineage derived from `day`'s log and keeps (the `traffic` partition: prompts and replies): deleting a
+    day of traffic deletes these too (then `traffic_rewards` is refreshed without it)."""
+    from resources.storage import asset_path
+
+    return [p for p in (asset_path(home, "traffic", day), asset_path(home, "traffic", day, ".json")) if p.exists()]

@@ -22,6 +22,7 @@ from pipeline.collect.traffic import (
     split_of,
     traffic_reward_rows,
     traffic_rows,
+    traffic_tasks,
     with_traffic,
 )
 from pipeline.collect.traffic_log import read_day
@@ -230,6 +231,9 @@ def test_reward_rows_only_from_explored_graded_requests(zeroeval, demo_agents, t
     one = rewards.iloc[0]
     mine = rows[rows["task_id"] == one["task_id"]].set_index("agent")
     assert one["mean_reward"] == [float(mine.loc[a, "reward"]) for a in DEMO]
+    tasks = traffic_tasks(rows).set_index("task_id")  # what a consumer embeds and splits on
+    assert len(tasks) == 12 and tasks.loc[rewards["task_id"], "split"].tolist() == rewards["split"].tolist()
+    assert tasks.loc[one["task_id"], "gold"] == mine["reference"].iloc[0] is not None
 
 
 def test_reward_matrix_with_and_without_traffic(zeroeval, demo_agents, tmp_path):
@@ -279,6 +283,9 @@ def test_partition_and_traffic_rewards_materialise(zeroeval, tmp_path):
     out = pd.read_parquet(asset_path(home, "traffic_rewards"))
     assert res.success and 1 <= len(out) <= 6 and (out["source"] == "traffic").all()
     assert set(out["task_id"]) <= set(stored.loc[stored["explored"], "task_id"])
+    from resources.traffic_read import derived_files
+
+    assert derived_files(home, DAY) == [asset_path(home, "traffic", DAY)]  # what deleting the day must delete too
 
 
 def test_traffic_rewards_without_traffic_is_empty(tmp_path):

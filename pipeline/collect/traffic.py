@@ -275,6 +275,14 @@ def traffic_reward_rows(rows: pd.DataFrame, agents: list[str]) -> pd.DataFrame:
     return matrix.assign(source=SOURCE, split=matrix["task_id"].map(split))[cols]
 
 
+def traffic_tasks(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per traffic task (TASK_COLUMNS, and `gold`: the reference answer, None without one), in the task
+    contract's names: what a consumer embeds (`user_text`) and splits on, joined to the reward rows by task_id."""
+    if rows is None or not len(rows):
+        return pd.DataFrame(columns=[*TASK_COLUMNS, "gold"])
+    return rows.drop_duplicates("task_id")[TASK_COLUMNS].assign(gold=lambda d: d["reference"]).reset_index(drop=True)
+
+
 def with_traffic(reward_rows: pd.DataFrame, traffic: pd.DataFrame) -> pd.DataFrame:
     """The reward matrix with the traffic reward rows after its own (same agent order, REWARD_COLUMNS); without
     traffic rows, `reward_rows` itself, unchanged."""
