@@ -31,6 +31,7 @@ from assets.automation import SENSOR_TAG
 from pipeline.collect.traffic import (
     TRAFFIC_COLUMNS,
     day_summary,
+    due_days,
     pool_judge,
     traffic_reward_rows,
     traffic_rows,
@@ -62,8 +63,8 @@ def _traffic(context: AssetExecutionContext, profile: ProfileResource, pool: Poo
         judge = pool_judge(pool.client_for, agents, js, prof.collection, prof.collection.concurrency)
     stored = asset_path(storage.root(), "traffic", day)  # the day as read before: its judged replies are kept
     prior = pd.read_parquet(stored) if judge and stored.exists() else None
-    rows = traffic_rows(log.requests, day, agents, prof.traffic, dict(prof.task_pool.split), judge=judge,
-                        judge_reference=js.reference if judge else None, prior=prior)
+    rows = traffic_rows(log.requests, day, agents, prof.traffic, dict(prof.task_pool.split), judging=judge,
+                        prior=prior)
     summary = day_summary(rows)
     return Output(rows, metadata={
         **{k: (MetadataValue.json(v) if isinstance(v, dict) else v) for k, v in summary.items() if v is not None},
@@ -100,20 +101,6 @@ def traffic_rewards(context: AssetExecutionContext, traffic: dict, reward_matrix
 
 
 # ---------------------------------------------------------------------------------------------------- the sensor
-def due_days(sizes: dict[str, int], today: str, cursor: dict[str, int], min_rows: int) -> list[tuple[str, int]]:
-    """The (day, size) to materialise: a closed day (before `today`, UTC) whose size differs from the size last
-    requested (late exploration lines too); the open day once it has grown by `min_rows` lines since the last request.
-    `cursor`: day -> the size last requested; a (day, size) already requested is never requested again."""
-    due = []
-    for day, size in sorted(sizes.items()):
-        last = cursor.get(day)
-        if size <= 0 or last == size:
-            continue
-        if day < today or (day == today and size - (last or 0) >= min_rows):
-            due.append((day, size))
-    return due
-
-
 def traffic_sensor(prof, partitions_def: PartitionsDefinition):
     job = define_asset_job(TRAFFIC_JOB, selection=["traffic"],
                            description="One day of served traffic, read and graded (a backfill per day).")

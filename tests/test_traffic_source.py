@@ -13,12 +13,14 @@ from dagster import AssetSpec, SkipReason, build_sensor_context, materialize
 
 from assets.definitions import pool_resource
 from assets.partitions import traffic_partitions
-from assets.traffic import due_days, traffic_asset, traffic_rewards, traffic_sensor
+from assets.traffic import traffic_asset, traffic_rewards, traffic_sensor
 from pipeline.collect.agents import load_agents
 from pipeline.collect.grading import grade
 from pipeline.collect.rewards import REWARD_COLUMNS
 from pipeline.collect.traffic import (
+    TrafficJudge,
     TrafficSettings,
+    due_days,
     split_of,
     traffic_reward_rows,
     traffic_rows,
@@ -194,8 +196,7 @@ def test_open_ended_traffic_is_judged_by_the_profiles_judge(tmp_path):
 
     pool = pool_resource(chat)
     judge = pool_judge(pool.client_for, agents, chat.collection.judge, chat.collection)
-    rows = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, agents, chat.traffic, SPLIT, judge=judge,
-                        judge_reference=chat.collection.judge.reference)
+    rows = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, agents, chat.traffic, SPLIT, judging=judge)
     assert (rows["grade_state"] == "judged").all(), rows["grade_reason"].unique()
     for r in rows.itertuples():
         expected = 0.5 if r.agent == chat.collection.judge.reference else want[(r.request_id, r.agent)]
@@ -204,9 +205,9 @@ def test_open_ended_traffic_is_judged_by_the_profiles_judge(tmp_path):
     assert len(rewards) == 4 and (rewards["source"] == "traffic").all()
     # the open day is read again as it grows: a reply judged before keeps its grade, the judge is not asked again
     asked = []
+    counting = TrafficJudge(lambda items: asked.extend(items) or judge.judge(items), judge.reference)
     again = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, agents, chat.traffic, SPLIT,
-                         judge=lambda items: asked.extend(items) or judge(items),
-                         judge_reference=chat.collection.judge.reference, prior=rows)
+                         judging=counting, prior=rows)
     assert asked == [] and again["reward"].tolist() == rows["reward"].tolist()
 
 

@@ -138,8 +138,17 @@ def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], seed: 
             "ood": bool(r.decision.ood), "reference": None, "reference_by": None}
 
 
-# judge(task_id, agent, instruction, reply, reference reply) -> the judge fields (pipeline/collect/judge_call.py)
+# judge([(task_id, agent, instruction, reply, reference reply)]) -> the judge fields of each (judge_call.py)
 Judge = Callable[[list[tuple[str, str, str, str, str]]], list[dict]]
+
+
+@dataclass(frozen=True)
+class TrafficJudge:
+    """The judge of the replies without a reference answer: `judge` compares each with `reference`'s reply (the
+    profile's `collection.judge.reference`) to the same request."""
+
+    judge: Judge
+    reference: str
 
 
 def _answers(calls, grader: str | None, strongest: list[str], budget: bounded.Budget):
@@ -185,13 +194,14 @@ def _judged_before(prior: pd.DataFrame | None) -> dict[tuple[str, str, str], dic
 
 
 def traffic_rows(requests: list[TrafficRequest], day: str, agents, settings: TrafficSettings,
-                 fractions: dict[str, float], judge: Judge | None = None, judge_reference: str | None = None,
+                 fractions: dict[str, float], judging: TrafficJudge | None = None,
                  budget: bounded.Budget | None = None, prior: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (request, call), TRAFFIC_COLUMNS + judge_cost_usd, graded as the module docstring says. `agents`:
-    the profile's pool (AgentSpec: name, role); `judge` grades the replies without a reference answer against
-    `judge_reference`'s reply to the same request (None: the profile has no judge); `prior`: this day's rows as read
-    before (the open day is read again as it grows): a reply judged then keeps its grade, no second judge call."""
+    the profile's pool (AgentSpec: name, role); `judging`: the profile's judge (None: it has none); `prior`: this
+    day's rows as read before (the open day is read again as it grows): a reply judged then keeps its grade, no
+    second judge call."""
     budget = budget or bounded.default_budget()
+    judge, judge_reference = (judging.judge, judging.reference) if judging is not None else (None, None)
     strongest = strongest_agents(agents, settings)
     before = _judged_before(prior)
     rows, to_judge = [], []
@@ -227,7 +237,7 @@ def traffic_rows(requests: list[TrafficRequest], day: str, agents, settings: Tra
     return pd.DataFrame(rows, columns=[*TRAFFIC_COLUMNS, "judge_cost_usd"])
 
 
-def pool_judge(client_for, agents, js, settings, concurrency: int = 8) -> Judge:
+def pool_judge(client_for, agents, js, settings, concurrency: int = 8) -> TrafficJudge:
     """A `Judge` through the pool's clients: `pipeline.collect.judge_call.judge_reply` per reply, the reference being
     `js.reference`'s reply to the same request (its own reply: a tie without a call)."""
     from pipeline.collect.calls import close_clients, run_sync
@@ -252,7 +262,7 @@ def pool_judge(client_for, agents, js, settings, concurrency: int = 8) -> Judge:
 
         return run_sync(all_of())
 
-    return run
+    return TrafficJudge(run, js.reference)
 
 
 def traffic_reward_rows(rows: pd.DataFrame, agents: list[str]) -> pd.DataFrame:
@@ -304,3 +314,17 @@ def day_summary(rows: pd.DataFrame) -> dict[str, Any]:
             else {},
             "mean_reward": float(np.nanmean(rows["reward"].astype(float))) if len(rows) and
             rows["reward"].notna().any() else None}
+
+
+def due_days(sizes: dict[str, int], today: str, cursor: dict[str, int], min_rows: int) -> list[tuple[str, int]]:
+    """The (day, size) to materialise: a closed day (before `today`, UTC) whose size differs from the size last
+    requested (late exploration lines too); the open day once it has grown by `min_rows` lines since the last request.
+    `cursor`: day -> the size last requested; a (day, size) already requested is never requested again."""
+    due = []
+    for day, size in sorted(sizes.items()):
+        last = cursor.get(day)
+        if size <= 0 or last == size:
+            continue
+        if day < today or (day == today and size - (last or 0) >= min_rows):
+            due.append((day, size))
+    return due
