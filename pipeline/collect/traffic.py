@@ -138,6 +138,15 @@ def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], seed: 
             "ood": bool(r.decision.ood), "reference": None, "reference_by": None}
 
 
+def _instruction(req: TrafficRequest) -> str:
+    """What the judge is shown as the instruction: the user's message; a conversation as its turns, so a follow-up is
+    judged with what it follows."""
+    msgs = req.request.messages
+    if len(msgs) == 1:
+        return msgs[0].content
+    return "\n\n".join(f"{m.role}: {m.content}" for m in msgs)
+
+
 # judge([(task_id, agent, instruction, reply, reference reply)]) -> the judge fields of each (judge_call.py)
 Judge = Callable[[list[tuple[str, str, str, str, str]]], list[dict]]
 
@@ -226,7 +235,7 @@ def traffic_rows(requests: list[TrafficRequest], day: str, agents, settings: Tra
                 elif (task["task_id"], c.agent, c.reply) in before:
                     row.update(before[(task["task_id"], c.agent, c.reply)])
                 else:
-                    to_judge.append((len(rows), (task["task_id"], c.agent, task["prompt"], c.reply,
+                    to_judge.append((len(rows), (task["task_id"], c.agent, _instruction(req), c.reply,
                                                  replies[judge_reference])))
             elif ungraded:
                 row["grade_reason"] = (f"{by}; the judge's reference agent {judge_reference!r} did not reply"
