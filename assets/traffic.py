@@ -40,7 +40,7 @@ from pipeline.collect.traffic_log import read_day
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import BY_PARTITION, MATERIALISED_ONLY, StorageResource, asset_path
-from resources.traffic_read import day_files, day_rows, logged_days
+from resources.traffic_read import day_bytes, day_files, day_rows, logged_days
 
 TRAFFIC_JOB = "traffic_job"
 TRAFFIC_SENSOR = "traffic_days"
@@ -112,13 +112,21 @@ def traffic_sensor(prof, partitions_def: PartitionsDefinition):
     def traffic_days(context, storage: StorageResource):
         home = storage.root()
         first = partitions_def.get_first_partition_key()
-        sizes = {d: day_rows(home, d) for d in logged_days(home) if first is None or d >= first}
-        cursor = json.loads(context.cursor) if context.cursor else {}
-        today = datetime.now(UTC).strftime("%Y-%m-%d")
-        due = due_days(sizes, today, cursor, prof.traffic.sensor_rows)
+        # cursor: {"requested": {day: rows last requested}, "seen": {day: [bytes, rows]}} (lines are counted again
+        # only in a day whose size in bytes changed since the last tick)
+        state = json.loads(context.cursor) if context.cursor else {}
+        requested, seen = state.get("requested", {}), state.get("seen", {})
+        for d in (d for d in logged_days(home) if first is None or d >= first):
+            size = day_bytes(home, d)
+            if seen.get(d, [None])[0] != size:
+                seen[d] = [size, day_rows(home, d)]
+        sizes = {d: rows for d, (_, rows) in seen.items()}
+        due = due_days(sizes, datetime.now(UTC).strftime("%Y-%m-%d"), requested, prof.traffic.sensor_rows)
+        cursor = json.dumps({"requested": {**requested, **dict(due)}, "seen": seen}, sort_keys=True)
         if not due:
+            context.update_cursor(cursor)
             return SkipReason(f"no traffic day due ({len(sizes)} day(s) logged)")
         return SensorResult(run_requests=[RunRequest(run_key=f"traffic:{d}:{n}", partition_key=d) for d, n in due],
-                            cursor=json.dumps({**cursor, **dict(due)}, sort_keys=True))
+                            cursor=cursor)
 
     return job, traffic_days

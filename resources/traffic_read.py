@@ -28,6 +28,11 @@ def logged_days(home: str | Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and DAY_RE.fullmatch(p.name)) if root.is_dir() else []
 
 
+def day_bytes(home: str | Path, day: str) -> int:
+    """The day's log size in bytes (a stat per file): the sensor counts lines again only when it changed."""
+    return sum(p.stat().st_size for p in day_files(home, day))
+
+
 def day_rows(home: str | Path, day: str) -> int:
     """Whole lines logged on `day` (each ends with a newline): the size the traffic sensor compares."""
     return sum(p.read_bytes().count(b"\n") for p in day_files(home, day))

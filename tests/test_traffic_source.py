@@ -325,9 +325,14 @@ def test_sensor_evaluated_with_its_cursor(zeroeval, tmp_path):
     storage = StorageResource(home=str(home))
     got = sensor(build_sensor_context(resources={"storage": storage}))
     assert [(r.partition_key, r.run_key) for r in got.run_requests] == [(yesterday, f"traffic:{yesterday}:4")]
-    again = sensor(build_sensor_context(resources={"storage": storage}, cursor=got.cursor))
+    assert json.loads(got.cursor)["requested"] == {yesterday: 4}
+    ctx = build_sensor_context(resources={"storage": storage}, cursor=got.cursor)
+    again = sensor(ctx)  # the same (day, size): nothing
     assert isinstance(again, SkipReason) and "no traffic day due" in again.skip_message
-    assert json.loads(got.cursor) == {yesterday: 4}
+    write_log(home, yesterday, [exploration_line(_rid(1), next(iter(zeroeval.values()))[2], ["frontier_b"], False,
+                                                 day=yesterday)])  # a late line on the closed day
+    late = sensor(build_sensor_context(resources={"storage": storage}, cursor=ctx.cursor))
+    assert [r.run_key for r in late.run_requests] == [f"traffic:{yesterday}:5"]
 
 
 def test_a_new_traffic_day_refreshes_traffic_rewards(tmp_path):
