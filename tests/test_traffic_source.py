@@ -162,17 +162,26 @@ def test_agreement_of_the_strongest_grades_like_the_gold(zeroeval, demo_agents, 
 
 
 def test_no_reference_and_no_judge_is_ungraded_with_its_reason(zeroeval, demo_agents, tmp_path):
-    (p0, _, r0), (p1, _, r1) = list(zeroeval.values())[:2]
+    (p0, _, r0), (p1, _, r1), (p2, _, r2) = list(zeroeval.values())[:3]
     write_log(tmp_path, DAY, [request_line(_rid(0), p0, r0, ["open_mid"], DEMO, None),  # format unknown
-                              request_line(_rid(1), p1, r1, ["open_mid", "frontier_a"], DEMO, "integer")])
+                              request_line(_rid(1), p1, r1, ["open_mid", "frontier_a"], DEMO, "integer"),
+                              request_line(_rid(2), p2, r2, ["open_mid"], DEMO, None),  # a prompt router's: none
+                              exploration_line(_rid(2), r2, DEMO[:3] + DEMO[4:], True)])
     rows = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, demo_agents, TrafficSettings(), SPLIT)
     assert (rows["grade_state"] == "ungraded").all() and rows["reward"].isna().all() and rows["correct"].isna().all()
     reasons = rows.groupby("request_id")["grade_reason"].agg(set)
-    assert len(reasons[_rid(0)]) == 1 and len(reasons[_rid(1)]) == 1
+    assert len(reasons[_rid(0)]) == 1 and len(reasons[_rid(1)]) == 1 and len(reasons[_rid(2)]) == 1
     (why0,), (why1,) = reasons[_rid(0)], reasons[_rid(1)]
     assert "answer format unknown" in why0 and "no judge" in why0
     assert why1.startswith("no reference: 1 of the strongest (frontier_a, frontier_b, frontier_c) gave an answer")
     assert traffic_reward_rows(rows, DEMO).empty  # ungraded rows are never rewards
+    # a deployment that serves one answer format says so: a request without a format is graded by it
+    told = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, demo_agents,
+                        TrafficSettings(format="integer"), SPLIT)
+    assert told.loc[told["request_id"] == _rid(0), "grade_reason"].str.startswith("no reference: 0 of the").all()
+    assert (told.loc[told["request_id"] == _rid(2), "grade_state"] == "graded").all()
+    with pytest.raises(Exception, match="traffic.format 'essay' is no answer format"):
+        TrafficSettings(format="essay")
 
 
 def test_open_ended_traffic_is_judged_by_the_profiles_judge(tmp_path):

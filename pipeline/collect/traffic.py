@@ -63,14 +63,22 @@ class TrafficSettings:
         since the last request (a closed day: once its UTC day is over, again if late lines arrive).
     seed = 0
         Seed of the split by request id (the fractions are the task pool's `task_pool.split`).
+    format = None
+        The answer format of a request whose decision names none (a prompt-only router records none; a cascade
+        its guess), e.g. "mcq_letter" for a deployment that serves only multiple choice. None: such a request is
+        graded by the judge where the profile has one, else ungraded.
     """
 
     strongest: tuple[str, ...] = ()
     sensor_rows: Annotated[Int, pydantic.Field(ge=1)] = 500
     seed: Int = 0
+    format: str | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "traffic")
+        if self.format is not None and grader_of(self.format) is None:
+            raise RouterLiteError(f"traffic.format {self.format!r} is no answer format: one of "
+                                  f"{', '.join([*FORMAT_GRADERS, *GRADERS])}")
 
 
 def grader_of(fmt: str | None) -> str | None:
@@ -126,14 +134,15 @@ def _reference(answers: dict[str, str | None], strongest: list[str], grader: str
                   f"{need} must agree")
 
 
-def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], seed: int) -> dict:
+def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], settings: TrafficSettings) -> dict:
     r = req.request
+    fmt = r.decision.format if r.decision.format is not None else settings.format
     users = [m.content for m in r.messages if m.role == "user"]
     return {"task_id": f"{SOURCE}/{day}/{r.request_id}", "source": SOURCE, "day": day, "request_id": r.request_id,
             "ts": r.ts, "prompt": users[-1] if users else r.messages[-1].content, "user_text": r.routed_text,
             "messages": json.dumps([m.model_dump() for m in r.messages], ensure_ascii=False),
-            "conversation_hash": r.conversation_hash, "split": split_of(r.request_id, fractions, seed),
-            "explored": req.explored, "grader": grader_of(r.decision.format), "format": r.decision.format,
+            "conversation_hash": r.conversation_hash, "split": split_of(r.request_id, fractions, settings.seed),
+            "explored": req.explored, "grader": grader_of(fmt), "format": fmt,
             "router": r.router, "target": r.target, "served_agent": r.decision.agent, "policy": r.decision.policy,
             "ood": bool(r.decision.ood), "reference": None, "reference_by": None}
 
@@ -215,7 +224,7 @@ def traffic_rows(requests: list[TrafficRequest], day: str, agents, settings: Tra
     before = _judged_before(prior)
     rows, to_judge = [], []
     for req in requests:
-        task, calls = task_rows(req, day, fractions, settings.seed), req.calls
+        task, calls = task_rows(req, day, fractions, settings), req.calls
         answers, ref, by = _answers(calls, task["grader"], strongest, budget)
         if task["grader"] is None:
             by = f"{by} (decision format {task['format']!r})"
