@@ -57,6 +57,20 @@ def traffic_day_dir(home, day: str) -> Path:
     return traffic_root(home) / check_day(day)
 
 
+def derived_files(home, day: str) -> list[Path]:
+    """What the lineage derived from `day`'s log and keeps (the `traffic` partition: prompts and replies): deleting a
+    day of traffic deletes these too (`traffic_rewards` drops the day at its next refresh)."""
+    from resources.storage import asset_path
+
+    return [p for p in (asset_path(home, "traffic", day), asset_path(home, "traffic", day, ".json")) if p.exists()]
+
+
+def _remove_day(home, day: str) -> None:
+    shutil.rmtree(traffic_root(home) / day, ignore_errors=True)  # another worker's sweep may race this one
+    for p in derived_files(home, day):
+        p.unlink(missing_ok=True)
+
+
 def utc_day(when: datetime.datetime | None = None) -> str:
     return (when or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d")
 
@@ -110,7 +124,7 @@ def delete_days(home, before: str | None = None, everything: bool = False, day: 
     for d in days(home):
         if everything or (before is not None and d < before) or d == day:
             stats = day_stats(home, d)
-            shutil.rmtree(traffic_day_dir(home, d), ignore_errors=True)
+            _remove_day(home, d)
             gone.append(stats)
     return gone
 
@@ -122,7 +136,7 @@ def sweep(home, retention_days: int, today: str | None = None) -> list[str]:
     gone = []
     for day in days(home):
         if (today_d - datetime.date.fromisoformat(day)).days > int(retention_days):
-            shutil.rmtree(traffic_root(home) / day, ignore_errors=True)  # another worker's sweep may race this one
+            _remove_day(home, day)
             gone.append(day)
     return gone
 

@@ -1,20 +1,10 @@
-"""Where the served traffic log lives (the reader's copy of the writer's path helpers, resources/traffic.py on the
-trafficlog branch: the same functions, the lead keeps one at merge). `home` is the served profile's home
-(`resources.storage.home_of(profile)`, a StorageResource's `home`)."""
+"""The served traffic log as the lineage reads it (its layout, and what deleting a day deletes, are
+resources/traffic.py's): `home` is the served profile's home (`resources.storage.home_of(profile)`)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-def traffic_root(home: str | Path) -> Path:
-    return Path(home) / "traffic"
-
-
-def traffic_day_dir(home: str | Path, day: str) -> Path:
-    return traffic_root(home) / day
+from resources.traffic import DAY_RE, derived_files, traffic_day_dir, traffic_root  # noqa: F401 (one layout)
 
 
 def day_files(home: str | Path, day: str) -> list[Path]:
@@ -36,11 +26,3 @@ def day_bytes(home: str | Path, day: str) -> int:
 def day_rows(home: str | Path, day: str) -> int:
     """Whole lines logged on `day` (each ends with a newline): the size the traffic sensor compares."""
     return sum(p.read_bytes().count(b"\n") for p in day_files(home, day))
-
-
-def derived_files(home: str | Path, day: str) -> list[Path]:
-    """What the lineage derived from `day`'s log and keeps (the `traffic` partition: prompts and replies): deleting a
-    day of traffic deletes these too (then `traffic_rewards` is refreshed without it)."""
-    from resources.storage import asset_path
-
-    return [p for p in (asset_path(home, "traffic", day), asset_path(home, "traffic", day, ".json")) if p.exists()]

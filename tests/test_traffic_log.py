@@ -335,3 +335,22 @@ def test_a_cascade_request_records_every_call_it_made(keys_world, tmp_path):
     assert [c["agent"] for c in line["calls"]] == r.json()["router"]["agents_called"] == ["a1", "a2"]
     assert [c["reply"] for c in line["calls"]] == ["The answer is 42."] * 2
     assert [c["cost_usd"] for c in line["calls"]] == [COST["m1"], COST["m2"]] and line["target"] == "quality>=0.5"
+
+
+def test_deleting_a_day_deletes_what_the_lineage_derived_from_it(tmp_path):
+    """The `traffic` partition of a day holds its prompts and replies: `traffic delete` and the retention sweep
+    remove it with the log, other days kept."""
+    from resources.storage import asset_path
+    from resources.traffic import delete_days, sweep, traffic_day_dir
+
+    for day in ("2026-10-01", "2026-11-20", "2026-12-05"):
+        traffic_day_dir(tmp_path, day).mkdir(parents=True)
+        (traffic_day_dir(tmp_path, day) / "1.jsonl").write_text("{}\n")
+        derived = asset_path(tmp_path, "traffic", day)
+        derived.parent.mkdir(parents=True, exist_ok=True)
+        derived.write_bytes(b"rows")
+    assert sweep(tmp_path, 30, today="2026-12-05") == ["2026-10-01"]
+    assert not asset_path(tmp_path, "traffic", "2026-10-01").exists()
+    delete_days(tmp_path, day="2026-11-20")
+    assert not asset_path(tmp_path, "traffic", "2026-11-20").exists()
+    assert asset_path(tmp_path, "traffic", "2026-12-05").exists()
