@@ -1,4 +1,4 @@
-"""The promotion gate judges on traffic (issue 44, item 4): beside the benchmark rows (every other source), the
+"""The promotion gate judges on traffic: beside the benchmark rows (every other source), the
 held-out rows of the task pool's source `traffic` where every agent replied (explored requests) pair the candidate
 with the promoted router; worse or dearer there beyond noise refuses it even when the benchmark rows pass it; fewer
 than MIN_TRAFFIC rows do not block. Pure functions on constructed evidence first, then the lineage's decide() and
@@ -171,6 +171,7 @@ def test_the_lineage_gate_scores_the_served_router_on_new_traffic_and_refuses(tr
     """decide() as the promotion asset calls it: the served router's stored evidence has no traffic row (it was
     promoted before); it is scored, as served, on the run's held-out traffic rows and stored back; the candidate,
     better on the benchmark rows, is refused on traffic; the pointer stays; `promote --check` prints both lines."""
+    from cli.summary import promotion_lines
     from pipeline.report.promotion import decide
     from pipeline.route import pointer
 
@@ -185,6 +186,9 @@ def test_the_lineage_gate_scores_the_served_router_on_new_traffic_and_refuses(tr
     line = pointer.history(root)[-1]
     assert line["action"] == "refused" and line["verdict"]["traffic"]["n"] == 100
     assert "worse in quality on traffic beyond noise" in line["reason"]
+    said = promotion_lines({"action": "refused", "candidate": b.name, "served": a.name, "verdict": line["verdict"]})
+    assert said[1].startswith("  gate, benchmark rows (paired): same held-out rows")  # what `router-lite run` prints
+    assert said[2].startswith("  gate, traffic rows: 100 held-out traffic rows") and "on traffic beyond" in said[2]
     capsys.readouterr()
     assert main(["promote", b.name, "--check", "--profile", "smoke"]) == 1  # the same verdict, from the files
     out = capsys.readouterr().out
