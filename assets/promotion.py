@@ -36,6 +36,8 @@ def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embedd
     te = arrays.masks["held_out"]
     ids = reward_matrix["task_id"].astype(str).to_numpy()[te]
     pool = reward_matrix[["task_id"]].merge(task_pool[["task_id", "grader", "source"]], on="task_id", how="left")
+    if "source" in reward_matrix:  # reward rows that carry their source (the traffic rows) say it themselves
+        pool["source"] = reward_matrix["source"].reset_index(drop=True).fillna(pool["source"])
     return gate_rules.HeldOut(list(ids), reward_embeddings(prompt_embeddings, reward_matrix)[te], arrays.R_eff[te],
                               arrays.C[te], answers_matrix(agent_answers, reward_matrix["task_id"][te],
                                                            arrays.agents),

@@ -225,5 +225,8 @@ def test_the_asset_reads_each_held_out_rows_source_and_whether_every_agent_repli
     assert list(rows.sources) == ["mmlu"] * 10 + [TRAFFIC] * 15
     want = [True] * 10 + [i % 3 != 0 for i in range(5, 20)]
     assert list(rows.replied) == want and list(replied_rows(rewards)[[*range(30, 40), *range(45, 60)]]) == want
+    # reward rows that carry their own source are read by it (the task pool's where they hold none)
+    tagged = rewards.assign(source=[None] * 40 + [TRAFFIC] * 20)
+    assert list(held_out(tagged, pool.assign(source="mmlu"), emb, answers, 0).sources) == ["mmlu"] * 10 + [TRAFFIC] * 15
     # a matrix without `imputed` was collected in full
     assert replied_rows(rewards.drop(columns=["imputed"])).all()
