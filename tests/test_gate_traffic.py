@@ -230,3 +230,51 @@ def test_the_asset_reads_each_held_out_rows_source_and_whether_every_agent_repli
     assert list(held_out(tagged, pool.assign(source="mmlu"), emb, answers, 0).sources) == ["mmlu"] * 10 + [TRAFFIC] * 15
     # a matrix without `imputed` was collected in full
     assert replied_rows(rewards.drop(columns=["imputed"])).all()
+
+
+def test_the_promotion_asset_shows_the_traffic_rows_in_its_metadata(smoke_home_copy, monkeypatch, capsys):
+    """The promotion asset on the smoke lineage with 40 held-out tasks relabelled as traffic (5 of them with an
+    agent's cell imputed: not explored): the served router (another entry, promoted by hand with evidence from
+    before traffic) is scored on them as served and its evidence stored back; the verdict and the metadata (the UI)
+    show the benchmark and the traffic lines, the traffic rows compared and the 5 left out, and the table of both."""
+    from dagster import materialize
+
+    from assets.definitions import build_assets, build_resources
+    from pipeline.route import pointer
+    from resources.storage import asset_path
+
+    home = smoke_home_copy()
+    monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
+    root = home / "registry"
+    served = registry.latest_entry(root)
+    candidate = served["name"]
+    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
+    ev = json.loads((root / served["evidence"]).read_text())
+    (root / "evidence" / f"{other}.json").write_text(json.dumps({**ev, "name": other}))
+    assert main(["promote", other, "--profile", "smoke"]) == 0
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    traffic = pool[(pool["split"] == "test") & ~pool["ood"].astype(bool)]["task_id"].head(40).tolist()
+    pool.loc[pool["task_id"].isin(traffic), "source"] = TRAFFIC
+    pool.to_parquet(asset_path(home, "task_pool"), index=False)
+    rewards = pd.read_parquet(asset_path(home, "reward_matrix"))
+    k = len(rewards["agent_order"].iloc[0])
+    unexplored = set(traffic[:5])
+    rewards["imputed"] = [[j == 1 and t in unexplored for j in range(k)] for t in rewards["task_id"]]
+    rewards.to_parquet(asset_path(home, "reward_matrix"), index=False)
+    result = materialize(build_assets("smoke"), selection=["promotion"],
+                         resources=build_resources(str(home), profile="smoke"))
+    assert result.success
+    out = result.output_for_node("promotion")
+    t = out["verdict"]["traffic"]
+    assert t["n"] == 35 and t["left_out"] == 5 and t["unscored"] == 0 and t["passed"] in (True, False)
+    meta = result.asset_materializations_for_node("promotion")[0].metadata
+    assert meta["gate_traffic"].value.startswith("35 held-out traffic rows every agent replied to (5 left out: an "
+                                                 "agent a router can ask did not reply): quality ")
+    assert meta["gate_traffic_rows"].value == 35 and meta["gate_benchmark"].value == out["verdict"]["benchmark_reason"]
+    table = meta["gate_evidence"].value
+    assert "| traffic " in table and "| benchmark (" in table and "quality Δ [95 % CI]" in table
+    assert sorted(meta["verdict"].value["traffic"]["task_ids"]) == sorted(set(traffic) - unexplored)
+    stored = json.loads((root / "evidence" / f"{other}.json").read_text())
+    assert stored["source"].count(TRAFFIC) == 40 and sum(not r for r in stored["replied"]) == 5
+    line = pointer.history(root)[-1]
+    assert line["by"] == "gate" and line["verdict"]["traffic"]["n"] == 35
