@@ -14,6 +14,7 @@ from assets.benchmark import head_validation_aiq
 from assets.metadata import md_table, rounded
 from assets.router import entry_dir
 from pipeline.collect.answers import Agreement, answers_matrix
+from pipeline.collect.rewards import replied_rows
 from pipeline.report import promotion as gate_rules
 from pipeline.report.value import mark_served_reports, star_line
 from pipeline.route import pointer, registry
@@ -34,12 +35,16 @@ def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embedd
     arrays = reward_arrays(reward_matrix, training_split(reward_matrix, task_pool), "test")
     te = arrays.masks["held_out"]
     ids = reward_matrix["task_id"].astype(str).to_numpy()[te]
-    graders = reward_matrix[["task_id"]].merge(task_pool[["task_id", "grader"]], on="task_id", how="left")["grader"]
+    pool = reward_matrix[["task_id"]].merge(task_pool[["task_id", "grader", "source"]], on="task_id", how="left")
+    if "source" in reward_matrix:  # reward rows that carry their source (the traffic rows) say it themselves
+        pool["source"] = reward_matrix["source"].reset_index(drop=True).fillna(pool["source"])
     return gate_rules.HeldOut(list(ids), reward_embeddings(prompt_embeddings, reward_matrix)[te], arrays.R_eff[te],
                               arrays.C[te], answers_matrix(agent_answers, reward_matrix["task_id"][te],
                                                            arrays.agents),
-                              graders.to_numpy(dtype=object)[te], list(arrays.agents), best_single,
-                              format_guess(task_pool, prompt_embeddings))  # decided as serve decides
+                              pool["grader"].to_numpy(dtype=object)[te], list(arrays.agents), best_single,
+                              format_guess(task_pool, prompt_embeddings),  # decided as serve decides
+                              pool["source"].fillna("").astype(str).to_numpy()[te],  # traffic rows apart
+                              replied_rows(reward_matrix)[te])  # the traffic rows every agent replied to
 
 
 def history_table(root) -> MetadataValue:
@@ -53,9 +58,10 @@ def history_table(root) -> MetadataValue:
 @asset(group_name="registry", io_manager_key="io_manager", deps=[AssetKey("benchmark_report")],
        description="The router `serve` follows (registry/latest.json, written by this asset only): the run's router "
                    "chosen at the serving target on cross-fitted rows, promoted only when a gate passes: its "
-                   "held-out value against the promoted router's on the same test rows (paired CI: not worse "
-                   "beyond noise, not dearer), or on its own evidence when they cannot be paired. History: "
-                   "registry/promotions.jsonl.")
+                   "held-out value against the promoted router's on the same benchmark test rows (paired CI: not "
+                   "worse beyond noise, not dearer), or on its own evidence when they cannot be paired; and on the "
+                   "held-out traffic rows every agent replied to (paired CI; a candidate worse there is refused, "
+                   "fewer than 30 rows do not block). History: registry/promotions.jsonl.")
 def promotion(context: AssetExecutionContext, registered_head: dict, registered_cascade: dict,
               router_head: FittedRouter, cascade_router: FittedRouter, reward_matrix: pd.DataFrame,
               task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame,
@@ -100,7 +106,11 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
                       "served": served["name"] if served else "", "target": target, "choice_rule": rule,
                       "replaces": verdict.get("replaces") or "", "dearer": bool(verdict.get("dearer")),
                       "gate_passed": bool(verdict["passed"]), "gate_mode": verdict["mode"],
-                      "gate_rule": verdict["rule"], "gate_reason": verdict["reason"],
+                      "gate_rule": verdict["rule"] or "", "gate_reason": verdict["reason"],
+                      # each kind of evidence on a line of its own, and side by side in a table
+                      "gate_benchmark": verdict["benchmark_reason"], "gate_traffic": verdict["traffic"]["reason"],
+                      "gate_traffic_rows": verdict["traffic"]["n"], "gate_traffic_rule": verdict["traffic"]["rule"],
+                      "gate_evidence": md_table(pd.DataFrame(gate_rules.evidence_rows(verdict)), floatfmt=".4f"),
                       "candidates": md_table(candidates, floatfmt=".4f"),
                       "verdict": MetadataValue.json(_jsonable(verdict)),
                       "history": history_table(root)}))

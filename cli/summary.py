@@ -32,7 +32,7 @@ def star_headline(root: Path) -> str | None:
 
 def promotion_lines(out: dict | None) -> list[str]:
     """This run's promotion (the `promotion` asset's output): what the gate did with the candidate, the router it
-    replaced or would have replaced, and why."""
+    replaced or would have replaced, and why (the benchmark rows and the traffic rows, a line each)."""
     if not out:
         return []
     v = out.get("verdict") or {}
@@ -41,7 +41,11 @@ def promotion_lines(out: dict | None) -> list[str]:
             "refused": f"Promotion: {out['candidate']} refused by the gate; {out.get('served')} stays served",
             "kept": f"Promotion: {out['candidate']} is already the served router"}.get(
         out.get("action"), f"Promotion: {out.get('action')} {out.get('candidate')}")
-    lines = [head, f"  gate ({v.get('mode')}): {v.get('reason')}"]
+    if t := v.get("traffic"):  # each kind of evidence on a line
+        lines = [head, f"  gate, benchmark rows ({v.get('mode')}): {v.get('benchmark_reason')}",
+                 f"  gate, traffic rows: {t.get('reason')}"]
+    else:
+        lines = [head, f"  gate ({v.get('mode')}): {v.get('reason')}"]
     if out.get("action") == "refused":
         lines.append(f"  `router-lite promote {out['candidate']} --force` serves it anyway; "
                      "`router-lite promotions` lists the history")

@@ -93,6 +93,18 @@ def reward_matrix(calls: pd.DataFrame, agents: list[str], sampled: tuple[str, ..
                         pd.DataFrame(inc, columns=["task_id", "agent", "error_count"]))
 
 
+def replied_rows(rewards: pd.DataFrame) -> np.ndarray:
+    """Per reward row: every agent's cell holds replies collected from it; False where one was estimated (column
+    `imputed`: a new agent asked on a sample, or an agent a served request's decision did not ask and exploration
+    did not reach) or holds no number. A matrix without `imputed` was collected in full."""
+    R = [np.asarray(r, dtype=float) for r in rewards["mean_reward"]]
+    ok = np.array([bool(np.isfinite(r).all()) for r in R], bool)
+    if "imputed" in rewards:
+        ok &= np.array([not (isinstance(m, (list, tuple, np.ndarray)) and bool(np.any(np.asarray(m, dtype=bool))))
+                        for m in rewards["imputed"]], bool)
+    return ok
+
+
 def costs_are_estimated(rewards: pd.DataFrame) -> bool | None:
     """Whether any cost of a reward matrix comes from estimated token counts (the replay's ceil(chars/4)); None for
     a matrix that does not say (a user's own file without `cost_estimated`): reports then claim nothing."""

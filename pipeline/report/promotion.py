@@ -15,12 +15,13 @@ replace; a candidate dearer than the served one is refused (the operator's `prom
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeline.core.errors import RouterLiteError
-from pipeline.report.promotion_gate import gate, pairing, verdict_lines  # noqa: F401 - this module's API
+from pipeline.report.gate_rows import TRAFFIC, with_traffic
+from pipeline.report.promotion_gate import evidence_rows, gate, pairing, verdict_lines  # noqa: F401 - this module's API
 from pipeline.report.value import ROUTER_LABELS, validation_at
 from pipeline.route.targets import parse_target
 
@@ -46,6 +47,23 @@ class HeldOut:
     agents: list[str]
     best: int
     formats: object = None  # a cascade's answer-format guess (pipeline.route.formats.FormatGuess), as serve has it
+    sources: np.ndarray | None = None  # each row's task source ("traffic": a request this deployment served)
+    replied: np.ndarray | None = None  # each row: every agent of the pool replied (False: a cell was estimated)
+
+
+def rows_at(rows: HeldOut, idx: np.ndarray) -> HeldOut:
+    """`rows` on its rows `idx` (positions)."""
+    def cut(v):
+        return None if v is None else np.asarray(v)[idx]
+
+    return replace(rows, task_ids=[rows.task_ids[i] for i in idx], X=rows.X[idx], U=rows.U[idx], C=rows.C[idx],
+                   answers=[rows.answers[i] for i in idx], graders=np.asarray(rows.graders)[idx],
+                   sources=cut(rows.sources), replied=cut(rows.replied))
+
+
+def traffic_positions(rows: HeldOut) -> np.ndarray:
+    """Positions of the held-out rows that are served requests (source `traffic`)."""
+    return np.array([], np.int64) if rows.sources is None else np.flatnonzero(np.asarray(rows.sources) == TRAFFIC)
 
 
 def held_out_outcome(reg, target: str, rows: HeldOut, agreement=None) -> tuple[np.ndarray, np.ndarray]:
@@ -78,13 +96,23 @@ def held_out_outcome(reg, target: str, rows: HeldOut, agreement=None) -> tuple[n
 
 def evidence(name: str, router: str, target: str, rows: HeldOut, reward: np.ndarray, cost: np.ndarray) -> dict:
     """What the gate judges a candidate on, stored for `router-lite promote` and the next run to pair with: the
-    per-row outcome at the target, on which rows, beside the best single agent's on the same rows."""
+    per-row outcome at the target, on which rows, beside the best single agent's on the same rows, with each row's
+    source and whether every agent replied on it (where the rows say). `held_out`: the figures on the rows of every
+    source but traffic (all rows when there are no others), what the served router's ★ line states."""
     b = rows.best
-    return {"name": name, "router": router, "target": target, "agents": list(rows.agents),
-            "held_out": held_out_figures(reward, cost, rows), "task_ids": [str(t) for t in rows.task_ids],
-            "reward": [float(r) for r in reward], "cost": [float(c) for c in cost],
-            "best_single": rows.agents[b], "best_reward": [float(r) for r in rows.U[:, b]],
-            "best_cost": [float(c) for c in rows.C[:, b]]}
+    ev = {"name": name, "router": router, "target": target, "agents": list(rows.agents),
+          "task_ids": [str(t) for t in rows.task_ids],
+          "reward": [float(r) for r in reward], "cost": [float(c) for c in cost],
+          "best_single": rows.agents[b], "best_reward": [float(r) for r in rows.U[:, b]],
+          "best_cost": [float(c) for c in rows.C[:, b]]}
+    bench = np.ones(len(reward), bool)
+    if rows.sources is not None:
+        ev["source"] = [str(s) for s in rows.sources]
+        ev["replied"] = [bool(x) for x in (np.ones(len(reward), bool) if rows.replied is None else rows.replied)]
+        bench[traffic_positions(rows)] = False
+    bench = bench if bench.any() else np.ones(len(reward), bool)
+    return {**ev, "held_out": held_out_figures(np.asarray(reward)[bench], np.asarray(cost)[bench],
+                                               rows_at(rows, np.flatnonzero(bench)))}
 
 
 def held_out_figures(reward: np.ndarray, cost: np.ndarray, rows: HeldOut) -> dict:
@@ -93,6 +121,28 @@ def held_out_figures(reward: np.ndarray, cost: np.ndarray, rows: HeldOut) -> dic
     q, c = float(np.mean(reward)), float(1000 * np.mean(cost))
     return {"quality": q, "quality_ratio": q / bq if bq > 0 else None, "cost_per_1k": c,
             "cost_ratio": c / bc if bc > 0 else None}
+
+
+def served_on_traffic(root, current: dict, incumbent: dict | None, rows: HeldOut) -> dict | None:
+    """The served router's evidence `incumbent` with its traffic rows replaced by its outcome, as it is served, on
+    this run's held-out traffic rows, and stored back (so `router-lite promote NAME` pairs the same rows): traffic
+    arrives after a router is promoted, so its stored evidence holds none of the newest days. Unchanged when there
+    is no evidence, no traffic row, or the served router asks other agents than this run's (it cannot be scored on
+    their replies: its stored traffic rows are paired by task id)."""
+    from pipeline.route import pointer, registry
+
+    t = traffic_positions(rows)
+    if incumbent is None or not len(t):
+        return incumbent
+    reg = registry.load(current["path"])
+    if [a["name"] for a in reg.agents] != list(rows.agents):
+        return incumbent
+    sub = rows_at(rows, t)
+    reward, cost = held_out_outcome(reg, incumbent["target"], sub)
+    fresh = with_traffic(incumbent, evidence(incumbent["name"], incumbent.get("router"), incumbent["target"], sub,
+                                             reward, cost))
+    pointer.save_evidence(root, fresh, current["evidence"])
+    return fresh
 
 
 def choose(figures: dict[str, dict], target: str) -> tuple[str, str]:
@@ -117,11 +167,17 @@ def choose(figures: dict[str, dict], target: str) -> tuple[str, str]:
     return chosen, CHOICE_RULE[t.kind]
 
 
-VERDICT_FIELDS = ("passed", "mode", "rule", "reason", "replaces", "dearer")  # what the history keeps of a verdict
+# what the history keeps of a verdict (and of its traffic evidence: the rows themselves are in the evidence file)
+VERDICT_FIELDS = ("passed", "mode", "rule", "reason", "replaces", "dearer", "benchmark_passed", "benchmark_reason")
+TRAFFIC_FIELDS = ("passed", "n", "left_out", "unscored", "reason", "quality_minus_promoted",
+                  "cost_per_1k_minus_promoted")
 
 
 def verdict_summary(verdict: dict) -> dict:
-    return {k: verdict.get(k) for k in VERDICT_FIELDS}
+    out = {k: verdict.get(k) for k in VERDICT_FIELDS}
+    if "traffic" in verdict:
+        out["traffic"] = {k: verdict["traffic"].get(k) for k in TRAFFIC_FIELDS if k in verdict["traffic"]}
+    return out
 
 
 def decide(root, entry: dict, ev: dict, rows: HeldOut) -> tuple[str, dict]:
@@ -139,6 +195,8 @@ def decide(root, entry: dict, ev: dict, rows: HeldOut) -> tuple[str, dict]:
     incumbent = pointer.load_evidence(root, (current or {}).get("evidence"))
     unpaired = (f"the promoted router {current['name']} has no held-out evidence stored (promoted by hand or before "
                 "promotions were gated)") if current and incumbent is None else None
+    if current and current["name"] != entry["name"]:
+        incumbent = served_on_traffic(root, current, incumbent, rows)
     verdict = gate(ev, incumbent, rows, unpaired, served=current)
     if current and current["name"] == entry["name"]:
         return "kept", verdict

@@ -1,8 +1,15 @@
 """The promotion gate: may a candidate replace the router served now? Decided on held-out evidence only.
 
 Evidence (`pipeline.report.promotion.evidence`, stored as registry/evidence/<name>.json) is one router's outcome at
-the serving target on each held-out test row: reward and cost, with the best single agent's on the same rows. Three
-ways to judge, the first that applies (`mode` in the verdict):
+the serving target on each held-out test row: reward and cost, with the best single agent's on the same rows, and
+each row's source. Two kinds of evidence, each judged by a function of its own, both in the verdict:
+
+- benchmark rows (every source but `traffic`: `benchmark_evidence`), the three ways below;
+- traffic rows (the requests this deployment served, explored: `traffic_evidence`, pipeline/report/
+  promotion_traffic.py): paired with the promoted router on the rows every agent replied to; a candidate worse or
+  dearer there beyond noise is refused even when the benchmark rows pass it; too few rows do not block.
+
+Benchmark rows are judged the first way that applies (`mode` in the verdict):
 
 - `paired`: the promoted router's evidence is on the same rows, pool and target: paired 95 % bootstrap CIs of
   (candidate − promoted), quality not worse beyond noise and cost not dearer beyond noise.
@@ -15,14 +22,15 @@ ways to judge, the first that applies (`mode` in the verdict):
   held-out cost ratio is known at the same target, the candidate's share of the best single agent's cost must not
   exceed it by more than COST_RATIO_SLACK (the stated rule where no CI can be paired).
 
-A verdict always names the router it would replace (`replaces`) and says when the candidate is dearer (`dearer`);
-a dearer candidate is refused.
+A verdict always names the router it would replace (`replaces`) and says when the candidate is dearer (`dearer`,
+on either kind of rows); a dearer candidate is refused.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.route.evaluate import paired_gain_ci
+from pipeline.report.gate_rows import benchmark_part, figures, money, paired, pct
+from pipeline.report.promotion_traffic import traffic_evidence
 from pipeline.route.targets import parse_target
 
 MIN_SHARED = 30  # fewer held-out tasks scored by both: a paired CI says nothing, the candidate stands on its own
@@ -33,28 +41,6 @@ PAIRED_RULE = ("paired 95 % bootstrap CIs over the same held-out test rows: qual
 SHARED_RULE = ("paired 95 % bootstrap CIs over the held-out tasks both routers were scored on, each with its own "
                "agents: quality (candidate − promoted) upper bound ≥ 0 and cost (candidate − promoted) lower bound "
                "≤ 0")
-
-
-def paired(a: np.ndarray, b: np.ndarray) -> dict:
-    """mean(a − b) with its paired 95 % bootstrap CI (the project's paired_gain_ci on the two columns)."""
-    ci = paired_gain_ci(np.zeros(len(a), np.int64), np.column_stack([a, b]), 1)
-    return {k: ci[k] for k in ("gain", "low", "high", "n")}
-
-
-def figures(ev: dict, idx=None) -> dict:
-    """Held-out quality and cost per 1k queries of evidence `ev` (on its rows `idx`, all by default), and their
-    ratios to the best single agent on the same rows (None when the evidence does not hold its outcome)."""
-    whole, idx = idx is None, slice(None) if idx is None else idx
-    r, c = np.asarray(ev["reward"], np.float64)[idx], np.asarray(ev["cost"], np.float64)[idx]
-    q, cost = float(r.mean()) if len(r) else None, float(1000 * c.mean()) if len(c) else None
-    out = {"quality": q, "quality_ratio": None, "cost_per_1k": cost, "cost_ratio": None, "n": int(len(r))}
-    if isinstance(ev.get("best_reward"), list) and isinstance(ev.get("best_cost"), list) and len(r):
-        bq = float(np.asarray(ev["best_reward"], np.float64)[idx].mean())
-        bc = float(1000 * np.asarray(ev["best_cost"], np.float64)[idx].mean())
-        out["quality_ratio"], out["cost_ratio"] = (q / bq if bq > 0 else None), (cost / bc if bc > 0 else None)
-    elif ev.get("held_out") and whole:  # evidence of an older release: its stored figures
-        out.update({k: ev["held_out"].get(k) for k in ("quality_ratio", "cost_ratio")})
-    return out
 
 
 def _pool_change(before: list, now: list) -> str:
@@ -86,14 +72,6 @@ def shared_rows(candidate: dict, incumbent: dict) -> tuple[np.ndarray, np.ndarra
             np.asarray([pos[str(candidate["task_ids"][i])] for i in mine], np.int64))
 
 
-def _money(x) -> str:
-    return "n/a" if x is None else f"${x:.3f}"
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.0f} %"
-
-
 def _compared(candidate: dict, incumbent: dict, mine, theirs, mode: str, why: str | None) -> dict:
     """The paired verdict of `candidate` against `incumbent` on rows `mine` / `theirs` (the same tasks)."""
     r, c = np.asarray(candidate["reward"], np.float64)[mine], np.asarray(candidate["cost"], np.float64)[mine]
@@ -101,7 +79,7 @@ def _compared(candidate: dict, incumbent: dict, mine, theirs, mode: str, why: st
     q, cost = paired(r, ri), paired(1000 * c, 1000 * ci)
     worse, dearer = q["high"] < 0, cost["low"] > 0
     fc, fi = figures(candidate, mine), figures(incumbent, theirs)
-    said = (f"cost {_money(fi['cost_per_1k'])} -> {_money(fc['cost_per_1k'])} per 1k queries "
+    said = (f"cost {money(fi['cost_per_1k'])} -> {money(fc['cost_per_1k'])} per 1k queries "
             f"({cost['gain']:+.3f} [{cost['low']:+.3f}, {cost['high']:+.3f}]), quality {fi['quality']:.4f} -> "
             f"{fc['quality']:.4f} ({q['gain']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]) on {len(mine)} "
             + ("held-out rows" if mode == "paired" else "held-out tasks both were scored on"))
@@ -146,7 +124,7 @@ def _own(candidate: dict, rows, reason: str, served: dict | None) -> dict:
         rule += (f"; and its share of the best single agent's held-out cost at most {100 * COST_RATIO_SLACK:g} "
                  "points above the served router's")
         dearer = mine["cost_ratio"] > theirs["cost_ratio"] + COST_RATIO_SLACK
-        reason += (f"; cost {_pct(theirs['cost_ratio'])} -> {_pct(mine['cost_ratio'])} of the best single "
+        reason += (f"; cost {pct(theirs['cost_ratio'])} -> {pct(mine['cost_ratio'])} of the best single "
                    "agent's")
         if dearer:
             failed.append("dearer than the served router (its share of the best single agent's cost)")
@@ -159,13 +137,30 @@ def _own(candidate: dict, rows, reason: str, served: dict | None) -> dict:
 def gate(candidate: dict, incumbent: dict | None, rows=None, unpaired: str | None = None,
          served: dict | None = None) -> dict:
     """The verdict on `candidate` (its evidence) against the promoted router's evidence `incumbent` (None: nothing
-    promoted, or no evidence kept: `unpaired` says which). `served`: the pointer's entry now (name, target, star:
-    its held-out figures), named in the verdict as the router replaced. `rows` (pipeline.report.promotion.HeldOut):
-    the run's held-out rows, for evidence that does not hold the best single agent's outcome.
-    {"passed" (None: not judged), "mode" (paired | shared | own), "rule", "reason", "dearer", "replaces", figures}."""
+    promoted, or no evidence kept: `unpaired` says which), on both kinds of rows. `served`: the pointer's entry now
+    (name, target, star: its held-out figures), named in the verdict as the router replaced. `rows`
+    (pipeline.report.promotion.HeldOut): the run's held-out rows, for evidence that does not hold the best single
+    agent's outcome. The benchmark verdict's fields ("mode" paired | shared | own, "rule", figures, CIs) with the
+    combined "passed" (None: not judged), "dearer" and "reason" (both kinds), "benchmark_passed",
+    "benchmark_reason" and "traffic" (`traffic_evidence`'s verdict)."""
+    bench = benchmark_evidence(benchmark_part(candidate), benchmark_part(incumbent), rows, unpaired, served)
+    traffic = traffic_evidence(candidate, incumbent)
+    passed = False if traffic["passed"] is False else bench["passed"]
+    return {**bench, "passed": passed, "dearer": bool(bench["dearer"] or traffic["dearer"]),
+            "reason": f"benchmark rows: {bench['reason']}; traffic rows: {traffic['reason']}",
+            "benchmark_passed": bench["passed"], "benchmark_reason": bench["reason"], "traffic": traffic}
+
+
+def benchmark_evidence(candidate: dict, incumbent: dict | None, rows=None, unpaired: str | None = None,
+                       served: dict | None = None) -> dict:
+    """The verdict on the benchmark rows of `candidate` against those of `incumbent` (`gate`'s arguments): paired,
+    shared or own, the first that applies. {"passed", "mode", "rule", "reason", "dearer", "replaces", figures}."""
     served_name = (served or {}).get("name") or (incumbent or {}).get("name")
     out = {"target": candidate["target"], "replaces": served_name,
            "candidate": {"name": candidate["name"], **figures(candidate)}}
+    if not len(candidate["reward"]):
+        return {**out, "passed": None, "mode": "none", "rule": None, "dearer": False,
+                "reason": "no held-out rows of a source other than traffic: not judged"}
     reason = unpaired or pairing(candidate, incumbent)
     if reason is None:
         every = np.arange(len(candidate["reward"]))
@@ -184,13 +179,42 @@ def gate(candidate: dict, incumbent: dict | None, rows=None, unpaired: str | Non
 
 
 def verdict_lines(verdict: dict, action: str | None = None) -> list[str]:
-    """The verdict for a person: what it would replace, how it was judged, why."""
+    """The verdict for a person: what it would replace, how each kind of rows judged it, why."""
     cand = verdict["candidate"]
     passed = {True: "passes", False: "refuses", None: "cannot judge"}[verdict.get("passed")]
     head = (f"gate: {passed} {cand['name']} at {verdict['target']} (replacing "
             f"{verdict.get('replaces') or 'nothing: none promoted yet'})" + (f": {action}" if action else ""))
-    lines = [head, f"  {verdict['mode']}: {verdict['reason']}"]
+    if "traffic" in verdict:  # both kinds of evidence, a line each
+        lines = [head, f"  benchmark rows ({verdict['mode']}): {verdict['benchmark_reason']}",
+                 f"  traffic rows: {verdict['traffic']['reason']}"]
+    else:  # a verdict without evidence (`router-lite promote` of a router never gated)
+        lines = [head, f"  {verdict['mode']}: {verdict['reason']}"]
     if verdict.get("dearer"):
         lines.append(f"  {cand['name']} is dearer than the served router: not promoted by default "
                      f"(`router-lite promote {cand['name']} --force` overrides)")
     return lines
+
+
+def evidence_rows(verdict: dict) -> list[dict]:
+    """The verdict as a table for the UI: one row per kind of evidence (benchmark, traffic) with its rows compared,
+    the promoted router's and the candidate's quality and cost per 1k on them, the paired differences with their
+    95 % CIs, and what that kind says (passes | refuses | not judged)."""
+    compared = verdict.get("candidate_on_compared") or verdict.get("candidate") or {}
+    out = [_evidence_row(f"benchmark ({verdict.get('mode')})", compared.get("n"), verdict.get("incumbent"), compared,
+                         verdict, verdict.get("benchmark_passed", verdict.get("passed")))]
+    if (t := verdict.get("traffic")) is not None:
+        out.append(_evidence_row("traffic", t["n"], t.get("incumbent"), t.get("candidate"), t, t["passed"]))
+    return out
+
+
+def _evidence_row(kind: str, n, promoted: dict | None, candidate: dict | None, cis: dict, passed) -> dict:
+    def ci(d, f):
+        return None if not d else f"{d['gain']:{f}} [{d['low']:{f}}, {d['high']:{f}}]"
+
+    promoted, candidate = promoted or {}, candidate or {}
+    return {"evidence": kind, "rows": n, "promoted quality": promoted.get("quality"),
+            "candidate quality": candidate.get("quality"),
+            "quality Δ [95 % CI]": ci(cis.get("quality_minus_promoted"), "+.4f"),
+            "promoted $/1k": promoted.get("cost_per_1k"), "candidate $/1k": candidate.get("cost_per_1k"),
+            "cost Δ per 1k [95 % CI]": ci(cis.get("cost_per_1k_minus_promoted"), "+.3f"),
+            "says": {True: "passes", False: "refuses", None: "not judged"}[passed]}

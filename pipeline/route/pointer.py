@@ -238,10 +238,11 @@ def served_stack(records: list[dict]) -> list[dict]:
 EVIDENCE = "evidence"  # registry/evidence/<name>.json: a promoted router's per-row held-out outcome
 
 
-def save_evidence(root: Path, ev: dict) -> str:
-    """Store a candidate's evidence (pipeline.report.promotion.evidence); its path relative to the registry."""
-    rel = f"{EVIDENCE}/{ev['name']}.json"
-    atomic_write_json(ev, Path(root) / rel)
+def save_evidence(root: Path, ev: dict, rel: str | None = None) -> str:
+    """Store a candidate's evidence (pipeline.report.promotion.evidence) at `rel` (relative to the registry, inside
+    it; default evidence/<name>.json); its path relative to the registry."""
+    rel = rel or f"{EVIDENCE}/{ev['name']}.json"
+    atomic_write_json(ev, inside(root, rel, "evidence"))
     return rel
 
 
