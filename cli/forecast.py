@@ -1,7 +1,9 @@
 """`router-lite forecast`: what the profile's collection will cost, before any paid call. No call to an
 agent and no key: the task pool is built in this process from the profile's bundled sources (what `router-lite run
 --upto task_pool` materialises), the call logs say what is done, and the pool's prices are the list prices (with a
-key, the provider's models endpoint adds its own). Prints a table; writes reports/forecast.json."""
+key, the provider's models endpoint adds its own). Prints a table; writes reports/forecast.json. Then what a day of
+`serve --explore` costs at the request rate of the traffic log's last 24 h, and its cap (cli/traffic.py;
+`--exploration`: that alone)."""
 from __future__ import annotations
 
 import os
@@ -64,7 +66,14 @@ def cmd_forecast(args) -> int:
     use_override(args)
     prof = load_profile(args.profile)
     home = str(home_of(prof))  # this profile's folder: the home's root, or profiles/<name> beside another's lineage
+    from cli.traffic import exploration_forecast_of, exploration_line
+
+    exploration = exploration_forecast_of(args, prof, home)  # a day of `serve --explore` at the log's request rate
+    if args.exploration:
+        print(exploration_line(exploration))
+        return 0
     fc, note = compute_forecast(prof, args.pool, home)
+    fc["exploration"] = exploration
     out = Path(home) / "reports" / "forecast.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(fc, out)
@@ -74,6 +83,7 @@ def cmd_forecast(args) -> int:
           f"{', and their judge' if judges else ''}; prices: {note}")
     print(forecast_table(fc))
     print(forecast_line(fc))
+    print(exploration_line(exploration))
     print(f"written: {out}", file=sys.stderr)
     return 0
 
@@ -83,4 +93,7 @@ def add_forecast_command(sub) -> None:
     p.add_argument("--profile", default=None, help="profile name (default: $ROUTER_LITE_PROFILE or demo)")
     p.add_argument("--override", default=None, metavar="FILE", help="a YAML file merged over the profile")
     p.add_argument("--pool", default=None, help="another pool of config/agents.yaml (default: the profile's)")
+    from cli.traffic import add_forecast_options
+
+    add_forecast_options(p)
     p.set_defaults(fn=cmd_forecast)

@@ -495,6 +495,9 @@ def _serve_setup(args):
     keyring, allowed = _client_keys(args)  # a bad keys file, or no keys beyond loopback: one line, exit 2
     use_override(args)
     profile = load_profile(args.profile)
+    from cli.traffic import traffic_settings
+
+    traffic = traffic_settings(args, profile)  # --explore without its cap: one line, before anything loads
     bounded.configure(_grading_budget(args.grading_budget_ms, profile.collection))  # cascade grading (a bad one: 2)
     if args.workers == 1 or args.worker:  # this process serves: its grading worker starts now, beside the loading
         bounded.warm_up()
@@ -507,7 +510,7 @@ def _serve_setup(args):
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
     _check_guard(args, keyring, allowed, target)
     return types.SimpleNamespace(profile=profile, pool=pool, reg=reg, stands_for=stands_for, agents=agents,
-                                 wider=wider, settings=settings, keyring=keyring, allowed=allowed)
+                                 wider=wider, settings=settings, keyring=keyring, allowed=allowed, traffic=traffic)
 
 
 def _serve_app(args, served, port: int):
@@ -523,8 +526,14 @@ def _serve_app(args, served, port: int):
     bb = _head_backbone(reg, args.device, dtype=args.dtype, threads=args.threads or None)
     formats = _format_guess(reg, profile) if reg.needs_grader else None
     follow = _pointer_follower(args, profile)
+    from cli.traffic import traffic_banner, traffic_recorder
+    from pipeline.serve.traffic import record
+    from resources.storage import home_of
+
+    home = home_of(profile)
     app = build_app(reg, bb, agents, pool.client_for, served.settings, formats=formats, log_prompts=args.log_prompts,
                     follow=follow)
+    record(app, traffic_recorder(served.traffic, home, served.settings))  # each process its own file
     app, keys_line = _guarded(app, args, served.keyring, served.allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
     _serve_logging(args)
@@ -533,7 +542,8 @@ def _serve_app(args, served, port: int):
                                   else "") + f" on http://{args.host}:{port}/v1 (backbone {bb.model_id} on {bb.device})"
               + (f"; a request without router_grader: answer format guessed from the {len(formats.X)} training "
                  f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
-              + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else ""))
+              + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else "")
+              + traffic_banner(served.traffic, home))
     return app, [*keys_line, banner]
 
 
@@ -848,6 +858,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cli.forecast import add_forecast_command
 
     add_forecast_command(sub)
+    from cli.traffic import add_traffic_command
+
+    add_traffic_command(sub)
     return ap
 
 
@@ -1024,6 +1037,9 @@ def _add_serve_command(sub) -> None:
                    help="without --head: check registry/latest.json every S seconds and swap in the router it "
                         "names without a restart (default %(default)g; 0: do not follow)")
     p.add_argument("--no-metrics", action="store_true", help="no GET /metrics (and no series recorded)")
+    from cli.traffic import add_traffic_serve_options
+
+    add_traffic_serve_options(p)
     p.set_defaults(fn=cmd_serve, worker=False)  # worker: in a worker process of --workers N
 
 

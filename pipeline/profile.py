@@ -244,9 +244,23 @@ class ServeProfileSettings:
         The operating point the ★ router (the best router by validation AIQ of the profile's latest run,
         reports/router_value.json) is served at when `serve` is given neither `--head` nor `--target`; the
         README's headline target.
+    record_traffic = False
+        Record each served request in the home's traffic log (`serve --record-traffic`; docs/serving.md,
+        "Recording traffic"): its routed text, messages, decision, every agent called with its reply, cost and
+        latency, the client key's name (never the key). Off: `serve` keeps no prompt anywhere.
+    traffic_retention_days = 30
+        Days of the traffic log kept (`--traffic-retention-days`): older day folders are deleted.
+    explore = 0.0
+        Share of the recorded requests whose un-asked agents are asked after the reply (`--explore`).
+    explore_usd_per_day = None
+        The exploration's cap in USD per UTC day (`--explore-usd-per-day`; required when explore > 0).
     """
 
     target: str = "quality>=0.98"
+    record_traffic: bool = False
+    traffic_retention_days: Annotated[Int, pydantic.Field(ge=1)] = 30
+    explore: Annotated[Number, pydantic.Field(ge=0, le=1)] = 0.0
+    explore_usd_per_day: Annotated[Number, pydantic.Field(ge=0)] | None = None
 
     def __post_init__(self) -> None:
         from pipeline.route.targets import parse_target
@@ -255,6 +269,8 @@ class ServeProfileSettings:
             parse_target(self.target)
         except RouterLiteError as exc:
             raise RouterLiteError(f"serve.target: {exc}") from None
+        if self.explore > 0 and self.explore_usd_per_day is None:
+            raise RouterLiteError("serve.explore > 0 needs its cap: serve.explore_usd_per_day (USD per UTC day)")
 
 
 @dataclass(frozen=True)

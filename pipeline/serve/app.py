@@ -125,7 +125,8 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     answer format of a request that names none from it (else such a request is routed prompt-only).
     `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt.
     `follow` (a `pipeline.serve.follow.PointerFollower`): the app swaps in the router the registry's pointer names
-    whenever it changes (started and stopped with the app)."""
+    whenever it changes (started and stopped with the app). Traffic is recorded once `pipeline.serve.traffic.record`
+    gave the app a recorder (`state.traffic`; docs/serving.md, "Recording traffic"), closed with the app."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -155,6 +156,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     state.metrics = ServeMetrics() if settings.metrics else None
     if state.metrics is not None:
         state.metrics.router(served)
+    state.traffic = None  # pipeline/serve/traffic.py `record`
     return app
 
 
@@ -377,6 +379,8 @@ async def _chat(request):
     if "X-Router-Name" not in resp.headers:
         resp.headers["X-Router-Name"] = served.router_name
     _log_access(request, resp, rid, t_start)
+    if request.app.state.traffic is not None:  # recorded once the client has the reply (pipeline/serve/traffic.py)
+        resp = request.app.state.traffic.after_reply(request, resp, rid)
     if request.app.state.metrics is not None:
         request.app.state.metrics.observe(request, resp, served.router_name)
     return resp
@@ -457,6 +461,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
     names = [state.specs[j].name for j in result.called]
     answer = req.answer
     answer.calls = [(state.specs[r.agent].name, r.cost, r.latency_ms / 1000.0) for r in result.replies]
+    answer.replies = result.replies
     answer.agents_called, answer.ood, answer.target, answer.grader = names, decision.ood, point["target"], grader
     name = state.router_name
     headers = {"X-Router-Head": name, "X-Router-Agents-Called": ",".join(names),
@@ -535,6 +540,8 @@ async def _lifespan(app):
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if state.traffic is not None:  # explorations still use the agents' clients
+            await state.traffic.close()
         for c in state.endpoint.clients.values():
             try:
                 await c.close()

@@ -46,6 +46,7 @@ class StreamCost:
     def __init__(self, spec, upstream: dict):
         self.spec, self.upstream = spec, upstream
         self.buf, self.parts, self.usage = b"", [], None
+        self.finish_reason, self.error = None, None  # the traffic log's (pipeline/serve/traffic.py)
 
     def feed(self, chunk: bytes) -> None:
         self.buf = (self.buf + chunk).replace(b"\r\n", b"\n")
@@ -67,8 +68,12 @@ class StreamCost:
             return
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
+        if isinstance(obj.get("error"), dict):  # the relay's event of a stream that broke (relay.py)
+            self.error = str(obj["error"].get("message"))[:1000]
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            if isinstance(choices[0].get("finish_reason"), str):
+                self.finish_reason = choices[0]["finish_reason"]
             delta = choices[0].get("delta")
             if isinstance(delta, dict) and isinstance(delta.get("content"), str):
                 self.parts.append(delta["content"])

@@ -60,6 +60,14 @@ class ServeMetrics:
         self.promoted = Gauge("router_lite_router_promoted_timestamp_seconds", "When the router was promoted (unix "
                               "s): the pointer's promoted_at, else the entry's registration time (/readyz: "
                               "promoted_source)", ["router"], multiprocess_mode="livemax", registry=r)
+        self.traffic_lines = Counter("router_lite_traffic_lines", "Traffic log lines (serve --record-traffic), by "
+                                     "outcome: written, failed (a write error: the request was answered), dropped "
+                                     "(the writer's queue was full)", ["outcome"], registry=r)
+        self.explorations = Counter("router_lite_explorations", "Requests drawn for exploration, by outcome: "
+                                    "explored, capped (the day's cap reached), full (queue full), abandoned and "
+                                    "cancelled (a stop)", ["outcome"], registry=r)
+        self.explore_usd = Counter("router_lite_explore_usd", "USD paid for exploration calls (never charged to a "
+                                   "client key)", registry=r)
         self.swaps = Counter("router_lite_router_swaps", "Promotions followed: a new router swapped in", registry=r)
         self.swap_failures = Counter("router_lite_router_swap_failures", "Pointer contents whose router failed to "
                                      "load, validate or warm (the old router kept serving)", registry=r)

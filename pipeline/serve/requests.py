@@ -142,7 +142,8 @@ class Answer:
     """What the handler did with a chat request, as the access log, the metrics and the client-key meter read it:
     the target and answer format it ran at, the agent that answered, every agent called, what the reply cost (= its
     `usage.cost`; None: not known when the response started, as for a relayed stream, or nothing was paid) and a
-    cascade's calls (agent, USD, seconds)."""
+    cascade's calls (agent, USD, seconds) and their replies (pipeline/serve/cascade_calls.py `Reply`: the traffic
+    log's)."""
 
     target: str | None = None
     grader: str | None = None
@@ -151,6 +152,7 @@ class Answer:
     cost_usd: float | None = None
     ood: bool | None = None
     calls: list | None = None
+    replies: list | None = None
 
 
 @dataclasses.dataclass
