@@ -33,18 +33,24 @@ from dagster import (
 from resources.pool import pool_kind
 
 IN_PROCESS_TAG = "router_lite/in_process"  # on every run of `router-lite run` (cli/run.py)
+SENSOR_TAG = "router_lite/by_sensor"  # an asset tag: materialised by its sensor (the daily `traffic`), not by
+# `router-lite run`; unlike opt-in, what depends on it stays a stage (it reads the partitions there are)
 OPT_IN_TAG = "router_lite/opt_in"  # an asset tag: not one of `router-lite run`'s stages (cli/run.py), e.g. hub_release
 REFRESH_SENSOR = "refresh_after_collection"
 
 # computed from the graded calls without any API call
 FREE_REFRESH = ("reward_matrix", "agent_answers", "baselines", "pool_report", "router_head", "registered_head",
-                "cascade_router", "registered_cascade", "served_decisions", "phrasings", "router_arena")
+                "cascade_router", "registered_cascade", "served_decisions", "phrasings", "router_arena",
+                "traffic_rewards")
 # calls the routed agents through the pool: automated only where that costs nothing (a free pool kind: replay)
 BENCHMARK = "benchmark_report"
 # the gated promotion reads the benchmark report's evidence: refreshed after it, so a re-collection's retrained ★ is
 # promoted (or refused, its evidence in the UI) without a hand; on a live pool both wait for a run someone starts
 PROMOTION = "promotion"
 NOT_A_TRIGGER = AssetSelection.assets("source_tasks", "task_pool", "agent_pool", "preflight")
+# the daily traffic partitions: a new one is a trigger, the days never materialised (most of the calendar) are no
+# missing dependency
+SOMETIMES_MISSING = AssetSelection.assets("traffic")
 
 
 def refresh_condition() -> AutomationCondition:
@@ -53,6 +59,8 @@ def refresh_condition() -> AutomationCondition:
                & ~AutomationCondition.all_new_updates_have_run_tags(tag_keys={IN_PROCESS_TAG}))
     eager = AutomationCondition.eager().replace("newly_updated_without_root", updated.with_label(
         "newly_updated_outside_router_lite_run")).ignore(NOT_A_TRIGGER)
+    eager = eager.replace("any_deps_missing", AutomationCondition.any_deps_missing().ignore(
+        NOT_A_TRIGGER | SOMETIMES_MISSING))
     return (eager & AutomationCondition.all_deps_blocking_checks_passed()
             & ~AutomationCondition.any_deps_match(AutomationCondition.execution_failed()).with_label(
                 "any_deps_failed")).with_label("refresh_after_collection")

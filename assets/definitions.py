@@ -18,11 +18,11 @@ from dagster import (
 )
 
 import assets
-from assets import benchmark, collection, tasks
+from assets import benchmark, collection, tasks, traffic
 from assets.automation import with_refresh_automation
 from assets.metadata import ui_text
 from assets.ops import build_ops
-from assets.partitions import collection_partitions_for, source_partitions_for
+from assets.partitions import collection_partitions_for, source_partitions_for, traffic_partitions
 from pipeline.profile import Profile, as_profile
 from resources.backbone import BackboneResource
 from resources.hub import hub_resource
@@ -75,7 +75,8 @@ def profile_assets(prof: Profile) -> list:
     return [tasks.source_tasks_asset(source_partitions_for(prof.sources)),
             collection.graded_calls_asset(collection.provider_concurrency_pool(prof),
                                           collection_partitions_for(prof.sources, prof.repetitions)),
-            benchmark.routerbench_replication_asset(benchmark.suite_partitions_for(prof.benchmark.suites))]
+            benchmark.routerbench_replication_asset(benchmark.suite_partitions_for(prof.benchmark.suites)),
+            traffic.traffic_asset(traffic_partitions())]
 
 
 def build_assets(profile: Profile | str = "") -> list:
@@ -91,11 +92,13 @@ def build_assets(profile: Profile | str = "") -> list:
 def build_definitions(home: str | None = None, profile: Profile | str = "") -> Definitions:
     """The Definitions of `profile` (a name is read once here; every part below takes the typed `Profile`)."""
     prof = as_profile(profile)
+    ops = build_ops(prof)
+    traffic_job, traffic_sensor = traffic.traffic_sensor(prof, traffic_partitions())
     return Definitions(
         assets=build_assets(prof),
         asset_checks=load_asset_checks_from_package_module(assets),
         resources=build_resources(home, prof),
-        **build_ops(prof),
+        **{**ops, "jobs": [*ops["jobs"], traffic_job], "sensors": [*ops["sensors"], traffic_sensor]},
     )
 
 

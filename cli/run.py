@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, materialize
 
-from assets.automation import IN_PROCESS_TAG, OPT_IN_TAG
+from assets.automation import IN_PROCESS_TAG, OPT_IN_TAG, SENSOR_TAG
 from pipeline.core.errors import RouterLiteError, debug_enabled
 from pipeline.core.progress import heartbeat
 from pipeline.profile import Profile, as_profile
@@ -171,7 +171,8 @@ def _stage_name(group: str, keys: list[str]) -> str:
 
 def stages_of(defs, upto: str | list[str] | None = None, start: list[str] | None = None) -> list[Stage]:
     """The stages `run_lineage` materialises, read off the Definitions' asset graph: its assets (without the ones
-    tagged opt-in and their descendants; with `upto`, those assets and what they depend on: `+asset` in Dagster's
+    tagged opt-in and their descendants, and without those their sensor materialises; with `upto`, those assets
+    and what they depend on: `+asset` in Dagster's
     selection syntax, one name or several; with `start`, only those assets and what depends on them: `asset+`, the
     rest read as materialised) in topological order, split where the group or the partitioning changes.
     Among the assets ready next, one of the stage being built comes first, then one of the earliest group (groups
@@ -183,7 +184,8 @@ def stages_of(defs, upto: str | list[str] | None = None, start: list[str] | None
     for k in keys:  # descendants of an opt-in asset are opt-in too (toposorted: parents come first)
         if set(graph.get(k).parent_keys) & opt_out:
             opt_out.add(k)
-    wanted = [k for k in keys if k not in opt_out]
+    by_sensor = {k for k in keys if SENSOR_TAG in (graph.get(k).tags or {})}  # its descendants stay stages
+    wanted = [k for k in keys if k not in opt_out and k not in by_sensor]
     if upto:
         by_name = {k.to_user_string(): k for k in wanted}
         names = [upto] if isinstance(upto, str) else list(upto)

@@ -44,6 +44,7 @@ import pydantic
 from pipeline.collect.judge import JudgeSettings
 from pipeline.collect.sampling import NewAgentSample
 from pipeline.collect.settings import CollectionSettings
+from pipeline.collect.traffic import TrafficSettings
 from pipeline.core import config
 from pipeline.core.config import (  # noqa: F401 - the reader's names, re-exported for the profile's callers
     DEFAULT_PROFILE,
@@ -297,6 +298,8 @@ class Profile:
         The routed benchmark and replication suites.
     serve = ServeProfileSettings()
         What `router-lite serve` serves by default.
+    traffic = TrafficSettings()
+        The served traffic as a task source (`pipeline.collect.traffic.TrafficSettings`).
     """
 
     name: str = ""
@@ -311,6 +314,7 @@ class Profile:
     train: Section[TrainConfig] = field(default_factory=TrainConfig)
     benchmark: Section[BenchmarkSettings] = field(default_factory=BenchmarkSettings)
     serve: Section[ServeProfileSettings] = field(default_factory=ServeProfileSettings)
+    traffic: Section[TrafficSettings] = field(default_factory=TrafficSettings)
     # the file it was read from, and the override file merged over it ("" = none): not keys
     path: Annotated[str, pydantic.AfterValidator(code_only)] = field(default="", metadata={"yaml": False})
     override: Annotated[str, pydantic.AfterValidator(code_only)] = field(default="", metadata={"yaml": False})
@@ -326,7 +330,7 @@ class Profile:
 
 SECTIONS = (SourceSettings, OodSpec, AgentPoolSettings, CollectionConfig, BackboneSettings, BenchmarkSettings,
             ServeProfileSettings, Profile, TaskPoolConfig, CollectionSettings,
-            TrainConfig, NewAgentSample)  # every dataclass a profile is read into
+            TrainConfig, NewAgentSample, TrafficSettings)  # every dataclass a profile is read into
 
 
 def _ood_form(raw: dict) -> dict:

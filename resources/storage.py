@@ -126,6 +126,9 @@ class StorageResource(ConfigurableResource):
 # input metadata (`AssetIn(metadata={BY_PARTITION: True})`): a partitioned input loads as {partition key: value}
 # rather than one concatenated frame, for an asset that reads each partition apart (e.g. one table per suite)
 BY_PARTITION = "by_partition"
+# input metadata: a partitioned input loads only the partitions materialised so far (the daily `traffic` partitions:
+# most days of the calendar have none), not one error per missing file
+MATERIALISED_ONLY = "materialised_only"
 
 
 class ParquetIOManager(ConfigurableIOManager):
@@ -162,6 +165,9 @@ class ParquetIOManager(ConfigurableIOManager):
         if context.has_asset_partitions:  # every partition the input maps to (the profile's), in definition order
             wanted = {str(k) for k in context.asset_partition_keys}
             keys = [k for k in map(str, context.asset_partitions_def.get_partition_keys()) if k in wanted]
+            if (context.definition_metadata or {}).get(MATERIALISED_ONLY):
+                keys = [k for k in keys if asset_path(self.home, "/".join(key), k).exists()
+                        or asset_path(self.home, "/".join(key), k, ".json").exists()]
             if (context.definition_metadata or {}).get(BY_PARTITION):  # each partition's value under its key
                 return {k: self._read(key, k) for k in keys}
             parts = [self._read(key, k) for k in keys]

@@ -94,7 +94,8 @@ def test_the_profile_dependent_assets_exist_only_as_the_factory_builds_them():
     keys = [k for a in build_assets("smoke") for k in a.keys]
     assert {AssetKey("source_tasks"), AssetKey("graded_calls"), AssetKey("routerbench_replication")} <= set(keys)
     assert len(keys) == len(set(keys))  # each asset once
-    source_tasks, graded_calls, replication = profile_assets(load_profile("pilot"))
+    source_tasks, graded_calls, replication, traffic = profile_assets(load_profile("pilot"))
+    assert traffic.partitions_def.get_first_partition_key() == "2026-01-01"  # one partition per UTC day
     assert replication.partitions_def.get_partition_keys() == list(load_profile("pilot").benchmark.suites or SUITES)
     assert source_tasks.partitions_def.get_partition_keys() == ["math500", "gsm8k", "aime2025_i", "aime2025_ii",
                                                                 "arc_challenge", "mmlu", "mmlu_pro"]
