@@ -132,7 +132,7 @@ def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], seed: 
     return {"task_id": f"{SOURCE}/{day}/{r.request_id}", "source": SOURCE, "day": day, "request_id": r.request_id,
             "ts": r.ts, "prompt": users[-1] if users else r.messages[-1].content, "user_text": r.routed_text,
             "messages": json.dumps([m.model_dump() for m in r.messages], ensure_ascii=False),
-            "conversation_hash": r.conversation_hash, "split": split_of(r.request_id, fractions, seed),
+            "conversation_hash": r.conversation_hash, "split": split_of(r.conversation_hash, fractions, seed),
             "explored": req.explored, "grader": grader_of(r.decision.format), "format": r.decision.format,
             "router": r.router, "target": r.target, "served_agent": r.decision.agent, "policy": r.decision.policy,
             "ood": bool(r.decision.ood), "reference": None, "reference_by": None}
