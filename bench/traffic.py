@@ -12,8 +12,8 @@
 
 The served router's value on the held-out part, before (step 3) and after (step 5), against the best single agent:
 quality (the served reply's reward as graded in the `traffic` partition), cost (the decision's calls) and the OOD
-guard's firing rate. Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio, guard_rate, n}),
-`explore_usd`, `explore_cap_usd`, `promoted` (the served router changed), and each step's seconds.
+guard's firing rate. Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio,
+guard_rate, n}), `explore_usd`, `explore_cap_usd`, `promoted` (the served router changed), and each step's seconds.
 
     python bench/traffic.py                          # profile smoke, 300 stream prompts
     python bench/traffic.py --stream 600 --explore-cap-usd 2
