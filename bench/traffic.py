@@ -127,14 +127,14 @@ def explored_all(home: Path, day: str, timeout_s: float = 600) -> dict:
         time.sleep(2)
 
 
-def tick_sensor(home: Path, env: dict) -> list[str]:
+def tick_sensor(home: Path, profile: str, env: dict) -> list[str]:
     """The `traffic_days` sensor evaluated once and its run requests executed, as the daemon would."""
     os.environ.update({k: env[k] for k in ("ROUTER_LITE_HOME", "DAGSTER_HOME")})
     from dagster import DagsterInstance, build_sensor_context
 
     from assets.definitions import build_definitions
 
-    defs = build_definitions(str(home))
+    defs = build_definitions(str(home), profile)
     sensor = defs.get_sensor_def("traffic_days")
     with DagsterInstance.get() as inst:
         ctx = build_sensor_context(instance=inst, resources={"storage": defs.resources["storage"]})
@@ -207,7 +207,7 @@ def main(argv=None) -> None:
         before = [d for d in first if d["hash"] in held_hashes]
         decision_costs(before, home, day, before[0]["router"] if before else None)
         t0 = time.perf_counter()
-        partitions = tick_sensor(home, env)
+        partitions = tick_sensor(home, args.profile, env)
         seconds["sensor"] = time.perf_counter() - t0
         rows = pd.read_parquet(asset_path(home, "traffic", day))
         seconds["retrain"] = lineage(args.profile, env, work)
