@@ -4,7 +4,16 @@ import time
 from dataclasses import dataclass
 
 import pandas as pd
-from dagster import AssetCheckResult, AssetExecutionContext, MetadataValue, Output, asset, asset_check
+from dagster import (
+    AllPartitionMapping,
+    AssetCheckResult,
+    AssetExecutionContext,
+    AssetIn,
+    MetadataValue,
+    Output,
+    asset,
+    asset_check,
+)
 
 from assets.collection import pool_of
 from assets.metadata import md_table, rounded
@@ -20,11 +29,12 @@ from pipeline.route.cascade import CascadeRouter
 from pipeline.route.cascade_fit import fit_cascade_router, selection_of
 from pipeline.route.fit import fit_router, reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
+from pipeline.route.learning_rows import learning_rows
 from pipeline.route.targets import path_table
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
-from resources.storage import StorageResource
+from resources.storage import BY_PARTITION, MATERIALISED_ONLY, StorageResource
 
 
 @asset(group_name="router", io_manager_key="io_manager",
@@ -48,15 +58,38 @@ def prompt_embeddings(task_pool: pd.DataFrame, backbone: BackboneResource,
                                 "cpu_backend_choice": MetadataValue.json(CPU_BACKEND_CHOICE)})
 
 
+@asset(group_name="router", io_manager_key="io_manager",
+       ins={"traffic": AssetIn("traffic", partition_mapping=AllPartitionMapping(),
+                               metadata={BY_PARTITION: True, MATERIALISED_ONLY: True})},
+       description="Embeddings of the explored, graded traffic requests (`traffic_rewards`): the text `serve` "
+                   "embedded for each, by the same frozen backbone and cache; empty (no backbone loaded) without "
+                   "traffic.")
+def traffic_embeddings(traffic: dict, traffic_rewards: pd.DataFrame, backbone: BackboneResource,
+                       storage: StorageResource) -> Output[pd.DataFrame]:
+    frames = [d for d in traffic.values() if isinstance(d, pd.DataFrame) and len(d)]
+    rows = pd.concat(frames, ignore_index=True).drop_duplicates("task_id") if frames else pd.DataFrame()
+    rows = rows[rows["task_id"].isin(traffic_rewards["task_id"])] if len(rows) else rows
+    if not len(rows):
+        return Output(pd.DataFrame({"task_id": pd.Series(dtype=str), "embedding": pd.Series(dtype=object)}),
+                      metadata={"rows": 0})
+    bb = backbone.get_backbone()
+    X = EmbeddingCache(storage.path("embeddings")).get_or_compute(rows["user_text"].astype(str).tolist(), bb)
+    return Output(pd.DataFrame({"task_id": rows["task_id"].to_numpy(), "embedding": list(X)}),
+                  metadata={"rows": len(rows), "backbone": bb.key, "precision": bb.precision})
+
+
 @asset(group_name="router", io_manager_key="router_io_manager",
-       description="Router head trained with separable CMA-ES on the static reward matrix (zero API calls); "
-                   "held-out metrics against best single, kNN, random and the oracle.")
+       description="Router head trained with separable CMA-ES on the static reward matrix (zero API calls), with the "
+                   "explored traffic's train and validation rows where a deployment recorded some "
+                   "(pipeline/route/learning_rows.py); held-out metrics (the benchmark's test rows) against best "
+                   "single, kNN, random and the oracle.")
 def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame,
-                task_pool: pd.DataFrame, profile: ProfileResource) -> Output[FittedRouter]:
+                task_pool: pd.DataFrame, traffic_rewards: pd.DataFrame, traffic_embeddings: pd.DataFrame,
+                profile: ProfileResource) -> Output[FittedRouter]:
     prof = profile.get()
-    rewards = reward_matrix
-    X = reward_embeddings(prompt_embeddings, rewards)
-    tasks = task_pool
+    rewards, tasks, embeddings = learning_rows(reward_matrix, prompt_embeddings, task_pool, traffic_rewards,
+                                               traffic_embeddings)
+    X = reward_embeddings(embeddings, rewards)
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")
     fit = fit_router(X, rewards, split, prof.train, labels=labels_of(t, domain_column(t)), frontier=True)
@@ -78,6 +111,7 @@ def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, pro
         "head": m["head"], "best_single": m["best_single"], "knn": m["knn"], "oracle": m["oracle"],
         "random": m["random"], "headroom_captured": m["headroom_captured"], "n_train": m["n_train"],
         "n_test": m["n_test"], "n_params": getattr(fit.head, "n_params", None),
+        "traffic_rows_learned": len(rewards) - len(reward_matrix),
         "ood_fire_rate_test": fit.extra["ood_fire_rate"],
         "train_fit": fit.extra["train_fit"], "shipped": fit.extra["gate"]["shipped"],
         "head_vs_best_single": _gain_text(ci["head"]), "knn_vs_best_single": _gain_text(ci["knn"]),

@@ -2,9 +2,9 @@
 like a collection's, and the explored, graded ones as reward rows of their own source `traffic`.
 
 - **The task**: `traffic/<day>/<request_id>`, source `traffic`; `prompt` the user's last message as sent, `user_text`
-  the text the router embedded, `messages` the whole conversation (JSON); a seeded split by a hash of the request id
-  with the profile's task-pool fractions (a request stays in its split however the log grows); `explored` when every
-  agent of the router's pool replied.
+  the text the router embedded, `messages` the whole conversation (JSON); a seeded split by a hash of the
+  conversation with the profile's task-pool fractions (the same conversation sent again, that day or later, stays in
+  its split: a held-out prompt is never trained on); `explored` when every agent of the router's pool replied.
 - **Grading** by the decision's answer format (`FORMAT_GRADERS`): where the format has a grader and a reference
   answer exists, every reply is graded against it. The reference is the answer a strict majority of the strongest
   agents (at least two) give (`TrafficSettings.strongest`, else the pool's agents whose role is `strong*` in
@@ -62,7 +62,7 @@ class TrafficSettings:
         The traffic sensor materialises the open day's partition each time its log has grown by this many lines
         since the last request (a closed day: once its UTC day is over, again if late lines arrive).
     seed = 0
-        Seed of the split by request id (the fractions are the task pool's `task_pool.split`).
+        Seed of the split by conversation hash (the fractions are the task pool's `task_pool.split`).
     format = None
         The answer format of a request whose decision names none (a prompt-only router records none; a cascade
         its guess), e.g. "mcq_letter" for a deployment that serves only multiple choice. None: such a request is
@@ -89,10 +89,10 @@ def grader_of(fmt: str | None) -> str | None:
     return g if g in GRADERS else None
 
 
-def split_of(request_id: str, fractions: dict[str, float], seed: int = 0) -> str:
-    """The seeded split of a request: a hash of (seed, id) read as a uniform draw against the fractions in
-    train, validation, test order."""
-    u = int(hashlib.sha256(f"{seed}|{request_id}".encode()).hexdigest()[:12], 16) / float(1 << 48)
+def split_of(key: str, fractions: dict[str, float], seed: int = 0) -> str:
+    """The seeded split of a request: a hash of (seed, its conversation hash) read as a uniform draw against the
+    fractions in train, validation, test order."""
+    u = int(hashlib.sha256(f"{seed}|{key}".encode()).hexdigest()[:12], 16) / float(1 << 48)
     edge = 0.0
     for name in ("train", "validation", "test"):
         edge += float(fractions.get(name, 0.0))
@@ -141,7 +141,8 @@ def task_rows(req: TrafficRequest, day: str, fractions: dict[str, float], settin
     return {"task_id": f"{SOURCE}/{day}/{r.request_id}", "source": SOURCE, "day": day, "request_id": r.request_id,
             "ts": r.ts, "prompt": users[-1] if users else r.messages[-1].content, "user_text": r.routed_text,
             "messages": json.dumps([m.model_dump() for m in r.messages], ensure_ascii=False),
-            "conversation_hash": r.conversation_hash, "split": split_of(r.request_id, fractions, settings.seed),
+            "conversation_hash": r.conversation_hash,
+            "split": split_of(r.conversation_hash, fractions, settings.seed),  # the same conversation: one split
             "explored": req.explored, "grader": grader_of(fmt), "format": fmt,
             "router": r.router, "target": r.target, "served_agent": r.decision.agent, "policy": r.decision.policy,
             "ood": bool(r.decision.ood), "reference": None, "reference_by": None}

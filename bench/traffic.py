@@ -1,0 +1,238 @@
+"""A simulated deployment, end to end, offline: does the served router learn from the traffic it serves?
+
+1. the lineage (`router-lite run --profile P`) in a fresh home: the router the deployment starts with;
+2. `router-lite serve` on that home with `--record-traffic --explore 1 --explore-usd-per-day CAP`, following promotions;
+3. a stream of prompts the router was never trained on (recorded MMLU-Pro questions outside the profile's task pool,
+   so the replay pool answers them), sent once: each request recorded and explored (every agent's reply, in the
+   background, on the exploration's budget); its held-out part is the stream's prompts whose traffic split is `test`;
+4. the loop, as a deployment runs it: the `traffic_days` sensor is ticked and its run requests executed (the day's
+   `traffic` partition: read, graded), then the lineage's run (the schedule's retrain: `traffic_rewards` joins the
+   training rows) with its promotion gate (benchmark and traffic rows); the running server follows a promotion;
+5. the held-out part sent again, to the router now served.
+
+The served router's value on the held-out part, before (step 3) and after (step 5), against the best single agent:
+quality (the served reply's reward as graded in the `traffic` partition), cost (the decision's calls) and the OOD
+guard's firing rate. Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio,
+guard_rate, n}), `explore_usd`, `explore_cap_usd`, `promoted` (the served router changed), and each step's seconds.
+
+    python bench/traffic.py                          # profile smoke, 300 stream prompts
+    python bench/traffic.py --stream 600 --explore-cap-usd 2
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pipeline.collect.traffic import split_of  # noqa: E402
+from pipeline.collect.traffic_log import read_day  # noqa: E402
+from pipeline.profile import load_profile  # noqa: E402
+from pipeline.serve.traffic import conversation_hash  # noqa: E402
+from pipeline.tasks.sources import load_source  # noqa: E402
+from resources.storage import asset_path  # noqa: E402
+from resources.traffic_read import day_files  # noqa: E402
+
+BIN = Path(sys.executable).parent / "router-lite"
+
+
+def environment(home: Path, instance: Path) -> dict:
+    instance.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "dagster.yaml", instance / "dagster.yaml")
+    return {**os.environ, "ROUTER_LITE_HOME": str(home), "DAGSTER_HOME": str(instance), "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(ROOT)}
+
+
+def lineage(profile: str, env: dict, cwd: Path) -> float:
+    """`router-lite run`: the lineage's own steps (collection cached by the call log, embeddings by their cache)."""
+    t0 = time.perf_counter()
+    out = subprocess.run([str(BIN), "run", "--profile", profile], env=env, cwd=cwd, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"router-lite run failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def stream_prompts(home: Path, profile, n: int, seed: int) -> list[str]:
+    """`n` recorded MMLU-Pro prompts outside the home's task pool (seeded), as the replay pool recorded them."""
+    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    tasks = load_source("mmlu_pro")
+    unseen = tasks[~tasks["task_id"].isin(pool["task_id"])]
+    pick = np.random.default_rng(seed).choice(len(unseen), size=min(n, len(unseen)), replace=False)
+    return unseen.iloc[np.sort(pick)]["prompt"].tolist()
+
+
+class Server:
+    """`router-lite serve` on the home, recording and exploring, in its own process group (signalled as one)."""
+
+    def __init__(self, profile: str, env: dict, cwd: Path, cap: float):
+        self.proc = subprocess.Popen(
+            [str(BIN), "serve", "--profile", profile, "--port", "0", "--record-traffic", "--explore", "1",
+             "--explore-usd-per-day", str(cap), "--follow-interval", "2"],
+            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 300
+        for line in self.proc.stdout:  # the startup line names the port
+            self.lines.append(line)
+            m = re.search(r"on http://127\.0\.0\.1:(\d+)/v1", line)
+            if m:
+                self.url = f"http://127.0.0.1:{m.group(1)}/v1"
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            sys.exit("serve did not start:\n" + "".join(self.lines[-40:]))
+        import threading
+
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def ask(self, prompts: list[str]) -> list[dict]:
+        """Each prompt once (4 at a time); the decision headers of each reply."""
+        def one(p):
+            r = httpx.post(f"{self.url}/chat/completions", json={"messages": [{"role": "user", "content": p}]},
+                           timeout=300)
+            h = r.headers
+            return {"status": r.status_code, "router": h.get("x-router-name"), "agent": h.get("x-router-agent"),
+                    "ood": h.get("x-router-ood") == "true", "hash": conversation_hash([{"role": "user",
+                                                                                       "content": p}])}
+        with cf.ThreadPoolExecutor(4) as ex:
+            return list(ex.map(one, prompts))
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=120)
+
+
+def explored_all(home: Path, day: str, timeout_s: float = 600) -> dict:
+    """Wait until every request drawn for exploration has its exploration line; the day's log as read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = read_day(day_files(home, day))
+        pending = [r for r in log.requests if r.request.explore and not r.explored and not r.explorations]
+        if not pending or time.monotonic() > deadline:
+            return log
+        time.sleep(2)
+
+
+def tick_sensor(home: Path, profile: str, env: dict) -> list[str]:
+    """The `traffic_days` sensor evaluated once and its run requests executed, as the daemon would."""
+    os.environ.update({k: env[k] for k in ("ROUTER_LITE_HOME", "DAGSTER_HOME")})
+    from dagster import DagsterInstance, build_sensor_context
+
+    from assets.definitions import build_definitions
+
+    defs = build_definitions(str(home), profile)
+    sensor = defs.get_sensor_def("traffic_days")
+    with DagsterInstance.get() as inst:
+        ctx = build_sensor_context(instance=inst, resources={"storage": defs.resources["storage"]})
+        result = sensor(ctx)
+        runs = getattr(result, "run_requests", None) or []
+        job = defs.resolve_job_def("traffic_job")
+        for rr in runs:
+            if not job.execute_in_process(partition_key=rr.partition_key, instance=inst).success:
+                sys.exit(f"traffic partition {rr.partition_key} failed")
+    return [rr.partition_key for rr in runs]
+
+
+def figures(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict:
+    """The served decisions' reward and cost on the held-out prompts, against the best single agent's, from the graded
+    traffic rows (every agent's reply: explored); the guard's firing rate."""
+    graded = rows[rows["grade_state"].isin(["graded", "judged"])]
+    by = graded.groupby(["conversation_hash", "agent"]).agg(reward=("reward", "mean"), cost=("cost_usd", "mean"))
+    q, c, qb, cb, ood = [], [], [], [], []
+    for d in decisions:
+        if (d["hash"], d["agent"]) not in by.index or (d["hash"], best) not in by.index:
+            continue
+        q.append(by.loc[(d["hash"], d["agent"]), "reward"])
+        c.append(d["cost"])
+        qb.append(by.loc[(d["hash"], best), "reward"])
+        cb.append(by.loc[(d["hash"], best), "cost"])
+        ood.append(d["ood"])
+    return {"quality_ratio": round(float(np.mean(q) / np.mean(qb)), 4) if q else None,
+            "cost_ratio": round(float(np.sum(c) / np.sum(cb)), 4) if c else None,
+            "guard_rate": round(float(np.mean(ood)), 4) if ood else None, "n": len(q)}
+
+
+def decision_costs(decisions: list[dict], home: Path, day: str, router: str | None) -> None:
+    """Each decision's cost: its calls' cost in the log (the request line of that prompt by that router)."""
+    log = read_day(day_files(home, day))
+    cost = {}
+    for r in log.requests:
+        req = r.request
+        if router is None or req.router == router:
+            cost[req.conversation_hash] = sum(cl.cost_usd or 0.0 for cl in req.calls)
+    for d in decisions:
+        d["cost"] = cost.get(d["hash"], float("nan"))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="smoke")
+    ap.add_argument("--stream", type=int, default=300, help="prompts the router never saw (default: %(default)s)")
+    ap.add_argument("--explore-cap-usd", type=float, default=5.0, help="the exploration's cap per day")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", default=None, metavar="DIR", help="work in DIR and keep it (default: a temp dir)")
+    args = ap.parse_args(argv)
+    work = Path(args.keep or tempfile.mkdtemp(prefix="bench-traffic-"))
+    home, env = work / "home", environment(work / "home", work / "dagster")
+    prof = load_profile(args.profile)
+    seconds = {"lineage": lineage(args.profile, env, work)}
+    value = json.loads((home / "reports" / "router_value.json").read_text())
+    best = value["best_single"]["agent"]
+    prompts = stream_prompts(home, prof, args.stream, args.seed)
+    fractions = dict(prof.task_pool.split)
+    held = [p for p in prompts if split_of(conversation_hash([{"role": "user", "content": p}]), fractions,
+                                           prof.traffic.seed) == "test"]
+    server = Server(args.profile, env, work, args.explore_cap_usd)
+    try:
+        t0 = time.perf_counter()
+        first = server.ask(prompts)
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        log = explored_all(home, day)
+        seconds["stream"] = time.perf_counter() - t0
+        held_hashes = {conversation_hash([{"role": "user", "content": p}]) for p in held}
+        before = [d for d in first if d["hash"] in held_hashes]
+        decision_costs(before, home, day, before[0]["router"] if before else None)
+        t0 = time.perf_counter()
+        partitions = tick_sensor(home, args.profile, env)
+        seconds["sensor"] = time.perf_counter() - t0
+        rows = pd.read_parquet(asset_path(home, "traffic", day))
+        seconds["retrain"] = lineage(args.profile, env, work)
+        served_before = before[0]["router"] if before else None
+        deadline, after = time.monotonic() + 60, []
+        while time.monotonic() < deadline:  # the running server follows a promotion (--follow-interval 2)
+            after = server.ask(held[:1])
+            if after and after[0]["router"] != served_before:
+                break
+            time.sleep(2)
+        after = server.ask(held)
+        log = read_day(day_files(home, day))
+        decision_costs(after, home, day, after[0]["router"] if after else None)
+    finally:
+        server.stop()
+    explore_usd = sum(e.usd for r in log.requests for e in r.explorations)
+    out = {"profile": args.profile, "stream": len(prompts), "held_out": len(held), "best_single": best,
+           "partitions": partitions, "router_before": served_before,
+           "router_after": after[0]["router"] if after else None,
+           "promoted": bool(after and after[0]["router"] != served_before),
+           "before": figures(before, rows, best), "after": figures(after, rows, best),
+           "explore_usd": round(explore_usd, 6), "explore_cap_usd": args.explore_cap_usd,
+           "seconds": {k: round(v, 1) for k, v in seconds.items()}, "work": str(work)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
