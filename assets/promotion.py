@@ -21,6 +21,7 @@ from pipeline.route import pointer, registry
 from pipeline.route.fit import reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
 from pipeline.route.formats import format_guess
+from pipeline.route.learning_rows import HELD_OUT_SPLITS, learning_rows, traffic_answers
 from pipeline.route.targets import parse_target
 from resources.profile import ProfileResource
 from resources.storage import StorageResource
@@ -29,9 +30,9 @@ HISTORY_SHOWN = 20  # latest lines of the history in the UI
 
 
 def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame,
-             agent_answers: pd.DataFrame, best_single: int) -> gate_rules.HeldOut:
+             agent_answers: pd.DataFrame, best_single: int, formats=None) -> gate_rules.HeldOut:
     """The run's held-out test rows, as the value report scores them (effective rewards, OOD tasks apart; a cascade
-    decides with the answer-format guess serve has)."""
+    decides with the answer-format guess serve has: `formats`, else the one of these tasks)."""
     arrays = reward_arrays(reward_matrix, training_split(reward_matrix, task_pool), "test")
     te = arrays.masks["held_out"]
     ids = reward_matrix["task_id"].astype(str).to_numpy()[te]
@@ -42,7 +43,7 @@ def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embedd
                               arrays.C[te], answers_matrix(agent_answers, reward_matrix["task_id"][te],
                                                            arrays.agents),
                               pool["grader"].to_numpy(dtype=object)[te], list(arrays.agents), best_single,
-                              format_guess(task_pool, prompt_embeddings),  # decided as serve decides
+                              formats or format_guess(task_pool, prompt_embeddings),  # decided as serve decides
                               pool["source"].fillna("").astype(str).to_numpy()[te],  # traffic rows apart
                               replied_rows(reward_matrix)[te])  # the traffic rows every agent replied to
 
@@ -65,7 +66,8 @@ def history_table(root) -> MetadataValue:
 def promotion(context: AssetExecutionContext, registered_head: dict, registered_cascade: dict,
               router_head: FittedRouter, cascade_router: FittedRouter, reward_matrix: pd.DataFrame,
               task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame, agent_answers: pd.DataFrame,
-              profile: ProfileResource, storage: StorageResource) -> Output[dict]:
+              traffic_rewards: pd.DataFrame, traffic_tasks: pd.DataFrame, profile: ProfileResource,
+              storage: StorageResource) -> Output[dict]:
     root = storage.path("registry")
     target = parse_target(profile.get().serve.target).name
     entries = {"head": registered_head,
@@ -76,7 +78,11 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
     figures = gate_rules.candidate_figures(regs, target)
     key, rule = gate_rules.choose(figures, target)
     reg = regs[key]
-    rows = held_out(reward_matrix, task_pool, prompt_embeddings, agent_answers, router_head["best_single"])
+    # the benchmark's test rows and the explored traffic's (their format guessed from the benchmark's tasks only)
+    rewards, tasks, embeddings = learning_rows(reward_matrix, prompt_embeddings, task_pool, traffic_rewards,
+                                               traffic_tasks, splits=HELD_OUT_SPLITS)
+    rows = held_out(rewards, tasks, embeddings, traffic_answers(agent_answers, traffic_tasks),
+                    router_head["best_single"], formats=format_guess(task_pool, prompt_embeddings))
     agreement = Agreement(rows.answers, rows.graders.tolist())
     reward, cost = gate_rules.held_out_outcome(reg, target, rows, agreement)
     ev = gate_rules.evidence(reg.name, key, target, rows, reward, cost)

@@ -29,7 +29,7 @@ from pipeline.route.cascade import CascadeRouter
 from pipeline.route.cascade_fit import fit_cascade_router, selection_of
 from pipeline.route.fit import fit_router, reward_arrays, reward_embeddings, training_split
 from pipeline.route.fitted import FittedRouter
-from pipeline.route.learning_rows import learning_rows
+from pipeline.route.learning_rows import learning_rows, routed_traffic, routed_traffic_columns
 from pipeline.route.targets import path_table
 from resources.backbone import CPU_BACKEND_CHOICE, BackboneResource
 from resources.pool import PoolResource
@@ -61,21 +61,23 @@ def prompt_embeddings(task_pool: pd.DataFrame, backbone: BackboneResource,
 @asset(group_name="router", io_manager_key="io_manager",
        ins={"traffic": AssetIn("traffic", partition_mapping=AllPartitionMapping(),
                                metadata={BY_PARTITION: True, MATERIALISED_ONLY: True})},
-       description="Embeddings of the explored, graded traffic requests (`traffic_rewards`): the text `serve` "
-                   "embedded for each, by the same frozen backbone and cache; empty (no backbone loaded) without "
-                   "traffic.")
-def traffic_embeddings(traffic: dict, traffic_rewards: pd.DataFrame, backbone: BackboneResource,
-                       storage: StorageResource) -> Output[pd.DataFrame]:
+       description="The explored, graded traffic requests (`traffic_rewards`) as the routers read them: split, answer "
+                   "format (grader), each agent's extracted answer, and the embedding of the text `serve` embedded "
+                   "(the same frozen backbone and cache); empty, no backbone loaded, without traffic.")
+def traffic_tasks(traffic: dict, traffic_rewards: pd.DataFrame, backbone: BackboneResource,
+                  storage: StorageResource) -> Output[pd.DataFrame]:
     frames = [d for d in traffic.values() if isinstance(d, pd.DataFrame) and len(d)]
-    rows = pd.concat(frames, ignore_index=True).drop_duplicates("task_id") if frames else pd.DataFrame()
-    rows = rows[rows["task_id"].isin(traffic_rewards["task_id"])] if len(rows) else rows
-    if not len(rows):
-        return Output(pd.DataFrame({"task_id": pd.Series(dtype=str), "embedding": pd.Series(dtype=object)}),
-                      metadata={"rows": 0})
+    calls = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    calls = calls[calls["task_id"].isin(traffic_rewards["task_id"])] if len(calls) else calls
+    if not len(calls):
+        return Output(pd.DataFrame(columns=routed_traffic_columns()), metadata={"rows": 0})
     bb = backbone.get_backbone()
-    X = EmbeddingCache(storage.path("embeddings")).get_or_compute(rows["user_text"].astype(str).tolist(), bb)
-    return Output(pd.DataFrame({"task_id": rows["task_id"].to_numpy(), "embedding": list(X)}),
-                  metadata={"rows": len(rows), "backbone": bb.key, "precision": bb.precision})
+    agents = list(traffic_rewards["agent_order"].iloc[0])
+    out = routed_traffic(calls, agents,
+                         lambda texts: EmbeddingCache(storage.path("embeddings")).get_or_compute(texts, bb))
+    return Output(out, metadata={"rows": len(out), "by_split": MetadataValue.json(out["split"].value_counts()
+                                                                                    .to_dict()),
+                                 "backbone": bb.key, "precision": bb.precision})
 
 
 @asset(group_name="router", io_manager_key="router_io_manager",
@@ -84,11 +86,11 @@ def traffic_embeddings(traffic: dict, traffic_rewards: pd.DataFrame, backbone: B
                    "(pipeline/route/learning_rows.py); held-out metrics (the benchmark's test rows) against best "
                    "single, kNN, random and the oracle.")
 def router_head(context: AssetExecutionContext, reward_matrix: pd.DataFrame, prompt_embeddings: pd.DataFrame,
-                task_pool: pd.DataFrame, traffic_rewards: pd.DataFrame, traffic_embeddings: pd.DataFrame,
+                task_pool: pd.DataFrame, traffic_rewards: pd.DataFrame, traffic_tasks: pd.DataFrame,
                 profile: ProfileResource) -> Output[FittedRouter]:
     prof = profile.get()
     rewards, tasks, embeddings = learning_rows(reward_matrix, prompt_embeddings, task_pool, traffic_rewards,
-                                               traffic_embeddings)
+                                               traffic_tasks)
     X = reward_embeddings(embeddings, rewards)
     split = training_split(rewards, tasks)
     t = rewards[["task_id"]].merge(tasks, on="task_id", how="left")

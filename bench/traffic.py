@@ -39,8 +39,11 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.collect.agents import load_agents  # noqa: E402
+from pipeline.collect.replay import ReplayStore  # noqa: E402
 from pipeline.collect.traffic import split_of  # noqa: E402
 from pipeline.collect.traffic_log import read_day  # noqa: E402
+from pipeline.core.config import config_dir  # noqa: E402
 from pipeline.profile import load_profile  # noqa: E402
 from pipeline.serve.traffic import conversation_hash  # noqa: E402
 from pipeline.tasks.sources import load_source  # noqa: E402
@@ -67,10 +70,14 @@ def lineage(profile: str, env: dict, cwd: Path) -> float:
 
 
 def stream_prompts(home: Path, profile, n: int, seed: int) -> list[str]:
-    """`n` recorded MMLU-Pro prompts outside the home's task pool (seeded), as the replay pool recorded them."""
+    """`n` MMLU-Pro prompts outside the home's task pool (seeded) that the replay pool recorded for every agent of
+    the profile's pool (so each request, and its exploration, gets a real recorded reply)."""
     pool = pd.read_parquet(asset_path(home, "task_pool"))
     tasks = load_source("mmlu_pro")
-    unseen = tasks[~tasks["task_id"].isin(pool["task_id"])]
+    store = ReplayStore.load()
+    models = [a.model for a in load_agents(config_dir() / "agents.yaml", profile.pool.name)]
+    recorded = tasks["prompt"].map(lambda p: all(store.text_for(m, p) is not None for m in models))
+    unseen = tasks[~tasks["task_id"].isin(pool["task_id"]) & recorded]
     pick = np.random.default_rng(seed).choice(len(unseen), size=min(n, len(unseen)), replace=False)
     return unseen.iloc[np.sort(pick)]["prompt"].tolist()
 

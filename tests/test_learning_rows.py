@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.route.fit import fit_router, reward_embeddings, training_split
-from pipeline.route.learning_rows import learning_rows
+from pipeline.route.learning_rows import HELD_OUT_SPLITS, learning_rows, routed_traffic, traffic_answers
 from pipeline.route.train import TrainConfig
 
 AGENTS = ["a", "b", "c"]
@@ -36,7 +36,9 @@ def _traffic(n=300, d=8, seed=1, order=AGENTS):
     rewards = pd.DataFrame({"task_id": ids, "agent_order": [list(order)] * n, "mean_reward": list(R),
                             "mean_cost": [np.array([1.0, 1.0, 0.1])] * n, "source": "traffic",
                             "split": np.array(["train", "validation", "test"])[np.arange(n) % 3]})
-    return rewards, pd.DataFrame({"task_id": ids, "embedding": list(X)})
+    routed = pd.DataFrame({"task_id": ids, "split": rewards["split"], "grader": "mcq_letter",
+                           "agent_order": [list(order)] * n, "answers": [["A", "B", "C"]] * n, "embedding": list(X)})
+    return rewards, routed
 
 
 def test_without_traffic_the_rows_are_the_benchmarks_unchanged():
@@ -83,3 +85,29 @@ def test_the_guard_and_the_head_learn_the_traffic():
     assert before.guard.fire_rate(X_traffic_test) > 0.9
     assert after.guard.fire_rate(X_traffic_test) < 0.1
     assert (after.head.pick(X_traffic_test) == AGENTS.index("c")).mean() > 0.9  # the shipped router, unguarded
+
+
+def test_the_held_out_traffic_rows_are_the_test_split_with_their_answers_and_source():
+    """The promotion gate's rows: the benchmark's and the traffic's test rows, each traffic row carrying its source,
+    its grader and every agent's extracted answer (a cascade decides on them as serve does)."""
+    rewards, tasks, emb = _benchmark()
+    tr, te = _traffic()
+    r, t, e = learning_rows(rewards, emb, tasks, tr, te, splits=HELD_OUT_SPLITS)
+    added = r[r["task_id"].str.startswith("traffic/")]
+    assert len(added) == (tr["split"] == "test").sum() and (added["source"] == "traffic").all()
+    assert (training_split(r, t).to_numpy()[r["task_id"].str.startswith("traffic/").to_numpy()] == "test").all()
+    assert set(t.loc[t["task_id"].isin(added["task_id"]), "grader"]) == {"mcq_letter"}
+    answers = traffic_answers(pd.DataFrame({"task_id": ["bench/0"], "agent_order": [AGENTS], "answers": [["A"] * 3]}),
+                              te)
+    assert len(answers) == 1 + len(te)
+
+
+def test_routed_traffic_reads_each_agents_answer_and_embeds_the_served_text():
+    calls = pd.DataFrame({"task_id": ["t1", "t1", "t2"], "agent": ["a", "c", "b"], "extracted": ["A", "C", None],
+                          "split": ["train", "train", "test"], "grader": ["mcq_letter"] * 3,
+                          "user_text": ["first", "first", "second"]})
+    seen = []
+    out = routed_traffic(calls, AGENTS, lambda texts: seen.extend(texts) or np.eye(len(texts), 4))
+    assert seen == ["first", "second"]
+    assert out["answers"].tolist() == [["A", None, "C"], [None, None, None]]
+    assert out["split"].tolist() == ["train", "test"] and len(out["embedding"][0]) == 4

@@ -197,8 +197,8 @@ def test_open_ended_traffic_is_judged_by_the_profiles_judge(tmp_path):
     for i, iid in enumerate(ids):
         r = rec[rec["instruction_id"] == iid].set_index("model")
         replies = {a: (m, r.loc[m, "output"]) for a, m in models.items()}
-        lines.append(request_line(_rid(i), r["instruction"].iloc[0], replies, ["fusechat_8b"], names, "open"))
-        lines.append(exploration_line(_rid(i), replies, [a for a in names if a != "fusechat_8b"], True))
+        lines.append(request_line(_rid(i), r["instruction"].iloc[0], replies, ["fusechat_3b"], names, "open"))
+        lines.append(exploration_line(_rid(i), replies, [a for a in names if a != "fusechat_3b"], True))
         want.update({(_rid(i), a): r.loc[m, "preference"] for a, m in models.items()})
     write_log(tmp_path, DAY, lines)
     from pipeline.collect.traffic import pool_judge

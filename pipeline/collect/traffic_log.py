@@ -41,7 +41,7 @@ class Message(pydantic.BaseModel):
 
 class Decision(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="allow")
-    agent: str
+    agent: str | None = None  # None: no agent replied (a 502: the calls say why)
     policy: str
     ood: bool = False
     format: str | None = None

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.collect.traffic import SOURCE as TRAFFIC  # the source of the requests `serve` recorded
 from pipeline.route.evaluate import paired_gain_ci
 
-TRAFFIC = "traffic"  # the task pool's source of the requests `serve` recorded (the traffic lineage)
 PER_ROW = ("task_ids", "reward", "cost", "best_reward", "best_cost", "source", "replied")
 
 
