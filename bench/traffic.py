@@ -69,7 +69,7 @@ def lineage(profile: str, env: dict, cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def stream_prompts(home: Path, profile, n: int, seed: int) -> list[str]:
+def stream_prompts(home: Path, profile, n: int, seed: int, categories: list[str] | None = None) -> list[str]:
     """`n` MMLU-Pro prompts outside the home's task pool (seeded) that the replay pool recorded for every agent of
     the profile's pool (so each request, and its exploration, gets a real recorded reply)."""
     pool = pd.read_parquet(asset_path(home, "task_pool"))
@@ -78,6 +78,8 @@ def stream_prompts(home: Path, profile, n: int, seed: int) -> list[str]:
     models = [a.model for a in load_agents(config_dir() / "agents.yaml", profile.pool.name)]
     recorded = tasks["prompt"].map(lambda p: all(store.text_for(m, p) is not None for m in models))
     unseen = tasks[~tasks["task_id"].isin(pool["task_id"]) & recorded]
+    if categories:  # traffic of other topics than the benchmark's mix
+        unseen = unseen[unseen["category"].isin(categories)]
     pick = np.random.default_rng(seed).choice(len(unseen), size=min(n, len(unseen)), replace=False)
     return unseen.iloc[np.sort(pick)]["prompt"].tolist()
 
@@ -185,11 +187,22 @@ def decision_costs(decisions: list[dict], home: Path, day: str, router: str | No
         d["cost"] = cost.get(d["hash"], float("nan"))
 
 
+def gate_verdict(home: Path) -> dict:
+    """The retrain's promotion: its action, and what the benchmark rows and the traffic rows said."""
+    out = json.loads(asset_path(home, "promotion", suffix=".json").read_text())
+    v = out.get("verdict") or {}
+    return {"action": out.get("action"), "candidate": out.get("candidate"), "benchmark": v.get("benchmark_reason"),
+            "traffic": (v.get("traffic") or {}).get("reason")}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="smoke")
     ap.add_argument("--stream", type=int, default=300, help="prompts the router never saw (default: %(default)s)")
     ap.add_argument("--explore-cap-usd", type=float, default=5.0, help="the exploration's cap per day")
+    ap.add_argument("--categories", default=None, metavar="C1,C2",
+                    help="stream only these MMLU-Pro categories (e.g. history,philosophy: the smoke profile's "
+                         "out-of-distribution ones); default: every category")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="work in DIR and keep it (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -199,7 +212,8 @@ def main(argv=None) -> None:
     seconds = {"lineage": lineage(args.profile, env, work)}
     value = json.loads((home / "reports" / "router_value.json").read_text())
     best = value["best_single"]["agent"]
-    prompts = stream_prompts(home, prof, args.stream, args.seed)
+    prompts = stream_prompts(home, prof, args.stream, args.seed,
+                             args.categories.split(",") if args.categories else None)
     fractions = dict(prof.task_pool.split)
     held = [p for p in prompts if split_of(conversation_hash([{"role": "user", "content": p}]), fractions,
                                            prof.traffic.seed) == "test"]
@@ -236,6 +250,7 @@ def main(argv=None) -> None:
            "router_after": after[0]["router"] if after else None,
            "promoted": bool(after and after[0]["router"] != served_before),
            "before": figures(before, rows, best), "after": figures(after, rows, best),
+           "gate": gate_verdict(home),
            "explore_usd": round(explore_usd, 6), "explore_cap_usd": args.explore_cap_usd,
            "seconds": {k: round(v, 1) for k, v in seconds.items()}, "work": str(work)}
     print(json.dumps(out))
