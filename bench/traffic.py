@@ -3,20 +3,23 @@
 1. the lineage (`router-lite run --profile P`) in a fresh home: the router the deployment starts with;
 2. `router-lite serve` on that home with `--record-traffic --explore 1 --explore-usd-per-day CAP`, following promotions;
 3. a stream of prompts the router was never trained on (recorded MMLU-Pro questions outside the profile's task pool,
-   so the replay pool answers them), sent once: each request recorded and explored (every agent's reply, in the
-   background, on the exploration's budget); its held-out part is the stream's prompts whose traffic split is `test`;
+   so the replay pool answers them; `--categories` for other topics than the benchmark's mix), cut in two by a seeded
+   draw: the learned part is sent once, each request recorded and explored (every agent's reply, in the background,
+   on the exploration's budget); the held-out part (`--held-out`, 25 %) is never sent before step 5;
 4. the loop, as a deployment runs it: the `traffic_days` sensor is ticked and its run requests executed (the day's
-   `traffic` partition: read, graded), then the lineage's run (the schedule's retrain: `traffic_rewards` joins the
-   training rows) with its promotion gate (benchmark and traffic rows); the running server follows a promotion;
-5. the held-out part sent again, to the router now served.
+   `traffic` partition: read, graded), the held-out part is sent to the router served (before), then the lineage's
+   run (the schedule's retrain: the explored traffic's train and validation rows join the training rows) with its
+   promotion gate (benchmark rows and the traffic's test rows); the running server follows a promotion;
+5. the held-out part sent again, to the router served now (after); its replies graded last (the day's partition
+   materialised again, after the loop: nothing in the lineage read the held-out part).
 
-The served router's value on the held-out part, before (step 3) and after (step 5), against the best single agent:
-quality (the served reply's reward as graded in the `traffic` partition), cost (the decision's calls) and the OOD
-guard's firing rate. Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio,
-guard_rate, n}), `explore_usd`, `explore_cap_usd`, `promoted` (the served router changed), and each step's seconds.
+The served router's value on the held-out part, before and after, against the best single agent: quality (the served
+reply's reward as graded in the `traffic` partition), cost (the decision's calls) and the OOD guard's firing rate.
+Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio, guard_rate, n}), `explore_usd`,
+`explore_cap_usd`, `promoted` (the served router changed), the retrain's `gate` verdict and each step's seconds.
 
-    python bench/traffic.py                          # profile smoke, 300 stream prompts
-    python bench/traffic.py --stream 600 --explore-cap-usd 2
+    python bench/traffic.py                                     # profile smoke, 300 stream prompts
+    python bench/traffic.py --categories history,philosophy --stream 400   # topics the router never saw
 """
 from __future__ import annotations
 
@@ -41,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.collect.agents import load_agents  # noqa: E402
 from pipeline.collect.replay import ReplayStore  # noqa: E402
-from pipeline.collect.traffic import split_of  # noqa: E402
 from pipeline.collect.traffic_log import read_day  # noqa: E402
 from pipeline.core.config import config_dir  # noqa: E402
 from pipeline.profile import load_profile  # noqa: E402
@@ -120,6 +122,13 @@ class Server:
         with cf.ThreadPoolExecutor(4) as ex:
             return list(ex.map(one, prompts))
 
+    def router(self) -> str | None:
+        """The router served now (GET /v1/models lists it first)."""
+        try:
+            return httpx.get(f"{self.url}/models", timeout=30).json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            return None
+
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)
         self.proc.wait(timeout=120)
@@ -136,24 +145,39 @@ def explored_all(home: Path, day: str, timeout_s: float = 600) -> dict:
         time.sleep(2)
 
 
-def tick_sensor(home: Path, profile: str, env: dict) -> list[str]:
-    """The `traffic_days` sensor evaluated once and its run requests executed, as the daemon would."""
+def _defs_and_instance(home: Path, profile: str, env: dict):
     os.environ.update({k: env[k] for k in ("ROUTER_LITE_HOME", "DAGSTER_HOME")})
-    from dagster import DagsterInstance, build_sensor_context
+    from dagster import DagsterInstance
 
     from assets.definitions import build_definitions
 
-    defs = build_definitions(str(home), profile)
-    sensor = defs.get_sensor_def("traffic_days")
-    with DagsterInstance.get() as inst:
-        ctx = build_sensor_context(instance=inst, resources={"storage": defs.resources["storage"]})
-        result = sensor(ctx)
+    return build_definitions(str(home), profile), DagsterInstance.get()
+
+
+def tick_sensor(home: Path, profile: str, env: dict) -> list[str]:
+    """The `traffic_days` sensor evaluated once and its run requests executed, as the daemon would."""
+    from dagster import build_sensor_context
+
+    defs, inst = _defs_and_instance(home, profile, env)
+    with inst:
+        result = defs.get_sensor_def("traffic_days")(
+            build_sensor_context(instance=inst, resources={"storage": defs.resources["storage"]}))
         runs = getattr(result, "run_requests", None) or []
-        job = defs.resolve_job_def("traffic_job")
         for rr in runs:
-            if not job.execute_in_process(partition_key=rr.partition_key, instance=inst).success:
+            if not defs.resolve_job_def("traffic_job").execute_in_process(partition_key=rr.partition_key,
+                                                                            instance=inst).success:
                 sys.exit(f"traffic partition {rr.partition_key} failed")
     return [rr.partition_key for rr in runs]
+
+
+def grade_day(home: Path, profile: str, env: dict, day: str) -> pd.DataFrame:
+    """The day's `traffic` partition materialised now (the bench's own reading of the held-out part's replies,
+    after the loop: nothing downstream reads it again), as stored."""
+    defs, inst = _defs_and_instance(home, profile, env)
+    with inst:
+        if not defs.resolve_job_def("traffic_job").execute_in_process(partition_key=day, instance=inst).success:
+            sys.exit(f"traffic partition {day} failed")
+    return pd.read_parquet(asset_path(home, "traffic", day))
 
 
 def figures(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict:
@@ -175,9 +199,8 @@ def figures(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict:
             "guard_rate": round(float(np.mean(ood)), 4) if ood else None, "n": len(q)}
 
 
-def decision_costs(decisions: list[dict], home: Path, day: str, router: str | None) -> None:
+def decision_costs(decisions: list[dict], log, router: str | None) -> None:
     """Each decision's cost: its calls' cost in the log (the request line of that prompt by that router)."""
-    log = read_day(day_files(home, day))
     cost = {}
     for r in log.requests:
         req = r.request
@@ -203,6 +226,8 @@ def main(argv=None) -> None:
     ap.add_argument("--categories", default=None, metavar="C1,C2",
                     help="stream only these MMLU-Pro categories (e.g. history,philosophy: the smoke profile's "
                          "out-of-distribution ones); default: every category")
+    ap.add_argument("--held-out", type=float, default=0.25, metavar="SHARE",
+                    help="the stream's share held out: sent only to measure, before and after the loop")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, metavar="DIR", help="work in DIR and keep it (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -214,38 +239,35 @@ def main(argv=None) -> None:
     best = value["best_single"]["agent"]
     prompts = stream_prompts(home, prof, args.stream, args.seed,
                              args.categories.split(",") if args.categories else None)
-    fractions = dict(prof.task_pool.split)
-    held = [p for p in prompts if split_of(conversation_hash([{"role": "user", "content": p}]), fractions,
-                                           prof.traffic.seed) == "test"]
+    cut = np.random.default_rng(args.seed).random(len(prompts)) < args.held_out
+    learn = [p for p, c in zip(prompts, cut) if not c]
+    held = [p for p, c in zip(prompts, cut) if c]  # never sent before the loop has run: nothing learns from them
     server = Server(args.profile, env, work, args.explore_cap_usd)
+    day = time.strftime("%Y-%m-%d", time.gmtime())
     try:
         t0 = time.perf_counter()
-        first = server.ask(prompts)
-        day = time.strftime("%Y-%m-%d", time.gmtime())
-        log = explored_all(home, day)
+        server.ask(learn)
+        explored_all(home, day)
         seconds["stream"] = time.perf_counter() - t0
-        held_hashes = {conversation_hash([{"role": "user", "content": p}]) for p in held}
-        before = [d for d in first if d["hash"] in held_hashes]
-        decision_costs(before, home, day, before[0]["router"] if before else None)
         t0 = time.perf_counter()
-        partitions = tick_sensor(home, args.profile, env)
+        partitions = tick_sensor(home, args.profile, env)  # the learned part, read and graded
         seconds["sensor"] = time.perf_counter() - t0
-        rows = pd.read_parquet(asset_path(home, "traffic", day))
-        seconds["retrain"] = lineage(args.profile, env, work)
+        before = server.ask(held)  # the router served now, on the held-out part
         served_before = before[0]["router"] if before else None
-        deadline, after = time.monotonic() + 60, []
-        while time.monotonic() < deadline:  # the running server follows a promotion (--follow-interval 2)
-            after = server.ask(held[:1])
-            if after and after[0]["router"] != served_before:
-                break
+        seconds["retrain"] = lineage(args.profile, env, work)  # the schedule's retrain, its gate, a promotion
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.router() == served_before:  # the server follows (2 s poll)
             time.sleep(2)
         after = server.ask(held)
-        log = read_day(day_files(home, day))
-        decision_costs(after, home, day, after[0]["router"] if after else None)
+        explored_all(home, day)
     finally:
         server.stop()
+    rows = grade_day(home, args.profile, env, day)  # every agent's graded reply to the held-out prompts
+    log = read_day(day_files(home, day))
+    for decisions in (before, after):
+        decision_costs(decisions, log, decisions[0]["router"] if decisions else None)
     explore_usd = sum(e.usd for r in log.requests for e in r.explorations)
-    out = {"profile": args.profile, "stream": len(prompts), "held_out": len(held), "best_single": best,
+    out = {"profile": args.profile, "stream": len(learn), "held_out": len(held), "best_single": best,
            "partitions": partitions, "router_before": served_before,
            "router_after": after[0]["router"] if after else None,
            "promoted": bool(after and after[0]["router"] != served_before),
