@@ -180,23 +180,47 @@ def grade_day(home: Path, profile: str, env: dict, day: str) -> pd.DataFrame:
     return pd.read_parquet(asset_path(home, "traffic", day))
 
 
-def figures(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict:
-    """The served decisions' reward and cost on the held-out prompts, against the best single agent's, from the graded
-    traffic rows (every agent's reply: explored); the guard's firing rate."""
+def scored(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict[str, tuple]:
+    """Per held-out prompt (conversation hash): (the served reply's reward, the decision's cost, the best single
+    agent's reward and cost, whether the guard fired), from the graded traffic rows (every agent's reply: explored)."""
     graded = rows[rows["grade_state"].isin(["graded", "judged"])]
     by = graded.groupby(["conversation_hash", "agent"]).agg(reward=("reward", "mean"), cost=("cost_usd", "mean"))
-    q, c, qb, cb, ood = [], [], [], [], []
-    for d in decisions:
-        if (d["hash"], d["agent"]) not in by.index or (d["hash"], best) not in by.index:
-            continue
-        q.append(by.loc[(d["hash"], d["agent"]), "reward"])
-        c.append(d["cost"])
-        qb.append(by.loc[(d["hash"], best), "reward"])
-        cb.append(by.loc[(d["hash"], best), "cost"])
-        ood.append(d["ood"])
-    return {"quality_ratio": round(float(np.mean(q) / np.mean(qb)), 4) if q else None,
-            "cost_ratio": round(float(np.sum(c) / np.sum(cb)), 4) if c else None,
-            "guard_rate": round(float(np.mean(ood)), 4) if ood else None, "n": len(q)}
+    return {d["hash"]: (by.loc[(d["hash"], d["agent"]), "reward"], d["cost"], by.loc[(d["hash"], best), "reward"],
+                        by.loc[(d["hash"], best), "cost"], d["ood"])
+            for d in decisions if (d["hash"], d["agent"]) in by.index and (d["hash"], best) in by.index}
+
+
+def figures(s: dict[str, tuple]) -> dict:
+    """Quality and cost as fractions of the best single agent's on the same prompts; the guard's firing rate."""
+    if not s:
+        return {"quality_ratio": None, "cost_ratio": None, "guard_rate": None, "n": 0}
+    q, c, qb, cb, ood = (np.array(x, dtype=float) for x in zip(*s.values()))
+    return {"quality_ratio": round(float(q.mean() / qb.mean()), 4), "cost_ratio": round(float(c.sum() / cb.sum()), 4),
+            "guard_rate": round(float(ood.mean()), 4), "n": len(q)}
+
+
+def change(before: dict[str, tuple], after: dict[str, tuple], seed: int = 0) -> dict:
+    """After − before on the prompts scored both times: quality and cost ratios with paired 95 % bootstrap CIs."""
+    keys = sorted(set(before) & set(after))
+    if not keys:
+        return {}
+    b, a = (np.array([d[k] for k in keys], dtype=float) for d in (before, after))
+    rng, n = np.random.default_rng(seed), len(keys)
+    boots = [(rng.integers(0, n, n)) for _ in range(2000)]
+
+    def ci(col_q: int, col_best: int, f):
+        d = [f(a[i], col_q, col_best) - f(b[i], col_q, col_best) for i in boots]
+        return [round(float(np.percentile(d, 2.5)), 4), round(float(np.percentile(d, 97.5)), 4)]
+
+    def quality(m, i, j):
+        return m[:, i].mean() / m[:, j].mean()
+
+    def cost(m, i, j):
+        return m[:, i].sum() / m[:, j].sum()
+
+    return {"n": n, "quality_ratio": round(float(quality(a, 0, 2) - quality(b, 0, 2)), 4),
+            "quality_ratio_ci": ci(0, 2, quality), "cost_ratio": round(float(cost(a, 1, 3) - cost(b, 1, 3)), 4),
+            "cost_ratio_ci": ci(1, 3, cost)}
 
 
 def decision_costs(decisions: list[dict], log, router: str | None) -> None:
@@ -271,7 +295,8 @@ def main(argv=None) -> None:
            "partitions": partitions, "router_before": served_before,
            "router_after": after[0]["router"] if after else None,
            "promoted": bool(after and after[0]["router"] != served_before),
-           "before": figures(before, rows, best), "after": figures(after, rows, best),
+           "before": figures(scored(before, rows, best)), "after": figures(scored(after, rows, best)),
+           "after_minus_before": change(scored(before, rows, best), scored(after, rows, best)),
            "gate": gate_verdict(home),
            "explore_usd": round(explore_usd, 6), "explore_cap_usd": args.explore_cap_usd,
            "seconds": {k: round(v, 1) for k, v in seconds.items()}, "work": str(work)}
