@@ -18,7 +18,7 @@ reply's reward as graded in the `traffic` partition), cost (the decision's calls
 Its last line is one JSON object: `before`, `after` (each {quality_ratio, cost_ratio, guard_rate, n}), `explore_usd`,
 `explore_cap_usd`, `promoted` (the served router changed), the retrain's `gate` verdict and each step's seconds.
 
-    python bench/traffic.py                                     # profile smoke, 300 stream prompts
+    python bench/traffic.py                                     # profile smoke, 400 stream prompts
     python bench/traffic.py --categories history,philosophy --stream 400   # topics the router never saw
 """
 from __future__ import annotations
@@ -245,7 +245,10 @@ def gate_verdict(home: Path) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="smoke")
-    ap.add_argument("--stream", type=int, default=300, help="prompts the router never saw (default: %(default)s)")
+    ap.add_argument("--stream", type=int, default=400,
+                    help="prompts the router never saw (default: %(default)s; the learned part must log at least "
+                         "the profile's traffic.sensor_rows lines, 500 by default, for the sensor to read the open "
+                         "day: a request and its exploration are two)")
     ap.add_argument("--explore-cap-usd", type=float, default=5.0, help="the exploration's cap per day")
     ap.add_argument("--categories", default=None, metavar="C1,C2",
                     help="stream only these MMLU-Pro categories (e.g. history,philosophy: the smoke profile's "
