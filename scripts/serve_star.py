@@ -141,7 +141,7 @@ def phrasings(test) -> list:
     from pipeline.core.prompts import user_text
 
     bare = test["prompt"].map(user_text)
-    if (bare == test["prompt"]).all():
+    if (bare == test["prompt"].str.strip()).all():  # user_text trims: no template, only surrounding whitespace
         return [("as written", test["prompt"])]
     return [("bare", bare), ("templated", test["prompt"])]
 
