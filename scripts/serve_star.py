@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     by_task = {t: i for i, t in enumerate(rewards["task_id"])}
     sample = test.iloc[: args.n]
     if args.open_ended_profile:
+        offline_worlds(args.profile, args.open_ended_profile)
         other = lineage.load("task_pool", args.open_ended_profile)
         other = other[(other["split"] == "test") & ~other["ood"]]
         with serving(args.profile, ["--open-ended-profile", args.open_ended_profile]) as (port, startup):
@@ -163,6 +164,42 @@ def guard_rates(port: int, test, startup: list[str]) -> int:
               f"(status {status})", flush=True)
     print(json.dumps(out))
     return 0
+
+
+def offline_worlds(verifiable: str, open_ended: str) -> None:
+    """The world rule on the lineages' stored embeddings, per split (validation chose it; test reports it): the share
+    of each profile's prompts sent to the wrong world by serve's rule (the verifiable ★'s OOD guard fired, or no
+    answer format guessed: pipeline/serve/worlds.py) and by the rule it was compared with (also: the prompt is nearer
+    the open-ended router's training prompts than the verifiable one's, each distance over its own guard's
+    threshold)."""
+    import numpy as np
+
+    from cli import lineage
+    from cli.main import _format_guess
+    from pipeline.profile import load_profile
+    from pipeline.route import registry
+    from pipeline.route.served import auto_view
+    from resources.storage import home_of
+
+    def lineage_of(name):
+        prof = load_profile(name)
+        reg = registry.load(registry.latest_entry(home_of(prof) / "registry")["path"])
+        emb = lineage.read("prompt_embeddings", prof).set_index("task_id")
+        return prof, reg, lineage.read("task_pool", prof), emb
+
+    (vprof, vreg, vpool, vemb), (_, oreg, opool, oemb) = lineage_of(verifiable), lineage_of(open_ended)
+    view = auto_view(vreg, _format_guess(vreg, vprof), vprof.serve.target)
+    for split in ("validation", "test"):
+        for name, pool, emb, wanted_open in ((verifiable, vpool, vemb, False), (open_ended, opool, oemb, True)):
+            ids = pool.loc[(pool["split"] == split) & ~pool["ood"].astype(bool), "task_id"]
+            X = np.stack([emb.loc[i, "embedding"] for i in ids]).astype(np.float32)
+            _, fired, guessed = view.route(X)
+            served = fired | (guessed < 0)
+            nearer = (oreg.guard.distance(X) / oreg.guard.threshold) < (vreg.guard.distance(X) / vreg.guard.threshold)
+            wrong = {rule: float(np.mean(sent != wanted_open)) for rule, sent in (("served", served),
+                                                                                  ("or nearer", served | nearer))}
+            print(f"offline {split} {name} n={len(X)}: to the wrong world {wrong['served']:.1%} (served rule), "
+                  f"{wrong['or nearer']:.1%} (or nearer the open-ended prompts)", flush=True)
 
 
 def world_rates(port: int, sets: list) -> dict:
