@@ -510,7 +510,34 @@ def _serve_setup(args):
     settings = _serve_settings(args, profile, target)  # a bad cap fails here, before any worker starts
     _check_guard(args, keyring, allowed, target)
     return types.SimpleNamespace(profile=profile, pool=pool, reg=reg, stands_for=stands_for, agents=agents,
-                                 wider=wider, settings=settings, keyring=keyring, allowed=allowed, traffic=traffic)
+                                 wider=wider, settings=settings, keyring=keyring, allowed=allowed, traffic=traffic,
+                                 open_ended=_open_ended_setup(args))
+
+
+def _open_ended_setup(args):
+    """`--open-ended-profile P`: the open-ended world's router (`--open-ended-head`, else the ★ of P's latest run in
+    the same home), its pool (P's, its key checked) and settings (P's collection defaults, P's serve.target unless
+    --target), checked as the verifiable router's are; None without the option."""
+    import types
+
+    from pipeline.profile import load_profile
+    from resources.pool import PoolResource
+
+    if not args.open_ended_profile:
+        if args.open_ended_head:
+            raise RouterLiteError("--open-ended-head names the open-ended world's router: pass --open-ended-profile "
+                                  "too (its pool answers it)")
+        return None
+    profile = load_profile(args.open_ended_profile)
+    pool = PoolResource(kind=profile.pool.kind, pool=profile.pool.name, base_url=profile.pool.base_url,
+                        key_hosts=list(profile.pool.key_hosts))
+    pool.require_key("serve --open-ended-profile")
+    own = argparse.Namespace(**{**vars(args), "head": args.open_ended_head})
+    reg, target, stands_for = _served_router(own, profile)
+    agents = pool.agents()
+    pool.check(agents, needed_by="serve --open-ended-profile")
+    return types.SimpleNamespace(profile=profile, pool=pool, reg=reg, stands_for=stands_for, agents=agents,
+                                 settings=_serve_settings(args, profile, target))
 
 
 def _serve_app(args, served, port: int):
@@ -531,8 +558,22 @@ def _serve_app(args, served, port: int):
     from resources.storage import home_of
 
     home = home_of(profile)
+    open_ended, other = None, served.open_ended
+    if other is not None:  # both worlds behind this endpoint (pipeline/serve/worlds.py)
+        from pipeline.serve.worlds import open_ended_router, serve_both
+
+        def trained_on(r):
+            return tuple((r.manifest.get("backbone") or {}).get(k) for k in ("id", "key", "pooling", "max_seq_length"))
+
+        other_bb = bb if trained_on(other.reg) == trained_on(reg) else \
+            _head_backbone(other.reg, args.device, dtype=args.dtype, threads=args.threads or None)
+        open_ended = open_ended_router(other.reg, other_bb, other.agents, other.pool.client_for, other.settings,
+                                       _format_guess(other.reg, other.profile) if other.reg.needs_grader else None,
+                                       log_prompts=args.log_prompts)
     app = build_app(reg, bb, agents, pool.client_for, served.settings, formats=formats, log_prompts=args.log_prompts,
                     follow=follow)
+    if open_ended is not None:
+        serve_both(app, open_ended)
     record(app, traffic_recorder(served.traffic, home, served.settings))  # each process its own file
     app, keys_line = _guarded(app, args, served.keyring, served.allowed)
     return_big_buffers_to_the_os()  # 1 MB bodies must not keep the process's memory (docs/serving.md, Limits)
@@ -544,6 +585,10 @@ def _serve_app(args, served, port: int):
                  f"prompts ({', '.join(formats.graders)})" if formats is not None else "")
               + (f"; following {follow.pointer} every {follow.interval_s:g} s" if follow is not None else "")
               + traffic_banner(served.traffic, home))
+    if other is not None:
+        banner += (f"\nrouter-lite serve: open-ended prompts (the verifiable router's OOD guard fired, or no answer "
+                   f"format guessed; or router_grader judge): {other.stands_for}; {len(other.agents)} agents of pool "
+                   f"{other.pool.pool!r} ({other.pool.kind}), not following its registry")
     return app, [*keys_line, banner]
 
 
@@ -1037,6 +1082,12 @@ def _add_serve_command(sub) -> None:
                    help="without --head: check registry/latest.json every S seconds and swap in the router it "
                         "names without a restart (default %(default)g; 0: do not follow)")
     p.add_argument("--no-metrics", action="store_true", help="no GET /metrics (and no series recorded)")
+    p.add_argument("--open-ended-profile", default=None, metavar="PROFILE",
+                   help="serve both worlds: prompts the verifiable router gives up (its OOD guard fires, or no "
+                        "answer format is guessed) are answered by this profile's ★ router over its own pool, e.g. "
+                        "chat (docs/serving.md, \"Both worlds in one endpoint\")")
+    p.add_argument("--open-ended-head", default=None, metavar="DIR",
+                   help="with --open-ended-profile: this registry/<name> directory instead of its ★ router")
     from cli.traffic import add_traffic_serve_options
 
     add_traffic_serve_options(p)

@@ -30,6 +30,25 @@ def profile_tasks(profile: str) -> list[dict]:
     return rows
 
 
+def _standin(args):
+    """The stand-in the command's arguments describe: the pool's models (and the profile's judge), the profile's
+    tasks, the faults file, the recordings with --recorded."""
+    faults = None
+    if args.faults:
+        import yaml
+
+        faults = yaml.safe_load(Path(args.faults).read_text())
+    tasks = profile_tasks(args.profile) if args.profile else []
+    judge = getattr(load_profile(args.profile).collection.judge, "model", None) if args.profile else None
+    recorded = None
+    if args.recorded:
+        from pipeline.collect.replay import ReplayStore
+
+        recorded = ReplayStore.load()
+    return pool_standin(args.pool, tasks, judge=judge, key=os.environ.get(args.key_env) or None, faults=faults,
+                        seed=args.seed, latency_ms=args.latency_ms, price_factor=args.price_factor, recorded=recorded)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.standin",
                                  description="A local OpenRouter stand-in on 127.0.0.1 (pipeline/collect/standin.py).")
@@ -42,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--price-factor", type=float, default=1.0, help="reported cost = list price x tokens x this")
+    ap.add_argument("--recorded", action="store_true",
+                    help="answer with the bundled recordings where they have a reply (AlpacaEval's included), and as "
+                         "the profile's judge (collection.judge.model) with the recorded judgments, log-probabilities "
+                         "included (e.g. --pool chat --profile chat)")
     ap.add_argument("--override", default=None, metavar="FILE",
                     help="an override file whose `agents: {pools: ...}` adds pools (e.g. --pool my_pool); "
                          "--write-override then writes it merged with the endpoint")
@@ -57,14 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
             os.environ[OVERRIDE_ENV] = str(Path(args.override).expanduser().resolve())
             override_path()  # a missing file: one error
-        faults = None
-        if args.faults:
-            import yaml
-
-            faults = yaml.safe_load(Path(args.faults).read_text())
-        tasks = profile_tasks(args.profile) if args.profile else []
-        standin = pool_standin(args.pool, tasks, key=os.environ.get(args.key_env) or None, faults=faults,
-                               seed=args.seed, latency_ms=args.latency_ms, price_factor=args.price_factor)
+        standin = _standin(args)
         server = StandInServer(standin, args.port)
     except (RouterLiteError, OSError) as exc:
         print(f"standin: error: {exc}", file=sys.stderr)

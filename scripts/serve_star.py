@@ -7,9 +7,14 @@ accuracy (graded like the pipeline) and cost against the best single agent's on 
 With `--guard`: every held-out test question is sent once as a user types it (its user text, bare) and once as the
 agents' prompt (the benchmark's template pasted), and the share of replies with `X-Router-OOD: true` is printed for
 each (a bare question is not in the replay pool's recordings: its reply is an upstream error, the decision headers
-are there all the same).
+are there all the same). An open-ended profile's instructions (`chat`: no template) are sent once, as written.
 
-    python scripts/serve_star.py [--profile demo] [--n 60] [--guard]
+With `--open-ended-profile P` (e.g. chat): one `serve --profile PROFILE --open-ended-profile P` serves both worlds
+(docs/serving.md, "Both worlds in one endpoint"); every held-out test question of PROFILE (bare and templated) and
+every held-out instruction of P is sent once, and for each set the share answered by each world (`X-Router-World`)
+and the share flagged `X-Router-OOD` by the router that answered are printed.
+
+    python scripts/serve_star.py [--profile demo] [--n 60] [--guard] [--open-ended-profile chat]
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="demo")
     ap.add_argument("--n", type=int, default=60)
     ap.add_argument("--guard", action="store_true", help="the OOD guard's rate on bare and templated test questions")
+    ap.add_argument("--open-ended-profile", default=None, help="serve both worlds; the world each held-out prompt "
+                                                                "of both profiles is answered in")
     args = ap.parse_args(argv)
     home = Path(default_home()).resolve()
     latest = registry.latest_entry(home / "registry")
@@ -64,6 +71,15 @@ def main(argv=None) -> int:
     best = agents.index(json.loads((home / "reports" / "router_value.json").read_text())["best_single"]["agent"])
     by_task = {t: i for i, t in enumerate(rewards["task_id"])}
     sample = test.iloc[: args.n]
+    if args.open_ended_profile:
+        offline_worlds(args.profile, args.open_ended_profile)
+        other = lineage.load("task_pool", args.open_ended_profile)
+        other = other[(other["split"] == "test") & ~other["ood"]]
+        with serving(args.profile, ["--open-ended-profile", args.open_ended_profile]) as (port, startup):
+            world_rates(port, phrasings(test) + [(f"{args.open_ended_profile} {name}", texts)
+                                                 for name, texts in phrasings(other)])
+        print("\n".join(startup))
+        return 0
     with serving(args.profile) as (port, startup):
         if args.guard:
             return guard_rates(port, test, startup)
@@ -91,15 +107,16 @@ def main(argv=None) -> int:
 
 
 @contextlib.contextmanager
-def serving(profile: str):
-    """A `router-lite serve --profile P` subprocess on a free loopback port: (port, its startup lines once stopped)."""
+def serving(profile: str, more: list[str] = ()):
+    """A `router-lite serve --profile P` subprocess (with the options `more`) on a free loopback port: (port, its
+    startup lines once stopped)."""
     import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--profile", profile, "--port",
-                             str(port), "--workers", "1", "--access-log", "off"], cwd=ROOT,
+                             str(port), "--workers", "1", "--access-log", "off", *more], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     startup: list[str] = []
     try:
@@ -118,12 +135,24 @@ def serving(profile: str):
         proc.wait(30)
 
 
+def phrasings(test) -> list:
+    """(name, texts) of the held-out questions: bare (the user's text, the benchmark's template removed) and
+    templated (the prompt as recorded); an open-ended source (AlpacaEval) has no template: its instructions once,
+    as written."""
+    from pipeline.core.prompts import user_text
+
+    bare = test["prompt"].map(user_text)
+    if (bare == test["prompt"].str.strip()).all():  # user_text trims: no template, only surrounding whitespace
+        return [("as written", test["prompt"])]
+    return [("bare", bare), ("templated", test["prompt"])]
+
+
 def guard_rates(port: int, test, startup: list[str]) -> int:
     """Each test question sent once bare and once templated; the OOD guard's rate (and statuses) of each."""
     import httpx
 
     out = {}
-    for phrasing, texts in (("bare", test["user_text"]), ("templated", test["prompt"])):
+    for phrasing, texts in phrasings(test):
         ood, status = [], {}
         for text in texts:
             r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300,
@@ -135,6 +164,66 @@ def guard_rates(port: int, test, startup: list[str]) -> int:
               f"(status {status})", flush=True)
     print(json.dumps(out))
     return 0
+
+
+def offline_worlds(verifiable: str, open_ended: str) -> None:
+    """The world rule on the lineages' stored embeddings, per split (validation chose it; test reports it): the share
+    of each profile's prompts sent to the wrong world by serve's rule (the verifiable ★'s OOD guard fired, or no
+    answer format guessed: pipeline/serve/worlds.py) and by the rule it was compared with (also: the prompt is nearer
+    the open-ended router's training prompts than the verifiable one's, each distance over its own guard's
+    threshold)."""
+    import numpy as np
+
+    from cli import lineage
+    from cli.main import _format_guess
+    from pipeline.profile import load_profile
+    from pipeline.route import registry
+    from pipeline.route.served import auto_view
+    from resources.storage import home_of
+
+    def lineage_of(name):
+        prof = load_profile(name)
+        reg = registry.load(registry.latest_entry(home_of(prof) / "registry")["path"])
+        emb = lineage.read("prompt_embeddings", prof).set_index("task_id")
+        return prof, reg, lineage.read("task_pool", prof), emb
+
+    (vprof, vreg, vpool, vemb), (_, oreg, opool, oemb) = lineage_of(verifiable), lineage_of(open_ended)
+    view = auto_view(vreg, _format_guess(vreg, vprof), vprof.serve.target)
+    for split in ("validation", "test"):
+        for name, pool, emb, wanted_open in ((verifiable, vpool, vemb, False), (open_ended, opool, oemb, True)):
+            ids = pool.loc[(pool["split"] == split) & ~pool["ood"].astype(bool), "task_id"]
+            X = np.stack([emb.loc[i, "embedding"] for i in ids]).astype(np.float32)
+            _, fired, guessed = view.route(X)
+            served = fired | (guessed < 0)
+            nearer = (oreg.guard.distance(X) / oreg.guard.threshold) < (vreg.guard.distance(X) / vreg.guard.threshold)
+            wrong = {rule: float(np.mean(sent != wanted_open)) for rule, sent in (("served", served),
+                                                                                  ("or nearer", served | nearer))}
+            print(f"offline {split} {name} n={len(X)}: to the wrong world {wrong['served']:.1%} (served rule), "
+                  f"{wrong['or nearer']:.1%} (or nearer the open-ended prompts)", flush=True)
+
+
+def world_rates(port: int, sets: list) -> dict:
+    """Each (name, texts) set sent once: the share answered by each world and flagged OOD, and the statuses."""
+    import collections
+
+    import httpx
+
+    out = {}
+    for name, texts in sets:
+        worlds, ood, status = collections.Counter(), 0, collections.Counter()
+        for text in texts:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300,
+                           json={"messages": [{"role": "user", "content": text}]})
+            worlds[r.headers.get("x-router-world")] += 1
+            ood += r.headers.get("x-router-ood") == "true"
+            status[r.status_code] += 1
+        n = max(len(texts), 1)
+        out[name] = {"n": len(texts), "world": {w: c / n for w, c in worlds.items()}, "ood_rate": ood / n,
+                     "status": dict(status)}
+        print(f"{name}: n={len(texts)}, answered by " + ", ".join(f"{w} {c / n:.1%}" for w, c in worlds.items())
+              + f"; X-Router-OOD true on {ood / n:.1%} (status {dict(status)})", flush=True)
+    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

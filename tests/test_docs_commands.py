@@ -69,6 +69,10 @@ PLAN: dict[tuple[str, str], Plan] = {
     ("docs/tutorial.md", "python -m pipeline.standin --pool my_pool --override mine/pool.yaml --port 8765 & "): Plan(
         "run"),
     ("docs/serving.md", "router-lite serve --profile demo"): Plan("run"),
+    ("docs/serving.md", "router-lite run --profile demo && router-lite run --profile chat"): Plan(
+        "skip", "both whole lineages (demo about 25 minutes, chat about 10 on 2 cores) and a server over them: "
+                "tests/test_serve_worlds.py composes the same endpoint through serve's own set-up on small routers, "
+                "and scripts/serve_star.py --open-ended-profile chat measures it on the full lineages"),
     ("docs/serving.md", "mkdir -p mine"): Plan("run"),
     ("docs/serving.md", "curl -s localhost:8080/v1/chat/completions -H 'X-Router-Target: parity'"): Plan("run"),
     ("docs/serving.md", "KEY=$(python -c \"import secrets"): Plan("run"),

@@ -263,30 +263,40 @@ def handle_request(store: ReplayStore, method: str, path: str, body: bytes) -> R
     return _stream(cid, created, model, text, finish, usage, include_usage)
 
 
-def _judge_reply(store: ReplayStore, model: str, prompt: str, prompt_tokens: int) -> ReplayResponse:
-    """The recorded judgment of the reply in a judge prompt, as a live judge gives it: the verdict character ("A" or
-    "B", the likelier) and its first-token log-probabilities (log P, log (1 - P)) for both positions. The reply
-    judged is the one with a recorded judgment; the other must be the reference (404 when neither or both match)."""
+def recorded_verdict(store: ReplayStore, prompt: str) -> tuple[str, list[dict]] | str:
+    """The recorded judgment of the reply in a judge prompt (pipeline/collect/judge.py), as a live judge gives it:
+    (the verdict character, "A" or "B", the likelier; the first token's top log-probabilities (log P, log (1 - P))
+    for both positions, likelier first). The reply judged is the one with a recorded judgment; the other must be the
+    reference. Else why not: a string (not a judge prompt, or no recorded judgment of this pair)."""
     from pipeline.collect.judge import parse_judge_prompt
 
     parsed = parse_judge_prompt(prompt)
     if parsed is None:
-        return _error(404, f"`{model}` is a replayed judge: it answers only judge prompts (pipeline/collect/judge.py)",
-                      "invalid_request_error", "prompt_not_recorded", "messages")
+        return "not a judge prompt (pipeline/collect/judge.py)"
     instruction, a, b = parsed
     hi = prompt_hash(instruction)
     pa, pb = store.judgments.get((hi, prompt_hash(a))), store.judgments.get((hi, prompt_hash(b)))
     if (pa is None) == (pb is None):
-        return _error(404, f"no recorded judgment of `{model}` for this pair of replies to instruction {hi}",
-                      "invalid_request_error", "prompt_not_recorded", "messages")
+        return f"no recorded judgment for this pair of replies to instruction {hi}"
     p_a = pa if pa is not None else 1.0 - pb
 
     def lp(p: float) -> float:
         return math.log(p) if p > 0 else MIN_LOGPROB
 
-    tops = [{"token": "A", "logprob": lp(p_a)}, {"token": "B", "logprob": lp(1.0 - p_a)}]
-    tops.sort(key=lambda t: -t["logprob"])
-    verdict = tops[0]["token"]
+    tops = sorted([{"token": "A", "logprob": lp(p_a)}, {"token": "B", "logprob": lp(1.0 - p_a)}],
+                  key=lambda t: -t["logprob"])
+    return tops[0]["token"], tops
+
+
+def _judge_reply(store: ReplayStore, model: str, prompt: str, prompt_tokens: int) -> ReplayResponse:
+    """The recorded judgment of the reply in a judge prompt (`recorded_verdict`): the verdict character and its
+    first-token log-probabilities; 404 for another prompt or a pair without a recorded judgment."""
+    verdict = recorded_verdict(store, prompt)
+    if isinstance(verdict, str):
+        why = f"`{model}` is a replayed judge: it answers only judge prompts (pipeline/collect/judge.py)" \
+            if verdict.startswith("not a judge") else f"{verdict} (`{model}`)"
+        return _error(404, why, "invalid_request_error", "prompt_not_recorded", "messages")
+    verdict, tops = verdict
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1,
              "token_count_method": TOKEN_COUNT_METHOD}
     cid = "chatcmpl-replay-" + hashlib.sha256(f"{model}\n{prompt_hash(prompt)}".encode()).hexdigest()[:24]

@@ -30,6 +30,14 @@ form its grader reads (`The answer is (C).`, `\\boxed{42}`), a wrong one in anot
 pool is complementary by construction and the router has something to learn. Any other prompt gets a short reply
 (`4` for "What is 2 + 2?", the live pre-flight prompt).
 
+Recorded replies and judgments (`recorded`, a pipeline.collect.replay.ReplayStore, e.g. AlpacaEval's
+`ReplayStore.load_judged`; `python -m pipeline.standin --recorded`): a model answers a prompt it has a recorded reply to
+with that reply, and a judge prompt (pipeline/collect/judge.py) whose pair of replies has a recorded judgment is
+answered with the recorded verdict, the likelier position, and, when the request asks for `logprobs` (with
+`top_logprobs`), the first token's log-probabilities of both positions, as an OpenAI-compatible provider returns
+them: a live judge's verdict read through the same protocol gives the recorded probability. A judge prompt without a
+recorded judgment gets the naive judge below (`judge_verdict`).
+
 Tools: a request with `tools` (and a `tool_choice` other than "none") is answered with a call of the tool that
 `tool_choice` names, else of the first tool, instead of text (`content` null, `finish_reason` "tool_calls"; its
 arguments: each parameter the tool declares, set to the prompt's first 40 characters); streamed, the call's head
@@ -165,6 +173,7 @@ class OpenRouterStandIn:
         self.seed = seed
         self.latency_ms = float(latency_ms)
         self.price_factor = float(price_factor)
+        self.recorded = None  # a pipeline.collect.replay.ReplayStore: recorded replies and judgments (module doc)
         self.tasks: dict[str, Task] = {}
         for row in tasks:
             self.tasks[prompt_hash(str(row["prompt"]))] = Task(row)
@@ -193,6 +202,13 @@ class OpenRouterStandIn:
         return _unit(self.seed, "task", model, task.task_id) < self.p_correct(model, task)
 
     def reply_text(self, model: str, prompt: str) -> str:
+        if self.recorded is not None:
+            verdict = self.recorded_verdict(prompt)
+            if verdict is not None:
+                return verdict[0]
+            text = self.recorded.text_for(model, prompt)
+            if text is not None:
+                return text
         task = self.tasks.get(prompt_hash(prompt))
         judged = judge_verdict(prompt) if task is None else None
         if judged is not None:
@@ -216,6 +232,16 @@ class OpenRouterStandIn:
             return f"Weighing the options one by one, option {letter} fits best.\nThe answer is ({letter})."
         answer = task.gold if right else self._wrong_number(task.gold, salt)
         return f"Working through it step by step.\nThe final answer is $\\boxed{{{answer}}}$."
+
+    def recorded_verdict(self, prompt: str) -> tuple[str, list[dict]] | None:
+        """(verdict, first-token top log-probabilities) of a judge prompt whose pair of replies has a recorded
+        judgment in `recorded` (pipeline/collect/replay.py `recorded_verdict`), else None."""
+        if self.recorded is None:
+            return None
+        from pipeline.collect.replay import recorded_verdict
+
+        out = recorded_verdict(self.recorded, prompt)
+        return None if isinstance(out, str) else out
 
     @staticmethod
     def _wrong_number(gold: str, salt: int) -> str:
@@ -344,6 +370,12 @@ class OpenRouterStandIn:
                          "message": {"role": "assistant", "content": text, "refusal": None, "reasoning": None}}]}
         if call is not None:
             out["choices"][0]["message"].update(content=None, tool_calls=[call])
+        verdict = self.recorded_verdict(prompt) if req.get("logprobs") is True and call is None else None
+        if verdict is not None:  # asked for log-probabilities: the recorded judgment's first token, as OpenAI sends it
+            k = req.get("top_logprobs")
+            tops = verdict[1][: k if type(k) is int and k >= 1 else 1]
+            out["choices"][0]["logprobs"] = {"content": [{"token": verdict[0], "logprob": tops[0]["logprob"],
+                                                          "top_logprobs": tops}]}
         if not fault.get("no_usage"):
             out["usage"] = usage
         with self._lock:
@@ -529,16 +561,26 @@ def judge_verdict(prompt: str) -> str | None:
 
 
 def pool_standin(pool: str = "pilot", tasks: Iterable[dict] | None = None, agents_file: str | Path | None = None,
-                 **kwargs: Any) -> OpenRouterStandIn:
+                 judge: str | None = None, recorded=None, **kwargs: Any) -> OpenRouterStandIn:
     """A stand-in answering the model ids of `pool` (config/agents.yaml) at their list prices, knowing the tasks of
     `tasks` (rows with prompt, task_id, gold, grader, source, domain, difficulty, choices; None = none; a profile's
-    tasks: `pipeline.standin.profile_tasks`)."""
-    from pipeline.collect.agents import load_agents
+    tasks: `pipeline.standin.profile_tasks`); `judge`: a judge model id it answers too, at its price in
+    config/prices.yaml (a profile's `collection.judge.model`); `recorded`: a pipeline.collect.replay.ReplayStore whose
+    replies and judgments it answers with (module doc)."""
+    from pipeline.collect.agents import load_agents, load_prices
 
     if agents_file is None:
         base = os.environ.get("ROUTER_LITE_CONFIG")
         agents_file = Path(base) if base else Path(__file__).resolve().parents[2] / "config"
         agents_file = agents_file / "agents.yaml"
     agents = load_agents(Path(agents_file), pool)
-    return OpenRouterStandIn([a.model for a in agents], list(tasks or []),
-                             prices={a.model: (a.price_in_per_mtok, a.price_out_per_mtok) for a in agents}, **kwargs)
+    prices = {a.model: (a.price_in_per_mtok, a.price_out_per_mtok) for a in agents}
+    if judge:
+        price_file = Path(agents_file).with_name("prices.yaml")
+        entry = load_prices(price_file).get(judge)
+        if not isinstance(entry, dict) or entry.get("input") is None or entry.get("output") is None:
+            raise RouterLiteError(f"no price for the judge model {judge!r} in {price_file}")
+        prices[judge] = (float(entry["input"]), float(entry["output"]))
+    standin = OpenRouterStandIn(list(prices), list(tasks or []), prices=prices, **kwargs)
+    standin.recorded = recorded
+    return standin

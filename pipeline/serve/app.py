@@ -103,14 +103,24 @@ from pipeline.serve.relay import (
     upstream_timing,
     whole_reply,
 )
-from pipeline.serve.requests import Answer, RequestError, error_response, parse_chat_request, read_body, show
+from pipeline.serve.requests import (
+    GRADER_FIELD,
+    GRADER_HEADER,
+    Answer,
+    RequestError,
+    error_response,
+    parse_chat_request,
+    read_body,
+    show,
+)
 from pipeline.serve.served import Endpoint, decision_tag, served_router
 from pipeline.serve.settings import ServeSettings
+from pipeline.serve.worlds import OPEN_ENDED, VERIFIABLE, WORLD_HEADER, moved_to, named_world, prompt_is_open_ended
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("router_lite.access")  # one JSON line per chat request (`_log_access`)
 
-GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
+_OPEN_ENDED = object()  # `_route`'s answer to a request that names the open-ended world (pipeline/serve/worlds.py)
 
 
 def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Callable[[AgentSpec], Any],
@@ -126,7 +136,9 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     `log_prompts`: the access log (logger `router_lite.access`, one JSON line per request) carries the prompt.
     `follow` (a `pipeline.serve.follow.PointerFollower`): the app swaps in the router the registry's pointer names
     whenever it changes (started and stopped with the app). Traffic is recorded once `pipeline.serve.traffic.record`
-    gave the app a recorder (`state.traffic`; docs/serving.md, "Recording traffic"), closed with the app."""
+    gave the app a recorder (`state.traffic`; docs/serving.md, "Recording traffic"), closed with the app.
+    Both worlds: pipeline/serve/worlds.py `serve_both(app, open_ended)` adds the open-ended router
+    (`state.open_ended`, None until then)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -152,6 +164,7 @@ def build_app(registered, backbone, agents: Sequence[AgentSpec], client_for: Cal
     app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found}, lifespan=_lifespan)
     state = app.state
     state.endpoint, state.served, state.follower, state.readiness = endpoint, served, follow, Readiness()
+    state.open_ended = None  # the open-ended world's router (pipeline/serve/worlds.py `serve_both`)
     state.settings = settings  # the server's connection limits (pipeline/serve/server.py RouterServer)
     state.metrics = ServeMetrics() if settings.metrics else None
     if state.metrics is not None:
@@ -296,25 +309,34 @@ async def _healthz(request):
     from starlette.responses import JSONResponse
 
     state = request.app.state.served
-    return JSONResponse({"status": "ok", "head": state.router_name, "agents": [a.name for a in state.specs],
-                         "backbone": getattr(state.backbone, "model_id", str(state.backbone)),
-                         "device": getattr(state.backbone, "device", "")})
+    body = {"status": "ok", "head": state.router_name, "agents": [a.name for a in state.specs],
+            "backbone": getattr(state.backbone, "model_id", str(state.backbone)),
+            "device": getattr(state.backbone, "device", "")}
+    other = request.app.state.open_ended
+    if other is not None:
+        body["open_ended"] = {"head": other.router_name, "agents": [a.name for a in other.specs]}
+    return JSONResponse(body)
 
 
 async def _models(request):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"object": "list", "data": [request.app.state.served.model_obj]})
+    return JSONResponse({"object": "list", "data": [s.model_obj for s in _routers(request.app.state)]})
+
+
+def _routers(app_state) -> list:
+    """The routers the app answers with: the served one, and the open-ended one when there is one."""
+    return [app_state.served] + ([app_state.open_ended] if app_state.open_ended is not None else [])
 
 
 async def _model_one(request):
     from starlette.responses import JSONResponse
 
-    state = request.app.state.served
-    if request.path_params["model"] != state.router_name:
+    found = [s for s in _routers(request.app.state) if s.router_name == request.path_params["model"]]
+    if not found:
         return error_response(RequestError(404, f"The model {show(request.path_params['model'])} does not exist",
                                            "model_not_found", "model"))
-    return JSONResponse(state.model_obj)
+    return JSONResponse(found[0].model_obj)
 
 
 async def _route(request, state):
@@ -336,6 +358,9 @@ async def _route(request, state):
                 except RouterLiteError as exc:
                     raise RequestError(400, str(exc), "invalid_target", TARGET_FIELD) from None
                 request.state.chat = req
+            other = request.app.state.open_ended
+            if other is not None and state is not other and named_world(other, request.headers, req) == OPEN_ENDED:
+                return _OPEN_ENDED  # the request names the open-ended world: the verifiable router does not decide
             target = req.target
             grader = _request_grader(state, request.headers, req.body, req.tool_field)
             if grader is not None:  # a cascade entry and an answer format: the cascade's view of this target
@@ -375,9 +400,12 @@ async def _chat(request):
     # the router the client-key middleware priced the request on, else the one served now
     served = request.state.served = getattr(request.state, "served", None) or request.app.state.served
     resp = await _answer(request)
+    served = request.state.served  # the router that answered (the open-ended one, when it took the request)
     resp.headers["X-Request-Id"] = rid
     if "X-Router-Name" not in resp.headers:
         resp.headers["X-Router-Name"] = served.router_name
+    if request.app.state.open_ended is not None:
+        resp.headers[WORLD_HEADER] = OPEN_ENDED if served is request.app.state.open_ended else VERIFIABLE
     _log_access(request, resp, rid, t_start)
     if request.app.state.traffic is not None:  # recorded once the client has the reply (pipeline/serve/traffic.py)
         resp = request.app.state.traffic.after_reply(request, resp, rid)
@@ -391,6 +419,17 @@ async def _answer(request):
 
     state = request.state.served
     routed = await _route(request, state)
+    if _gives_up(request, state, routed):  # both worlds: the open-ended router answers (pipeline/serve/worlds.py)
+        first_t0 = routed[4] if isinstance(routed, tuple) else None
+        state = request.state.served = request.app.state.open_ended
+        try:
+            moved_to(request.state.chat, request.headers, state)
+        except (RequestError, RouterLiteError) as exc:  # the open-ended router's own limits or targets
+            return error_response(exc if isinstance(exc, RequestError) else
+                                  RequestError(400, str(exc), "invalid_target", TARGET_FIELD))
+        routed = await _route(request, state)
+        if isinstance(routed, tuple) and first_t0 is not None:  # the overhead counts both routers' decisions
+            routed = (*routed[:4], first_t0)
     if not isinstance(routed, tuple):
         return routed
     req, decision, view, point, t0 = routed
@@ -407,7 +446,8 @@ async def _answer(request):
     # the shape of a cascade's `router` key: the agents called (one) and their cost (filled once the reply is read;
     # a stream's first chunk goes out before, so there it stays null and `usage.cost` of the stream carries it)
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
-            "target": point["target"], "lambda": point["lambda"], "agents_called": [spec.name], "cost_usd": None}
+            "target": point["target"], "lambda": point["lambda"], "agents_called": [spec.name], "cost_usd": None,
+            **_world(request, state)}
     headers = {"X-Router-Head": name, "X-Router-Agent": spec.name, "X-Router-Model": spec.model,
                "X-Router-OOD": "true" if decision.ood else "false", TARGET_HEADER: point["target"],
                "X-Router-Overhead-Ms": f"{overhead_ms:.3f}", "Server-Timing": f"router;dur={overhead_ms:.3f}"}
@@ -434,6 +474,26 @@ async def _answer(request):
     if reply is None:
         await resp.aclose()
     return _gone() if reply is None else reply
+
+
+def _gives_up(request, state, routed) -> bool:
+    """Whether the verifiable router gives a request up to the open-ended router: the request names that world
+    (`_route` answered `_OPEN_ENDED`), or it names neither world and the verifiable router's decision gives its
+    prompt up (worlds.py `prompt_is_open_ended`)."""
+    if routed is _OPEN_ENDED:
+        return True
+    other = request.app.state.open_ended
+    if other is None or state is other or not isinstance(routed, tuple):
+        return False
+    req, decision, view = routed[:3]
+    return named_world(other, request.headers, req) is None and prompt_is_open_ended(decision, view)
+
+
+def _world(request, state) -> dict:
+    """`{"world": ...}` of a reply's `router` key on an endpoint serving both worlds (pipeline/serve/worlds.py), else
+    nothing."""
+    other = request.app.state.open_ended
+    return {} if other is None else {"world": OPEN_ENDED if state is other else VERIFIABLE}
 
 
 def _gone():
@@ -489,7 +549,7 @@ async def _cascade_chat(state, req, decision, view, point, t0, request):
     info = {"head": name, "agent": spec.name, "model": spec.model, "ood_guard": decision.ood,
             "target": point["target"], "grader": grader, "grader_guessed": bool(point.get("guessed")),
             "agents_called": names, "cost_usd": result.cost, "stage": result.stage,
-            **({"cost_invalid": invalid} if invalid else {})}
+            **({"cost_invalid": invalid} if invalid else {}), **_world(request, state)}
     data = dict(result.accepted.data)
     data["usage"] = _summed_usage(result, headers["X-Router-Cost-Usd"])
     if req.stream:
@@ -542,9 +602,10 @@ async def _lifespan(app):
         await asyncio.gather(*tasks, return_exceptions=True)
         if state.traffic is not None:  # explorations still use the agents' clients
             await state.traffic.close()
-        for c in state.endpoint.clients.values():
-            try:
-                await c.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
-        state.endpoint.batcher.close()
+        for served in _routers(state):
+            for c in served.endpoint.clients.values():
+                try:
+                    await c.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+            served.endpoint.batcher.close()

@@ -140,6 +140,8 @@ class ClientGuard:
         if key is None:
             return await self.app(scope, receive, send)
         bounds, tokens = self._bounds(served, target), spend.request_tokens(req.upstream, settings.max_tokens_cap)
+        if state.open_ended is not None:  # both worlds (pipeline/serve/worlds.py): either router may answer it
+            bounds = bounds + self._bounds(state.open_ended, target)
         need = spend.worst_case_usd(bounds, *tokens)
         whole = spend.over_whole_budget(key, bounds, *tokens)
         if whole is not None:  # no retry fits it: 402, as OpenRouter answers it (a 429 is retried by the SDKs)
@@ -148,7 +150,7 @@ class ClientGuard:
         admitted = await self._admit(key, need, state)
         if isinstance(admitted, tuple):  # (the error, its headers)
             return await _refuse(scope, receive, send, key, *admitted)
-        meter = ReplyMeter(send, served, req)  # the served router: its agents price a relayed stream
+        meter = ReplyMeter(send, scope["state"], req)  # the router that answers: its agents price a relayed stream
         try:
             await self.app(scope, receive, meter.send)
         finally:

@@ -16,8 +16,10 @@ class ReplyMeter:
     """What the reply cost, read from the response as it goes out: `send` wraps the ASGI send; `cost(worst_case)`
     once the response is over."""
 
-    def __init__(self, send, served, chat):
-        self.send_, self.served, self.chat = send, served, chat  # chat: the request's ChatRequest
+    def __init__(self, send, state: dict, chat):
+        # state: the request's state (scope["state"]), whose `served` the app sets to the router that answers;
+        # chat: the request's ChatRequest
+        self.send_, self.state, self.chat = send, state, chat
         self.status, self.paid, self.stream = None, None, None
 
     async def send(self, message) -> None:
@@ -25,7 +27,7 @@ class ReplyMeter:
             self.status, answer = message["status"], self.chat.answer
             self.paid = answer.cost_usd
             if self.status == 200 and self.paid is None and answer.agent is not None and self.chat.stream:
-                spec = next(s for s in self.served.specs if s.name == answer.agent)
+                spec = next(s for s in self.state["served"].specs if s.name == answer.agent)
                 self.stream = StreamCost(spec, self.chat.upstream)  # a relayed stream: priced as it goes
         elif message["type"] == "http.response.body" and self.stream is not None:
             self.stream.feed(message.get("body", b""))

@@ -55,6 +55,8 @@ async def warm_up(app) -> None:
                             type(exc).__name__, exc)
                 await asyncio.sleep(RETRY_S)
                 continue
+            if state.open_ended is not None:  # both worlds: the open-ended router is warm too before ready
+                await warm(state.open_ended)
             state.readiness.backbone, state.readiness.router = True, served.router_name
             return
 

@@ -137,6 +137,9 @@ class Limits:
     max_tokens_cap: int
 
 
+GRADER_FIELD, GRADER_HEADER = "router_grader", "X-Router-Grader"  # a cascade compares answers with this grader
+
+
 @dataclasses.dataclass
 class Answer:
     """What the handler did with a chat request, as the access log, the metrics and the client-key meter read it:
