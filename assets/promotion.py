@@ -48,6 +48,17 @@ def held_out(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embedd
                               replied_rows(reward_matrix)[te])  # the traffic rows every agent replied to
 
 
+def held_out_with_traffic(reward_matrix: pd.DataFrame, task_pool: pd.DataFrame, prompt_embeddings: pd.DataFrame,
+                          agent_answers: pd.DataFrame, best_single: int, traffic: tuple) -> gate_rules.HeldOut:
+    """The benchmark's test rows and the explored traffic's (`traffic`: traffic_rewards, traffic_tasks), their
+    answer format guessed from the benchmark's tasks only."""
+    traffic_rewards, traffic_tasks = traffic
+    rewards, tasks, embeddings = learning_rows(reward_matrix, prompt_embeddings, task_pool, traffic_rewards,
+                                               traffic_tasks, splits=HELD_OUT_SPLITS)
+    return held_out(rewards, tasks, embeddings, traffic_answers(agent_answers, traffic_tasks), best_single,
+                    formats=format_guess(task_pool, prompt_embeddings))
+
+
 def history_table(root) -> MetadataValue:
     rows = [{"at": r.get("at"), "action": r.get("action"), "by": r.get("by"), "router": r.get("name"),
              "kind": r.get("kind"), "target": r.get("target"), "previous": (r.get("previous") or {}).get("name"),
@@ -78,13 +89,9 @@ def promotion(context: AssetExecutionContext, registered_head: dict, registered_
     figures = gate_rules.candidate_figures(regs, target)
     key, rule = gate_rules.choose(figures, target)
     reg = regs[key]
-    # the benchmark's test rows and the explored traffic's (their format guessed from the benchmark's tasks only)
-    rewards, tasks, embeddings = learning_rows(reward_matrix, prompt_embeddings, task_pool, traffic_rewards,
-                                               traffic_tasks, splits=HELD_OUT_SPLITS)
-    rows = held_out(rewards, tasks, embeddings, traffic_answers(agent_answers, traffic_tasks),
-                    router_head["best_single"], formats=format_guess(task_pool, prompt_embeddings))
-    agreement = Agreement(rows.answers, rows.graders.tolist())
-    reward, cost = gate_rules.held_out_outcome(reg, target, rows, agreement)
+    rows = held_out_with_traffic(reward_matrix, task_pool, prompt_embeddings, agent_answers,
+                                 router_head["best_single"], (traffic_rewards, traffic_tasks))
+    reward, cost = gate_rules.held_out_outcome(reg, target, rows, Agreement(rows.answers, rows.graders.tolist()))
     ev = gate_rules.evidence(reg.name, key, target, rows, reward, cost)
     aiq = {"head": head_validation_aiq(router_head, reward_matrix, training_split(reward_matrix, task_pool)),
            **{f"cascade:{v}": w["aiq_validation"] for v, w in cascade_router["variants"].items()}}

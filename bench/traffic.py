@@ -42,6 +42,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from cli import lineage  # noqa: E402
 from pipeline.collect.agents import load_agents  # noqa: E402
 from pipeline.collect.replay import ReplayStore  # noqa: E402
 from pipeline.collect.traffic_log import read_day  # noqa: E402
@@ -49,7 +50,6 @@ from pipeline.core.config import config_dir  # noqa: E402
 from pipeline.profile import load_profile  # noqa: E402
 from pipeline.serve.traffic import conversation_hash  # noqa: E402
 from pipeline.tasks.sources import load_source  # noqa: E402
-from resources.storage import asset_path  # noqa: E402
 from resources.traffic_read import day_files  # noqa: E402
 
 BIN = Path(sys.executable).parent / "router-lite"
@@ -62,7 +62,7 @@ def environment(home: Path, instance: Path) -> dict:
             "PYTHONPATH": str(ROOT)}
 
 
-def lineage(profile: str, env: dict, cwd: Path) -> float:
+def run_lineage(profile: str, env: dict, cwd: Path) -> float:
     """`router-lite run`: the lineage's own steps (collection cached by the call log, embeddings by their cache)."""
     t0 = time.perf_counter()
     out = subprocess.run([str(BIN), "run", "--profile", profile], env=env, cwd=cwd, capture_output=True, text=True)
@@ -74,7 +74,7 @@ def lineage(profile: str, env: dict, cwd: Path) -> float:
 def stream_prompts(home: Path, profile, n: int, seed: int, categories: list[str] | None = None) -> list[str]:
     """`n` MMLU-Pro prompts outside the home's task pool (seeded) that the replay pool recorded for every agent of
     the profile's pool (so each request, and its exploration, gets a real recorded reply)."""
-    pool = pd.read_parquet(asset_path(home, "task_pool"))
+    pool = lineage.load("task_pool", profile.name, str(home))
     tasks = load_source("mmlu_pro")
     store = ReplayStore.load()
     models = [a.model for a in load_agents(config_dir() / "agents.yaml", profile.pool.name)]
@@ -177,7 +177,7 @@ def grade_day(home: Path, profile: str, env: dict, day: str) -> pd.DataFrame:
     with inst:
         if not defs.resolve_job_def("traffic_job").execute_in_process(partition_key=day, instance=inst).success:
             sys.exit(f"traffic partition {day} failed")
-    return pd.read_parquet(asset_path(home, "traffic", day))
+    return lineage.load("traffic", defs=defs, partition=day)
 
 
 def scored(decisions: list[dict], rows: pd.DataFrame, best: str) -> dict[str, tuple]:
@@ -234,9 +234,9 @@ def decision_costs(decisions: list[dict], log, router: str | None) -> None:
         d["cost"] = cost.get(d["hash"], float("nan"))
 
 
-def gate_verdict(home: Path) -> dict:
+def gate_verdict(home: Path, profile: str) -> dict:
     """The retrain's promotion: its action, and what the benchmark rows and the traffic rows said."""
-    out = json.loads(asset_path(home, "promotion", suffix=".json").read_text())
+    out = lineage.load("promotion", profile, str(home))
     v = out.get("verdict") or {}
     return {"action": out.get("action"), "candidate": out.get("candidate"), "benchmark": v.get("benchmark_reason"),
             "traffic": (v.get("traffic") or {}).get("reason")}
@@ -261,7 +261,7 @@ def main(argv=None) -> None:
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-traffic-"))
     home, env = work / "home", environment(work / "home", work / "dagster")
     prof = load_profile(args.profile)
-    seconds = {"lineage": lineage(args.profile, env, work)}
+    seconds = {"lineage": run_lineage(args.profile, env, work)}
     value = json.loads((home / "reports" / "router_value.json").read_text())
     best = value["best_single"]["agent"]
     prompts = stream_prompts(home, prof, args.stream, args.seed,
@@ -281,7 +281,7 @@ def main(argv=None) -> None:
         seconds["sensor"] = time.perf_counter() - t0
         before = server.ask(held)  # the router served now, on the held-out part
         served_before = before[0]["router"] if before else None
-        seconds["retrain"] = lineage(args.profile, env, work)  # the schedule's retrain, its gate, a promotion
+        seconds["retrain"] = run_lineage(args.profile, env, work)  # the schedule's retrain, its gate, a promotion
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.router() == served_before:  # the server follows (2 s poll)
             time.sleep(2)
@@ -300,7 +300,7 @@ def main(argv=None) -> None:
            "promoted": bool(after and after[0]["router"] != served_before),
            "before": figures(scored(before, rows, best)), "after": figures(scored(after, rows, best)),
            "after_minus_before": change(scored(before, rows, best), scored(after, rows, best)),
-           "gate": gate_verdict(home),
+           "gate": gate_verdict(home, args.profile),
            "explore_usd": round(explore_usd, 6), "explore_cap_usd": args.explore_cap_usd,
            "seconds": {k: round(v, 1) for k, v in seconds.items()}, "work": str(work)}
     print(json.dumps(out))

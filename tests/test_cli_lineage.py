@@ -16,13 +16,13 @@ def defs(tmp_path_factory):
 def test_the_refresh_runs_from_the_rewards_on_with_the_pool_report(defs):
     """`start`: the refresh bench's run takes the assets from the rewards on (read upstream as materialised), the
     pool report and both fits included (and the served decisions it reads whether a cascade pays off), nothing of
-    the collection."""
+    the collection; the explored traffic's rows, which the head learns from, are read again from the rewards on."""
     from cli.run import stages_of
 
     keys = [k for _, ks, _ in stages_of(defs, ["registered_head", "registered_cascade", "pool_report"],
                                         start=["reward_matrix", "agent_answers"]) for k in ks]
     assert set(keys) == {"reward_matrix", "agent_answers", "router_head", "cascade_router", "registered_head",
-                         "registered_cascade", "served_decisions", "pool_report"}
+                         "registered_cascade", "served_decisions", "pool_report", "traffic_rewards", "traffic_tasks"}
     assert keys.index("cascade_router") < keys.index("pool_report")
 
 

@@ -220,12 +220,20 @@ def test_open_ended_traffic_is_judged_by_the_profiles_judge(tmp_path):
     assert asked == [] and again["reward"].tolist() == rows["reward"].tolist()
 
 
-def test_split_is_seeded_by_request_id():
-    ids = [_rid(i) for i in range(3000)]
-    splits = pd.Series([split_of(i, SPLIT) for i in ids]).value_counts(normalize=True)
+def test_split_is_seeded_and_a_conversation_sent_again_keeps_its_split(tmp_path, zeroeval, demo_agents):
+    """The split is a seeded draw from the conversation hash: the profile's fractions, and the same prompt sent in 40
+    requests lands in one split (a held-out prompt sent again is never trained on)."""
+    keys = [_rid(i) for i in range(3000)]
+    splits = pd.Series([split_of(k, SPLIT) for k in keys]).value_counts(normalize=True)
     assert abs(splits["train"] - 0.6) < 0.03 and abs(splits["test"] - 0.2) < 0.03
-    assert [split_of(i, SPLIT) for i in ids[:50]] == [split_of(i, SPLIT) for i in ids[:50]]
-    assert [split_of(i, SPLIT, seed=1) for i in ids[:50]] != [split_of(i, SPLIT) for i in ids[:50]]
+    assert [split_of(k, SPLIT, seed=1) for k in keys[:50]] != [split_of(k, SPLIT) for k in keys[:50]]
+    prompts = list(zeroeval.values())[:2]
+    lines = [request_line(_rid(i), prompts[i % 2][0], prompts[i % 2][2], ["frontier_a"], DEMO, "integer")
+             for i in range(40)]
+    write_log(tmp_path, DAY, lines)
+    rows = traffic_rows(read_day(day_files(tmp_path, DAY)).requests, DAY, demo_agents, TrafficSettings(), SPLIT)
+    assert rows.groupby("conversation_hash")["split"].nunique().tolist() == [1, 1]
+    assert rows["request_id"].nunique() == 40
 
 
 # --- reward rows ------------------------------------------------------------------------------------------------------
