@@ -193,3 +193,20 @@ def stopped_by_sigterm(proc, timeout_s: float = 30.0):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def promote_the_other_router(home: Path) -> tuple[Path, str, str]:
+    """On a smoke home's registry: `router-lite promote` the registered router that is not served, with a copy of the
+    served one's evidence. -> (registry root, the router served before, the one promoted)."""
+    import json
+
+    from cli.main import main
+    from pipeline.route import registry
+
+    root = home / "registry"
+    candidate = registry.latest_entry(root)["name"]
+    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
+    evidence = json.loads((root / registry.latest_entry(root)["evidence"]).read_text())
+    (root / "evidence" / f"{other}.json").write_text(json.dumps({**evidence, "name": other}))
+    assert main(["promote", other, "--profile", "smoke"]) == 0
+    return root, candidate, other

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from _support import promote_the_other_router
 
 from cli.main import main
 from pipeline.report.gate_rows import TRAFFIC, benchmark_part
@@ -245,13 +246,7 @@ def test_the_promotion_asset_shows_the_traffic_rows_in_its_metadata(smoke_home_c
 
     home = smoke_home_copy()
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
-    root = home / "registry"
-    served = registry.latest_entry(root)
-    candidate = served["name"]
-    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
-    ev = json.loads((root / served["evidence"]).read_text())
-    (root / "evidence" / f"{other}.json").write_text(json.dumps({**ev, "name": other}))
-    assert main(["promote", other, "--profile", "smoke"]) == 0
+    root, candidate, other = promote_the_other_router(home)
     pool = pd.read_parquet(asset_path(home, "task_pool"))
     traffic = pool[(pool["split"] == "test") & ~pool["ood"].astype(bool)]["task_id"].head(40).tolist()
     pool.loc[pool["task_id"].isin(traffic), "source"] = TRAFFIC

@@ -4,6 +4,7 @@ import json
 import datasets
 import pandas as pd
 import pytest
+from _support import promote_the_other_router
 from dagster import AssetKey, DagsterInstance
 
 from pipeline.route import pointer, registry
@@ -152,17 +153,10 @@ def test_the_promotion_gate_refuses_a_candidate_on_a_degraded_matrix_and_keeps_t
     from dagster import materialize
 
     from assets.definitions import build_assets, build_resources
-    from cli.main import main
 
     home = smoke_home_copy()
     monkeypatch.setenv("ROUTER_LITE_HOME", str(home))
-    root = home / "registry"
-    served = registry.latest_entry(root)
-    candidate = served["name"]
-    other = next(p.name for p in sorted(root.iterdir()) if (p / "manifest.json").exists() and p.name != candidate)
-    evidence = json.loads((root / served["evidence"]).read_text())
-    (root / "evidence" / f"{other}.json").write_text(json.dumps({**evidence, "name": other}))
-    assert main(["promote", other, "--profile", "smoke"]) == 0
+    root, candidate, other = promote_the_other_router(home)
     assert other in capsys.readouterr().out
     assert registry.latest_entry(root)["evidence"] == f"evidence/{other}.json"
     clean = pd.read_parquet(asset_path(home, "reward_matrix"))
