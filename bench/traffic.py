@@ -28,7 +28,6 @@ import concurrent.futures as cf
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,8 +55,12 @@ BIN = Path(sys.executable).parent / "router-lite"
 
 
 def environment(home: Path, instance: Path) -> dict:
+    """The lineage's environment: a fresh home, and an instance whose storage is under `instance` (the repository's
+    dagster.yaml names its folders relative to the working directory: made absolute here, so neither the
+    subprocesses nor this process's own Dagster calls write into the checkout)."""
     instance.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "dagster.yaml", instance / "dagster.yaml")
+    text = (ROOT / "dagster.yaml").read_text().replace("base_dir: .router-lite/dagster", f"base_dir: {instance}")
+    (instance / "dagster.yaml").write_text(text)
     return {**os.environ, "ROUTER_LITE_HOME": str(home), "DAGSTER_HOME": str(instance), "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": str(ROOT)}
 
