@@ -18,6 +18,7 @@ from dagster import (
 from assets.collection import pool_of
 from assets.metadata import md_table, rounded
 from assets.metadata import table as shown_table
+from assets.traffic import traffic_calls
 from pipeline.collect.answers import Agreement, answers_matrix
 from pipeline.core.io import frame_version
 from pipeline.core.prompts import task_texts
@@ -66,9 +67,8 @@ def prompt_embeddings(task_pool: pd.DataFrame, backbone: BackboneResource,
                    "(the same frozen backbone and cache); empty, no backbone loaded, without traffic.")
 def traffic_tasks(traffic: dict, traffic_rewards: pd.DataFrame, backbone: BackboneResource,
                   storage: StorageResource) -> Output[pd.DataFrame]:
-    frames = [d for d in traffic.values() if isinstance(d, pd.DataFrame) and len(d)]
-    calls = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    calls = calls[calls["task_id"].isin(traffic_rewards["task_id"])] if len(calls) else calls
+    calls = traffic_calls(traffic)
+    calls = calls[calls["task_id"].isin(traffic_rewards["task_id"])]
     if not len(calls):
         return Output(pd.DataFrame(columns=routed_traffic_columns()), metadata={"rows": 0})
     bb = backbone.get_backbone()

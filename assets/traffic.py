@@ -40,7 +40,7 @@ from pipeline.collect.traffic_log import read_day
 from resources.pool import PoolResource
 from resources.profile import ProfileResource
 from resources.storage import BY_PARTITION, MATERIALISED_ONLY, StorageResource, asset_path
-from resources.traffic_read import day_bytes, day_files, day_rows, logged_days
+from resources.traffic import day_bytes, day_files, day_rows, days
 
 TRAFFIC_JOB = "traffic_job"
 TRAFFIC_SENSOR = "traffic_days"
@@ -74,6 +74,13 @@ def _traffic(context: AssetExecutionContext, profile: ProfileResource, pool: Poo
     })
 
 
+def traffic_calls(traffic: dict) -> pd.DataFrame:
+    """The materialised `traffic` partitions ({day: rows}, as an `AllPartitionMapping` input loads) as one table of
+    calls (TRAFFIC_COLUMNS; empty without any)."""
+    frames = [d for d in traffic.values() if isinstance(d, pd.DataFrame) and len(d)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TRAFFIC_COLUMNS)
+
+
 def traffic_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
     """`traffic`, one partition per UTC day of `partitions_def` (assets/partitions.py `traffic_partitions`)."""
     return asset(name="traffic", partitions_def=partitions_def, group_name="traffic", io_manager_key="io_manager",
@@ -90,8 +97,7 @@ def traffic_asset(partitions_def: PartitionsDefinition) -> AssetsDefinition:
        description="The explored, graded traffic requests as reward rows of their own source `traffic` (the reward "
                    "matrix's agents and order, plus source and split); empty while no traffic day is materialised.")
 def traffic_rewards(context: AssetExecutionContext, traffic: dict, reward_matrix: pd.DataFrame) -> Output[pd.DataFrame]:
-    frames = [d for d in traffic.values() if isinstance(d, pd.DataFrame) and len(d)]
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TRAFFIC_COLUMNS)
+    rows = traffic_calls(traffic)
     agents = list(reward_matrix["agent_order"].iloc[0]) if len(reward_matrix) else []
     out = traffic_reward_rows(rows, agents) if agents else traffic_reward_rows(None, [])
     n_req = rows["task_id"].nunique() if len(rows) else 0
@@ -116,7 +122,7 @@ def traffic_sensor(prof, partitions_def: PartitionsDefinition):
         # only in a day whose size in bytes changed since the last tick)
         state = json.loads(context.cursor) if context.cursor else {}
         requested, seen = state.get("requested", {}), state.get("seen", {})
-        for d in (d for d in logged_days(home) if first is None or d >= first):
+        for d in (d for d in days(home) if first is None or d >= first):
             size = day_bytes(home, d)
             if seen.get(d, [None])[0] != size:
                 seen[d] = [size, day_rows(home, d)]

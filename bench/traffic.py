@@ -49,7 +49,7 @@ from pipeline.core.config import config_dir  # noqa: E402
 from pipeline.profile import load_profile  # noqa: E402
 from pipeline.serve.traffic import conversation_hash  # noqa: E402
 from pipeline.tasks.sources import load_source  # noqa: E402
-from resources.traffic_read import day_files  # noqa: E402
+from resources.traffic import day_files  # noqa: E402
 
 BIN = Path(sys.executable).parent / "router-lite"
 
@@ -149,12 +149,12 @@ def explored_all(home: Path, day: str, timeout_s: float = 600) -> dict:
 
 
 def _defs_and_instance(home: Path, profile: str, env: dict):
+    """The profile's Definitions on the home (cli/lineage.py's, as every bench reads the lineage) and the bench's
+    instance (DAGSTER_HOME of `env`)."""
     os.environ.update({k: env[k] for k in ("ROUTER_LITE_HOME", "DAGSTER_HOME")})
     from dagster import DagsterInstance
 
-    from assets.definitions import build_definitions
-
-    return build_definitions(str(home), profile), DagsterInstance.get()
+    return lineage.definitions(profile, str(home)), DagsterInstance.get()
 
 
 def tick_sensor(home: Path, profile: str, env: dict) -> list[str]:

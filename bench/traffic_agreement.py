@@ -31,7 +31,7 @@ from pipeline.collect.traffic import TrafficSettings, traffic_reward_rows, traff
 from pipeline.collect.traffic_log import read_day  # noqa: E402
 from pipeline.core.prompts import routed_text  # noqa: E402
 from resources.pool import default_agents_file  # noqa: E402
-from resources.traffic_read import day_files, traffic_day_dir  # noqa: E402
+from resources.traffic import day_files, traffic_day_dir  # noqa: E402
 
 DAY = "2026-11-30"
 FORMATS = {"gsm": ("integer", "integer"), "math-l5": ("expression", "math_expression"),

@@ -83,11 +83,26 @@ def days(home) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and DAY_RE.match(p.name))
 
 
+def day_files(home, day: str) -> list[Path]:
+    """The day's log files (one per writing process), by name."""
+    return sorted(traffic_day_dir(home, day).glob("*.jsonl"))
+
+
+def day_bytes(home, day: str) -> int:
+    """The day's log size in bytes (a stat per file): the traffic sensor counts lines again only when it changed."""
+    return sum(p.stat().st_size for p in day_files(home, day))
+
+
+def day_rows(home, day: str) -> int:
+    """Whole lines logged on `day` (each ends with a newline): the size the traffic sensor compares."""
+    return sum(p.read_bytes().count(b"\n") for p in day_files(home, day))
+
+
 def read_day(home, day: str) -> tuple[list[dict], int]:
     """(every whole line of `day`'s files as a dict, the lines that were not: a torn last line of a process that
     died mid-write)."""
     rows, torn = [], 0
-    for f in sorted(traffic_day_dir(home, day).glob("*.jsonl")):
+    for f in day_files(home, day):
         for raw in f.read_bytes().split(b"\n"):
             if not raw.strip():
                 continue
@@ -105,7 +120,7 @@ def read_day(home, day: str) -> tuple[list[dict], int]:
 
 def day_stats(home, day: str) -> dict:
     """{day, files, rows (request lines), explorations, torn, bytes} of one day folder."""
-    files = list(traffic_day_dir(home, day).glob("*.jsonl"))
+    files = day_files(home, day)
     rows, torn = read_day(home, day)
     return {"day": day, "files": len(files), "rows": sum(r.get("record") == "request" for r in rows),
             "explorations": sum(r.get("record") == "exploration" for r in rows), "torn": torn,

@@ -33,7 +33,7 @@ from pipeline.profile import load_profile
 from resources.pool import default_agents_file
 from resources.profile import ProfileResource
 from resources.storage import ParquetIOManager, StorageResource, asset_path
-from resources.traffic_read import day_files, traffic_day_dir
+from resources.traffic import day_files, traffic_day_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DAY = "2026-11-30"
@@ -301,7 +301,7 @@ def test_partition_and_traffic_rewards_materialise(zeroeval, tmp_path):
     out = pd.read_parquet(asset_path(home, "traffic_rewards"))
     assert res.success and 1 <= len(out) <= 6 and (out["source"] == "traffic").all()
     assert set(out["task_id"]) <= set(stored.loc[stored["explored"], "task_id"])
-    from resources.traffic_read import derived_files
+    from resources.traffic import derived_files
 
     assert derived_files(home, DAY) == [asset_path(home, "traffic", DAY)]  # what deleting the day must delete too
 
