@@ -210,3 +210,30 @@ def promote_the_other_router(home: Path) -> tuple[Path, str, str]:
     (root / "evidence" / f"{other}.json").write_text(json.dumps({**evidence, "name": other}))
     assert main(["promote", other, "--profile", "smoke"]) == 0
     return root, candidate, other
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The worker processes of a `serve --workers N` supervisor `pid` (uvicorn spawns them with multiprocessing, whose
+    resource tracker is a child too)."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    except OSError:
+        return []
+
+
+def kill_and_wait_for_replacement(proc, worker: int, lines: list[str], workers: int = 2,
+                                  timeout_s: float = 240.0) -> list[int]:
+    """SIGKILL `worker` of the supervisor `proc`, then wait until it has `workers` workers again, `worker` not among
+    them; the workers then. One snapshot per look: a SIGKILLed worker can be listed by one read and gone by the next,
+    so two reads could see the count reached before the replacement started."""
+    import time
+
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    now = worker_pids(proc.pid)
+    while not (len(now) == workers and worker not in now):
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+        now = worker_pids(proc.pid)
+    return now

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import test_serve_keys as keyed
-from _support import stopped_by_sigterm
+from _support import kill_and_wait_for_replacement, stopped_by_sigterm, worker_pids
 from test_serve_keys import KEY_A, KEY_B, HashBackbone, ask, keys_file
 
 from pipeline.core.errors import RouterLiteError
@@ -94,12 +94,22 @@ def test_a_keys_file_over_its_limit_is_one_line_of_its_own(tmp_path):
     assert "profile" not in str(err.value)
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    except OSError:
-        return []
+def _serve_keyed(tmp_path, head_dir, keys: str, workers: int, config=None):
+    """`router-lite serve --api-keys keys --workers N` on a free port (its own config dir when `config` is given; no
+    keys, ledger or profile from the environment). -> (process, its output lines as they come, the chat URL)."""
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home"),
+           **({"ROUTER_LITE_CONFIG": str(config)} if config else {})}
+    for name in ("ROUTER_LITE_API_KEYS", "ROUTER_LITE_LEDGER_URL", "ROUTER_LITE_PROFILE"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
+                             "mmlu_pro", "--port", str(port), "--workers", str(workers), "--api-keys", keys],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines, f"http://127.0.0.1:{port}/v1/chat/completions"
 
 
 @pytest.mark.slow
@@ -114,19 +124,7 @@ def test_workers_keep_serving_with_the_keys_in_force_whatever_happens_to_the_fil
     config = tmp_path / "config"
     shutil.copytree(ROOT / "config", config)
     keys = keys_file(tmp_path)
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home"),
-           "ROUTER_LITE_CONFIG": str(config)}
-    for name in ("ROUTER_LITE_API_KEYS", "ROUTER_LITE_LEDGER_URL", "ROUTER_LITE_PROFILE"):
-        env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
-                             "mmlu_pro", "--port", str(port), "--workers", "2", "--api-keys", keys], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    proc, lines, url = _serve_keyed(tmp_path, head_dir, keys, 2, config)
 
     def codes(key, n=8) -> list:  # new connections: the kernel spreads them over the workers
         out = []
@@ -145,21 +143,12 @@ def test_workers_keep_serving_with_the_keys_in_force_whatever_happens_to_the_fil
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.2)
 
-    def replace(worker: int) -> None:
-        os.kill(worker, signal.SIGKILL)
-        deadline = time.monotonic() + 240
-        now = _children(proc.pid)  # one snapshot per look: a SIGKILLed worker can be listed, then gone
-        while not (len(now) == 2 and worker not in now):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
-            now = _children(proc.pid)
-
     with stopped_by_sigterm(proc, timeout_s=60):
         wait_for("2 worker processes")
         assert codes(KEY_A, 4) == [200] * 4
         Path(keys).write_text("keys: [{name: broken")  # invalid from now on
-        for worker in _children(proc.pid):  # each worker replaced in turn: the last answers came from replacements
-            replace(worker)
+        for worker in worker_pids(proc.pid):  # each worker replaced in turn: the last answers came from replacements
+            kill_and_wait_for_replacement(proc, worker, lines)
             assert codes(KEY_A, 4) == [200] * 4 and codes(KEY_B, 2) == [200] * 2, "".join(lines)
         proc.send_signal(signal.SIGHUP)
         wait_for("keys not reloaded")
@@ -172,13 +161,13 @@ def test_workers_keep_serving_with_the_keys_in_force_whatever_happens_to_the_fil
         profile = config / "profiles" / "mmlu_pro.yaml"
         good = profile.read_text()
         profile.write_text("collection: [not, a, mapping\n")
-        os.kill(_children(proc.pid)[0], signal.SIGKILL)
+        os.kill(worker_pids(proc.pid)[0], signal.SIGKILL)
         wait_for("failed to start; the other 1 worker(s) serve on")
         got = codes(KEY_A, 6) + codes(KEY_B, 2)
         assert got == [200] * 6 + [401] * 2 and proc.poll() is None, (got, "".join(lines))
         profile.write_text(good)
         wait_for("started, after")  # the next try (1, 2, 4 ... s later) serves
-        assert codes(KEY_A, 4) == [200] * 4 and len(_children(proc.pid)) == 2
+        assert codes(KEY_A, 4) == [200] * 4 and len(worker_pids(proc.pid)) == 2
     out = "".join(lines)
     assert out.count("keys not reloaded") == 1 and out.count("removed: team-b") == 1, out
     assert KEY_A not in out and KEY_B not in out
@@ -191,18 +180,7 @@ def test_one_process_reloads_its_keys_on_sighup_instead_of_ending(tmp_path, stat
     """`serve --workers 1`: SIGHUP's default would end the process; it re-reads the keys file instead."""
     head_dir, prompts = static_head_dir
     keys = keys_file(tmp_path)
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROUTER_LITE_HOME": str(tmp_path / "home")}
-    for name in ("ROUTER_LITE_API_KEYS", "ROUTER_LITE_LEDGER_URL"):
-        env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--head", str(head_dir), "--profile",
-                             "mmlu_pro", "--port", str(port), "--workers", "1", "--api-keys", keys], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    proc, lines, url = _serve_keyed(tmp_path, head_dir, keys, 1)
 
     def code(key) -> int:
         return httpx.post(url, headers={"Authorization": f"Bearer {key}"}, timeout=120,

